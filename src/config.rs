@@ -1,0 +1,136 @@
+//! Command-line and environment configuration (`clap` derive; every variable `LEASEGATE_*`
+//! except the conventional `DATABASE_URL`). Defaults are those of PROTOCOL.md.
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "leasegate",
+    version,
+    about = "The forge-side lease gate for self-hosted CI runners"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Run the service.
+    Serve(ServeArgs),
+    /// Run the service on a temporary database with simulated runners and a trickle of jobs.
+    Demo(ServeArgs),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum LogFormat {
+    /// Human-readable lines.
+    #[default]
+    Human,
+    /// One JSON object per line.
+    Json,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ServeArgs {
+    /// Address to bind; the bound address is logged at start.
+    #[arg(long, env = "LEASEGATE_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// `sqlite://PATH` (created if missing) or `postgres://…`.
+    #[arg(long, env = "DATABASE_URL", default_value = "sqlite://leasegate.db")]
+    pub database_url: String,
+
+    /// The operator secret. Generated on first start when neither it nor its file is given.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// A file holding the operator secret.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_FILE")]
+    pub admin_token_file: Option<PathBuf>,
+
+    /// The forge secret. Generated on first start when neither it nor its file is given.
+    #[arg(long, env = "LEASEGATE_FORGE_TOKEN", hide_env_values = true)]
+    pub forge_token: Option<String>,
+
+    /// A file holding the forge secret.
+    #[arg(long, env = "LEASEGATE_FORGE_TOKEN_FILE")]
+    pub forge_token_file: Option<PathBuf>,
+
+    /// The `aud` that attestations must carry.
+    #[arg(long, env = "LEASEGATE_AUDIENCE", default_value = "leasegate")]
+    pub audience: String,
+
+    /// How old an attestation's `iat` may be, in seconds.
+    #[arg(long, env = "LEASEGATE_ATTESTATION_MAX_AGE_S", default_value_t = 60)]
+    pub attestation_max_age_s: i64,
+
+    /// How old a probe's `checked_at` may be, in seconds.
+    #[arg(long, env = "LEASEGATE_PROBE_MAX_AGE_S", default_value_t = 300)]
+    pub probe_max_age_s: i64,
+
+    /// Lease lifetime without `extend`, in seconds.
+    #[arg(long, env = "LEASEGATE_LEASE_TTL_S", default_value_t = 300)]
+    pub lease_ttl_s: i64,
+
+    /// The heartbeat interval runners are told to use, in seconds.
+    #[arg(long, env = "LEASEGATE_HEARTBEAT_INTERVAL_S", default_value_t = 15)]
+    pub heartbeat_interval_s: i64,
+
+    /// The cap on an attestation's `exp - iat`, in seconds.
+    #[arg(
+        long,
+        env = "LEASEGATE_ATTESTATION_MAX_LIFETIME_S",
+        default_value_t = 300
+    )]
+    pub attestation_max_lifetime_s: i64,
+
+    /// Leeway for `exp`, `iat`, `nbf` and `checked_at`, in seconds.
+    #[arg(long, env = "LEASEGATE_CLOCK_SKEW_S", default_value_t = 30)]
+    pub clock_skew_s: i64,
+
+    /// Request body limit, in bytes.
+    #[arg(long, env = "LEASEGATE_MAX_BODY_BYTES", default_value_t = 65536)]
+    pub max_body_bytes: usize,
+
+    /// Log format.
+    #[arg(long, env = "LEASEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
+    pub log_format: LogFormat,
+}
+
+impl ServeArgs {
+    /// Rejects settings that would make the gate meaningless, with the variable's name.
+    pub fn validate(&self) -> anyhow::Result<()> {
+        let positive = [
+            (
+                "LEASEGATE_ATTESTATION_MAX_AGE_S",
+                self.attestation_max_age_s,
+            ),
+            ("LEASEGATE_PROBE_MAX_AGE_S", self.probe_max_age_s),
+            ("LEASEGATE_LEASE_TTL_S", self.lease_ttl_s),
+            ("LEASEGATE_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
+            (
+                "LEASEGATE_ATTESTATION_MAX_LIFETIME_S",
+                self.attestation_max_lifetime_s,
+            ),
+        ];
+        for (name, value) in positive {
+            anyhow::ensure!(value > 0, "{name} must be positive, got {value}");
+        }
+        anyhow::ensure!(
+            self.clock_skew_s >= 0,
+            "LEASEGATE_CLOCK_SKEW_S must not be negative"
+        );
+        anyhow::ensure!(
+            self.max_body_bytes >= 1024,
+            "LEASEGATE_MAX_BODY_BYTES must be at least 1024"
+        );
+        anyhow::ensure!(
+            !self.audience.is_empty(),
+            "LEASEGATE_AUDIENCE must not be empty"
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,236 @@
+//! `leasegate demo`: the real service on a temporary SQLite database, plus simulated runners in
+//! the same process and a trickle of jobs, so that a newcomer sees the whole story at once.
+//!
+//! The simulated runners sign real attestations with real keys and go through the same gate as
+//! any runner; they are named `simulated-…` and labelled `simulated=true` wherever they appear.
+
+use crate::agent::keys::RunnerKey;
+use crate::app::AppState;
+use crate::config::ServeArgs;
+use crate::domain::digest::ImageDigest;
+use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::lease::{LeaseCall, Outcome};
+use crate::domain::pool::{ImagePolicy, ImageSource, PoolName, PoolSpec};
+use crate::domain::time::Millis;
+use crate::gate::Purpose;
+use crate::secrets::{generate_token, hash_token};
+use crate::store::{Claim, NewJob, NewRunner};
+use anyhow::Context;
+use std::collections::BTreeMap;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+const CURRENT_IMAGE: &str =
+    "sha256:2f1c9b0e7d4a3c5b6e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d";
+const SUPERSEDED_IMAGE: &str =
+    "sha256:9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+
+/// How a simulated runner behaves.
+#[derive(Clone, Copy)]
+enum Behaviour {
+    Healthy,
+    MissingCrun,
+    Superseded,
+    /// Healthy for a while, then silent.
+    GoesStale,
+}
+
+struct SimRunner {
+    id: RunnerId,
+    key: RunnerKey,
+    behaviour: Behaviour,
+}
+
+pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    let dir = tempfile_dir()?;
+    args.database_url = format!("sqlite://{}", dir.join("demo.db").display());
+    let shutdown = CancellationToken::new();
+    let state = crate::server::prepare(&args, shutdown.clone()).await?;
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let addr = listener.local_addr()?;
+    let runners = seed(&state).await?;
+    println!(
+        "leasegate demo: http://{addr}/admin (simulated runners; database in {})",
+        dir.display()
+    );
+    println!("admin token: {}", state.secrets().admin);
+    println!("forge token: {}", state.secrets().forge);
+    tracing::info!(%addr, "demo listening");
+
+    for runner in runners {
+        tokio::spawn(simulate(state.clone(), runner));
+    }
+    tokio::spawn(trickle_jobs(state.clone()));
+    tokio::spawn(crate::server::cancel_on_signal(shutdown));
+    crate::server::run(listener, state).await?;
+    std::fs::remove_dir_all(&dir).ok();
+    Ok(())
+}
+
+fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
+    let dir = std::env::temp_dir().join(format!("leasegate-demo-{}", uuid::Uuid::now_v7()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
+    let now = Millis::now();
+    let store = state.store();
+    let pool = PoolName::parse("linux-x86_64")?;
+    let spec = PoolSpec {
+        image_ref: Some("registry.example/ci/runner:stable".into()),
+        expected_image_ids: vec![ImageDigest::parse(SUPERSEDED_IMAGE)?],
+        image_policy: ImagePolicy::Enforce,
+        image_source: ImageSource::Manual,
+        drift_grace_s: 120,
+        resolve_interval_s: 300,
+    };
+    store.put_pool(&pool, spec.clone(), now).await?;
+    // The tag moved: the pool now expects the new image; the old one is accepted for 2 minutes.
+    let rolled = PoolSpec {
+        expected_image_ids: vec![ImageDigest::parse(CURRENT_IMAGE)?],
+        ..spec
+    };
+    store.put_pool(&pool, rolled, now).await?;
+
+    let mut runners = Vec::new();
+    let plan = [
+        ("simulated-healthy-1", Behaviour::Healthy),
+        ("simulated-healthy-2", Behaviour::Healthy),
+        ("simulated-no-crun", Behaviour::MissingCrun),
+        ("simulated-superseded-image", Behaviour::Superseded),
+        ("simulated-goes-stale", Behaviour::GoesStale),
+    ];
+    for (name, behaviour) in plan {
+        let token = generate_token("lgr_");
+        store
+            .create_registration_token(&pool, &hash_token(&token), now.plus_secs(60), now)
+            .await?;
+        let key = RunnerKey::generate();
+        let labels = BTreeMap::from([("simulated".to_string(), "true".to_string())]);
+        let new = NewRunner {
+            id: RunnerId::generate(),
+            name: name.into(),
+            labels,
+            public_key_x: key.public_x(),
+        };
+        let runner = store.register_runner(&hash_token(&token), new, now).await?;
+        runners.push(SimRunner {
+            id: runner.id,
+            key,
+            behaviour,
+        });
+    }
+    Ok(runners)
+}
+
+fn attestation(runner: &SimRunner, audience: &str) -> String {
+    let now = Millis::now().0 / 1000;
+    let (ok, error, image) = match runner.behaviour {
+        Behaviour::Healthy | Behaviour::GoesStale => (true, None, CURRENT_IMAGE),
+        Behaviour::MissingCrun => (
+            false,
+            Some("default OCI runtime \"crun\" not found: invalid argument"),
+            CURRENT_IMAGE,
+        ),
+        Behaviour::Superseded => (true, None, SUPERSEDED_IMAGE),
+    };
+    let claims = serde_json::json!({
+        "iss": runner.id, "sub": runner.id, "aud": audience,
+        "iat": now, "exp": now + 60, "jti": uuid::Uuid::now_v7().to_string(),
+        "probe": {"ok": ok, "runtime": "podman", "runtime_version": "4.3.1", "checked_at": now,
+                  "error": error, "exit_code": if ok { None } else { Some(125) }},
+        "image": {"id": image, "ref": "registry.example/ci/runner:stable"},
+        "agent": {"name": "leasegate-demo", "version": env!("CARGO_PKG_VERSION"), "hostname": "simulated"},
+    });
+    runner.key.sign_attestation(runner.id.as_str(), &claims)
+}
+
+/// Heartbeats every few seconds and, when healthy, leases, runs and completes jobs.
+async fn simulate(state: AppState, runner: SimRunner) {
+    let started = tokio::time::Instant::now();
+    let audience = state.settings().rules.audience.clone();
+    loop {
+        if state.shutdown().is_cancelled() {
+            return;
+        }
+        if matches!(runner.behaviour, Behaviour::GoesStale)
+            && started.elapsed() > Duration::from_secs(20)
+        {
+            return;
+        }
+        let token = attestation(&runner, &audience);
+        let _ = state
+            .gate()
+            .admit(&token, Purpose::Heartbeat, Millis::now())
+            .await;
+        let lease_token = attestation(&runner, &audience);
+        if let Ok(admitted) = state
+            .gate()
+            .admit(&lease_token, Purpose::Lease, Millis::now())
+            .await
+            && admitted.verdict.is_ok()
+        {
+            run_one_job(&state, &runner, admitted.pool.name).await;
+        }
+        tokio::time::sleep(Duration::from_secs(4)).await;
+    }
+}
+
+async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
+    let token = generate_token("lgl_");
+    let claim = Claim {
+        runner_id: runner.id.clone(),
+        pool,
+        lease_id: LeaseId::generate(),
+        token_hash: hash_token(&token),
+        ttl_s: state.settings().lease_ttl_s,
+        now: Millis::now(),
+    };
+    let Ok(Some((lease, _))) = state.store().claim_job(&claim).await else {
+        return;
+    };
+    let hash = hash_token(&token);
+    let store = state.store();
+    let start = LeaseCall::Start {
+        ttl_s: state.settings().lease_ttl_s,
+    };
+    if store
+        .lease_call(&lease.id, &hash, &start, Millis::now())
+        .await
+        .is_err()
+    {
+        return;
+    }
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let done = LeaseCall::Complete {
+        outcome: Outcome::Succeeded,
+        exit_code: Some(0),
+        message: None,
+    };
+    let _ = store
+        .lease_call(&lease.id, &hash, &done, Millis::now())
+        .await;
+}
+
+async fn trickle_jobs(state: AppState) {
+    let pool = PoolName::parse("linux-x86_64").expect("valid pool name");
+    for n in 1.. {
+        if state.shutdown().is_cancelled() {
+            return;
+        }
+        let job = NewJob {
+            id: JobId::generate(),
+            pool: pool.clone(),
+            payload: serde_json::json!({"simulated": true, "build": n}),
+            max_attempts: 3,
+            idempotency_key: None,
+        };
+        if let Err(e) = state.store().enqueue_job(job, Millis::now()).await {
+            tracing::warn!(error = %e, "demo could not enqueue a job");
+        }
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+}

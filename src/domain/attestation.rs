@@ -1,0 +1,419 @@
+//! The attestation's claims and rules 3 and 4 of PROTOCOL.md (shape and time).
+//!
+//! Rules 1 and 2 (header and signature) need the runner's key and live in `crate::verifier`;
+//! rule 5 (replay) and rule 6 (revocation) need shared state and live in the store. What is
+//! here is the pure part: given a signature-checked payload, the service's settings and `now`,
+//! is this a well-formed, fresh attestation from this runner?
+
+use super::digest::{ImageDigest, NotADigest};
+use super::ids::RunnerId;
+use super::text::{PROBE_ERROR_MAX_BYTES, sanitize};
+use super::time::Millis;
+use serde::Deserialize;
+
+/// The service settings that attestations are judged by.
+#[derive(Clone, Debug)]
+pub struct AttestationRules {
+    pub audience: String,
+    pub max_age_s: i64,
+    pub max_lifetime_s: i64,
+    pub clock_skew_s: i64,
+}
+
+/// A NumericDate: a JSON number of seconds. A string is a type error, never a date.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NumericDate(pub f64);
+
+impl<'de> Deserialize<'de> for NumericDate {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let v = f64::deserialize(d)?;
+        if v.is_finite() && v >= 0.0 && v < 1e12 {
+            Ok(NumericDate(v))
+        } else {
+            Err(serde::de::Error::custom(
+                "a NumericDate must be a non-negative number of seconds",
+            ))
+        }
+    }
+}
+
+impl NumericDate {
+    fn millis(self) -> Millis {
+        Millis::from_numeric_date(self.0)
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum Audience {
+    One(String),
+    Many(Vec<String>),
+}
+
+#[derive(Deserialize)]
+struct RawProbe {
+    ok: bool,
+    runtime: String,
+    #[serde(default)]
+    runtime_version: Option<String>,
+    checked_at: NumericDate,
+    #[serde(default)]
+    error: Option<String>,
+    #[serde(default)]
+    exit_code: Option<i64>,
+}
+
+#[derive(Deserialize, Default)]
+struct RawImage {
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    digest: Option<String>,
+    #[serde(default, rename = "ref")]
+    image_ref: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawClaims {
+    iss: String,
+    sub: String,
+    aud: Audience,
+    iat: NumericDate,
+    exp: NumericDate,
+    #[serde(default)]
+    nbf: Option<NumericDate>,
+    jti: String,
+    probe: RawProbe,
+    #[serde(default)]
+    image: Option<RawImage>,
+    #[serde(default)]
+    agent: Option<serde_json::Value>,
+}
+
+/// What the runner's container-runtime probe said.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Probe {
+    pub ok: bool,
+    pub runtime: String,
+    pub runtime_version: Option<String>,
+    pub checked_at: Millis,
+    /// The runtime's own words, cleaned (see `domain::text`); present when `ok` is false.
+    pub error: Option<String>,
+    pub exit_code: Option<i64>,
+}
+
+/// The image a runner says it runs, before the digests are checked.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub struct ReportedImage {
+    pub id: Option<String>,
+    pub digest: Option<String>,
+    pub image_ref: Option<String>,
+}
+
+/// The image a runner runs, with its digests checked.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct RunningImage {
+    pub id: Option<ImageDigest>,
+    pub digest: Option<ImageDigest>,
+    pub image_ref: Option<String>,
+}
+
+impl ReportedImage {
+    /// The digests as digests: a short id or a tag is a bad request (checked after rule 6).
+    pub fn check(self) -> Result<RunningImage, NotADigest> {
+        Ok(RunningImage {
+            id: self.id.as_deref().map(ImageDigest::parse).transpose()?,
+            digest: self.digest.as_deref().map(ImageDigest::parse).transpose()?,
+            image_ref: self.image_ref,
+        })
+    }
+}
+
+/// An attestation that passed rules 1–4: well formed, signed by its runner, fresh.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Attestation {
+    pub runner_id: RunnerId,
+    pub jti: String,
+    pub issued_at: Millis,
+    pub expires_at: Millis,
+    pub probe: Probe,
+    pub image: ReportedImage,
+    pub agent: Option<serde_json::Value>,
+}
+
+impl Attestation {
+    /// Until when this attestation's `jti` must be remembered: it could be valid until then.
+    pub fn replay_window_end(&self, rules: &AttestationRules) -> Millis {
+        self.expires_at.plus_secs(rules.clock_skew_s)
+    }
+}
+
+/// Why an attestation was rejected by rule 3 or rule 4.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ClaimsError {
+    /// Rule 3: a missing or mistyped claim, a mismatched identity or audience, a bad lifetime.
+    #[error("{0}")]
+    Invalid(String),
+    /// Rule 4: expired, not yet valid, or older than the maximum age.
+    #[error("{0}")]
+    Expired(String),
+}
+
+/// Rules 3 and 4 on a payload whose signature was verified for runner `kid`.
+pub fn check_claims(
+    payload: &[u8],
+    kid: &RunnerId,
+    rules: &AttestationRules,
+    now: Millis,
+) -> Result<Attestation, ClaimsError> {
+    let de = &mut serde_json::Deserializer::from_slice(payload);
+    let raw: RawClaims = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        ClaimsError::Invalid(format!("claim `{path}`: {}", e.into_inner()))
+    })?;
+    let invalid = |m: &str| Err(ClaimsError::Invalid(m.to_string()));
+
+    // Rule 3: shape and identity.
+    if raw.iss != kid.as_str() || raw.sub != kid.as_str() {
+        return invalid("iss and sub must both equal the kid");
+    }
+    let audience_ok = match &raw.aud {
+        Audience::One(a) => *a == rules.audience,
+        Audience::Many(list) => list.iter().any(|a| *a == rules.audience),
+    };
+    if !audience_ok {
+        return invalid("aud does not name this gatekeeper");
+    }
+    if !(16..=128).contains(&raw.jti.chars().count()) {
+        return invalid("jti must be 16 to 128 characters");
+    }
+    let (iat, exp) = (raw.iat.millis(), raw.exp.millis());
+    if exp <= iat {
+        return invalid("exp must be later than iat");
+    }
+    if exp.0 - iat.0 > rules.max_lifetime_s * 1000 {
+        return Err(ClaimsError::Invalid(format!(
+            "exp - iat exceeds the maximum lifetime of {} s",
+            rules.max_lifetime_s
+        )));
+    }
+    let leeway_end = now.plus_secs(rules.clock_skew_s);
+    let checked_at = raw.probe.checked_at.millis();
+    if checked_at > leeway_end {
+        return invalid("probe.checked_at is in the future");
+    }
+    if raw.probe.runtime.trim().is_empty() {
+        return invalid("probe.runtime must name the container runtime");
+    }
+    if !raw.probe.ok
+        && raw
+            .probe
+            .error
+            .as_deref()
+            .is_none_or(|e| e.trim().is_empty())
+    {
+        return invalid("probe.error is required when probe.ok is false");
+    }
+
+    // Rule 4: time.
+    if now > exp.plus_secs(rules.clock_skew_s) {
+        return Err(ClaimsError::Expired("the attestation has expired".into()));
+    }
+    if iat > leeway_end {
+        return Err(ClaimsError::Expired("iat is in the future".into()));
+    }
+    if raw.nbf.is_some_and(|nbf| nbf.millis() > leeway_end) {
+        return Err(ClaimsError::Expired(
+            "the attestation is not valid yet (nbf)".into(),
+        ));
+    }
+    if now.0 - iat.0 > rules.max_age_s * 1000 {
+        return Err(ClaimsError::Expired(format!(
+            "the attestation is older than {} s",
+            rules.max_age_s
+        )));
+    }
+
+    let image = raw.image.unwrap_or_default();
+    Ok(Attestation {
+        runner_id: kid.clone(),
+        jti: raw.jti,
+        issued_at: iat,
+        expires_at: exp,
+        probe: Probe {
+            ok: raw.probe.ok,
+            runtime: sanitize(&raw.probe.runtime, 64),
+            runtime_version: raw.probe.runtime_version.map(|v| sanitize(&v, 128)),
+            checked_at,
+            error: raw.probe.error.map(|e| sanitize(&e, PROBE_ERROR_MAX_BYTES)),
+            exit_code: raw.probe.exit_code,
+        },
+        image: ReportedImage {
+            id: image.id,
+            digest: image.digest,
+            image_ref: image.image_ref.map(|r| sanitize(&r, 512)),
+        },
+        agent: raw.agent,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    const NOW_S: i64 = 1_800_000_000;
+
+    fn rules() -> AttestationRules {
+        AttestationRules {
+            audience: "leasegate".into(),
+            max_age_s: 60,
+            max_lifetime_s: 300,
+            clock_skew_s: 30,
+        }
+    }
+
+    fn claims() -> serde_json::Value {
+        json!({
+            "iss": "r1", "sub": "r1", "aud": "leasegate",
+            "iat": NOW_S, "exp": NOW_S + 120, "jti": "0123456789abcdef",
+            "probe": {"ok": true, "runtime": "podman", "checked_at": NOW_S - 5},
+            "image": {"id": format!("sha256:{}", "a".repeat(64))}
+        })
+    }
+
+    fn check(v: serde_json::Value) -> Result<Attestation, ClaimsError> {
+        let now = Millis::from_secs(NOW_S);
+        check_claims(
+            &serde_json::to_vec(&v).unwrap(),
+            &RunnerId("r1".into()),
+            &rules(),
+            now,
+        )
+    }
+
+    fn with(path: &[&str], value: serde_json::Value) -> serde_json::Value {
+        let mut c = claims();
+        let mut slot = &mut c;
+        for p in &path[..path.len() - 1] {
+            slot = slot.get_mut(*p).unwrap();
+        }
+        let last = path[path.len() - 1];
+        if value.is_null() {
+            slot.as_object_mut().unwrap().remove(last);
+        } else {
+            slot[last] = value;
+        }
+        c
+    }
+
+    fn is_invalid(r: Result<Attestation, ClaimsError>) -> bool {
+        matches!(r, Err(ClaimsError::Invalid(_)))
+    }
+
+    fn is_expired(r: Result<Attestation, ClaimsError>) -> bool {
+        matches!(r, Err(ClaimsError::Expired(_)))
+    }
+
+    #[test]
+    fn a_good_attestation_passes() {
+        let a = check(claims()).unwrap();
+        assert_eq!(a.jti, "0123456789abcdef");
+        assert!(a.probe.ok);
+        assert_eq!(a.probe.checked_at, Millis::from_secs(NOW_S - 5));
+    }
+
+    #[test]
+    fn audience_may_be_an_array_containing_ours() {
+        assert!(check(with(&["aud"], json!(["other", "leasegate"]))).is_ok());
+        assert!(is_invalid(check(with(&["aud"], json!(["other"])))));
+        assert!(is_invalid(check(with(&["aud"], json!("other")))));
+    }
+
+    #[test]
+    fn missing_or_mistyped_claims_are_invalid() {
+        for claim in ["iss", "sub", "aud", "iat", "exp", "jti", "probe"] {
+            assert!(
+                is_invalid(check(with(&[claim], json!(null)))),
+                "missing {claim}"
+            );
+        }
+        assert!(is_invalid(check(with(
+            &["exp"],
+            json!((NOW_S + 60).to_string())
+        ))));
+        assert!(is_invalid(check(with(&["iat"], json!("now")))));
+        assert!(is_invalid(check(with(&["nbf"], json!("0")))));
+        assert!(is_invalid(check(with(&["probe", "ok"], json!("true")))));
+        assert!(is_invalid(check(with(
+            &["probe", "checked_at"],
+            json!(null)
+        ))));
+    }
+
+    #[test]
+    fn identity_must_be_the_kid() {
+        assert!(is_invalid(check(with(&["sub"], json!("r2")))));
+        assert!(is_invalid(check(with(&["iss"], json!("r2")))));
+    }
+
+    #[test]
+    fn jti_length_is_bounded() {
+        assert!(is_invalid(check(with(&["jti"], json!("short")))));
+        assert!(is_invalid(check(with(&["jti"], json!("x".repeat(129))))));
+        assert!(check(with(&["jti"], json!("x".repeat(128)))).is_ok());
+    }
+
+    #[test]
+    fn lifetime_is_capped() {
+        assert!(is_invalid(check(with(&["exp"], json!(NOW_S + 301)))));
+        assert!(is_invalid(check(with(&["exp"], json!(NOW_S)))));
+        assert!(check(with(&["exp"], json!(NOW_S + 300))).is_ok());
+    }
+
+    #[test]
+    fn probe_from_the_future_is_invalid() {
+        assert!(is_invalid(check(with(
+            &["probe", "checked_at"],
+            json!(NOW_S + 31)
+        ))));
+        assert!(check(with(&["probe", "checked_at"], json!(NOW_S + 29))).is_ok());
+    }
+
+    #[test]
+    fn failed_probe_needs_its_error() {
+        assert!(is_invalid(check(with(&["probe", "ok"], json!(false)))));
+        let mut c = with(&["probe", "ok"], json!(false));
+        c["probe"]["error"] = json!("default OCI runtime \"crun\" not found:\ninvalid argument");
+        let a = check(c).unwrap();
+        assert_eq!(
+            a.probe.error.as_deref(),
+            Some("default OCI runtime \"crun\" not found: invalid argument")
+        );
+    }
+
+    #[test]
+    fn time_rules_answer_expired() {
+        // iat 90 s ago, exp 10 s ago but inside the 30 s leeway: too old (max age 60).
+        let mut c = with(&["iat"], json!(NOW_S - 90));
+        c["exp"] = json!(NOW_S - 10);
+        assert!(is_expired(check(c)));
+        // exp passed beyond the leeway.
+        let mut c = with(&["iat"], json!(NOW_S - 50));
+        c["exp"] = json!(NOW_S - 31);
+        assert!(is_expired(check(c)));
+        // iat in the future beyond the leeway.
+        let mut c = with(&["iat"], json!(NOW_S + 31));
+        c["exp"] = json!(NOW_S + 100);
+        assert!(is_expired(check(c)));
+        // nbf in the future beyond the leeway.
+        assert!(is_expired(check(with(&["nbf"], json!(NOW_S + 31)))));
+        assert!(check(with(&["nbf"], json!(NOW_S + 29))).is_ok());
+    }
+
+    #[test]
+    fn digests_are_checked_separately() {
+        let a = check(with(&["image", "id"], json!("abc123"))).unwrap();
+        assert!(a.image.check().is_err());
+    }
+}

@@ -1,0 +1,51 @@
+//! Identifier newtypes, so that a runner id can never be passed where a job id is expected.
+//!
+//! Ids are UUIDv7 strings: opaque to clients (PROTOCOL.md), time-ordered for index locality.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+macro_rules! id_type {
+    ($(#[$doc:meta])* $name:ident) => {
+        $(#[$doc])*
+        #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+        #[serde(transparent)]
+        pub struct $name(pub String);
+
+        impl $name {
+            /// A fresh, time-ordered id.
+            pub fn generate() -> Self {
+                Self(uuid::Uuid::now_v7().to_string())
+            }
+
+            pub fn as_str(&self) -> &str {
+                &self.0
+            }
+        }
+
+        impl fmt::Display for $name {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+
+        impl From<String> for $name {
+            fn from(s: String) -> Self {
+                Self(s)
+            }
+        }
+    };
+}
+
+id_type!(
+    /// A registered runner; also the `kid`, `iss` and `sub` of its attestations.
+    RunnerId
+);
+id_type!(
+    /// A job enqueued by the forge.
+    JobId
+);
+id_type!(
+    /// One lease of one job by one runner; every lease-scoped write is fenced by it.
+    LeaseId
+);

@@ -1,0 +1,16 @@
+//! The pure core of leasegate: types and rules with no IO.
+//!
+//! Nothing here imports axum or sqlx. Every decision the service makes about a runner or a job
+//! (may this runner lease? what does `complete` do to this job?) is a function of values passed
+//! in, including `now`, so that it can be unit- and property-tested without a database.
+
+pub mod attestation;
+pub mod digest;
+pub mod ids;
+pub mod job;
+pub mod lease;
+pub mod pool;
+pub mod runner;
+pub mod text;
+pub mod time;
+pub mod verdict;

@@ -1,0 +1,306 @@
+//! Runners as operators see them: the record, its observed status, and the drift report's rules.
+//!
+//! The lease judges the attestation in hand; the admin views judge the *latest* recorded one at
+//! the time of the request, so a runner that stops attesting turns `probe_stale` and then
+//! `stale` without any write.
+
+use super::digest::ImageDigest;
+use super::ids::{JobId, LeaseId, RunnerId};
+use super::lease::LeaseState;
+use super::pool::{ImagePolicy, Pool, PoolName};
+use super::time::Millis;
+use super::verdict::{AttestedState, GateState, Refusal, RunnerStatus, image_current, judge};
+use std::collections::BTreeMap;
+
+/// A registered runner, with its latest attestation when it has one.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Runner {
+    pub id: RunnerId,
+    pub name: String,
+    pub pool: PoolName,
+    pub labels: BTreeMap<String, String>,
+    /// The public key's `x` (base64url of the 32 key bytes).
+    pub public_key_x: String,
+    pub gate: GateState,
+    pub revoked_at: Option<Millis>,
+    pub registered_at: Millis,
+    pub latest: Option<LatestAttestation>,
+    pub current_lease: Option<CurrentLease>,
+}
+
+/// The live lease a runner holds, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CurrentLease {
+    pub lease_id: LeaseId,
+    pub job_id: JobId,
+    pub state: LeaseState,
+    pub expires_at: Millis,
+}
+
+/// The latest recorded attestation of a runner, kept in place (one row per runner).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatestAttestation {
+    pub received_at: Millis,
+    pub state: AttestedState,
+}
+
+/// The settings that observed statuses depend on.
+#[derive(Clone, Copy, Debug)]
+pub struct StatusRules {
+    pub probe_max_age_s: i64,
+    pub heartbeat_interval_s: i64,
+}
+
+impl StatusRules {
+    /// A runner with no recorded attestation within three heartbeat intervals is stale.
+    pub fn stale_after_s(&self) -> i64 {
+        3 * self.heartbeat_interval_s
+    }
+}
+
+/// A runner's status at `now` with the refusal behind it, if any.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Observed {
+    pub status: RunnerStatus,
+    pub refusal: Option<Refusal>,
+    pub image_current: Option<bool>,
+}
+
+impl Runner {
+    pub fn is_revoked(&self) -> bool {
+        self.revoked_at.is_some()
+    }
+
+    /// The runner's status at `now`, from its latest attestation.
+    pub fn observe(&self, pool: &Pool, now: Millis, rules: StatusRules) -> Observed {
+        let image_now = self
+            .latest
+            .as_ref()
+            .and_then(|l| image_current(&l.state.image, pool));
+        let plain = |status| Observed {
+            status,
+            refusal: None,
+            image_current: image_now,
+        };
+        if self.is_revoked() {
+            return plain(RunnerStatus::Revoked);
+        }
+        let Some(latest) = &self.latest else {
+            return plain(RunnerStatus::Unknown);
+        };
+        if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
+            return plain(RunnerStatus::Stale);
+        }
+        match judge(&latest.state, self.gate, pool, now, rules.probe_max_age_s) {
+            Ok(()) => plain(RunnerStatus::Healthy),
+            Err(refusal) => Observed {
+                status: refusal.status(),
+                refusal: Some(refusal),
+                image_current: image_now,
+            },
+        }
+    }
+}
+
+/// One entry of the drift report.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DriftEntry {
+    Drifted {
+        runner_id: RunnerId,
+        pool: PoolName,
+        running_image_id: ImageDigest,
+        expected_image_ids: Vec<ImageDigest>,
+    },
+    Skipped {
+        runner_id: RunnerId,
+        reason: &'static str,
+    },
+    Current,
+}
+
+/// Whether `runner` is drifted, skipped (with why) or current. Fails closed: anything unknown
+/// is a skip, never a drift, so one failed inspect cannot roll a fleet.
+pub fn drift_entry(runner: &Runner, pool: &Pool, now: Millis, rules: StatusRules) -> DriftEntry {
+    let skip = |reason| DriftEntry::Skipped {
+        runner_id: runner.id.clone(),
+        reason,
+    };
+    if runner.is_revoked() {
+        return skip("revoked");
+    }
+    if pool.image_policy == ImagePolicy::Off {
+        return skip("pool_policy_off");
+    }
+    if !pool.is_resolved() {
+        return skip("pool_image_unresolved");
+    }
+    let Some(latest) = &runner.latest else {
+        return skip("never_attested");
+    };
+    if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
+        return skip("stale");
+    }
+    let image = &latest.state.image;
+    let Some(running) = image.id.clone().or_else(|| image.digest.clone()) else {
+        return skip("image_unreported");
+    };
+    match image_current(image, pool) {
+        Some(false) => DriftEntry::Drifted {
+            runner_id: runner.id.clone(),
+            pool: pool.name.clone(),
+            running_image_id: running,
+            expected_image_ids: pool.expected_image_ids.clone(),
+        },
+        Some(true) => DriftEntry::Current,
+        None => skip("image_unreported"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::attestation::{Probe, RunningImage};
+    use crate::domain::pool::{ImageSource, PoolSpec};
+
+    const NOW: Millis = Millis(1_800_000_000_000);
+    const RULES: StatusRules = StatusRules {
+        probe_max_age_s: 300,
+        heartbeat_interval_s: 15,
+    };
+
+    fn digest(c: char) -> ImageDigest {
+        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
+    }
+
+    fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
+        let spec = PoolSpec {
+            image_ref: None,
+            expected_image_ids: images,
+            image_policy: policy,
+            image_source: ImageSource::Manual,
+            drift_grace_s: 900,
+            resolve_interval_s: 300,
+        };
+        Pool::apply(
+            PoolName::parse("p").unwrap(),
+            None,
+            spec,
+            NOW.minus_secs(3600),
+        )
+    }
+
+    fn runner(image: Option<char>, received_ago_s: Option<i64>) -> Runner {
+        Runner {
+            id: RunnerId("r".into()),
+            name: "r".into(),
+            pool: PoolName::parse("p").unwrap(),
+            labels: BTreeMap::new(),
+            public_key_x: String::new(),
+            gate: GateState::default(),
+            revoked_at: None,
+            registered_at: NOW.minus_secs(7200),
+            current_lease: None,
+            latest: received_ago_s.map(|ago| LatestAttestation {
+                received_at: NOW.minus_secs(ago),
+                state: AttestedState {
+                    probe: Probe {
+                        ok: true,
+                        runtime: "podman".into(),
+                        runtime_version: None,
+                        checked_at: NOW.minus_secs(ago),
+                        error: None,
+                        exit_code: None,
+                    },
+                    image: RunningImage {
+                        id: image.map(digest),
+                        digest: None,
+                        image_ref: None,
+                    },
+                },
+            }),
+        }
+    }
+
+    #[test]
+    fn observed_status_ages_without_writes() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        assert_eq!(
+            runner(Some('a'), None).observe(&p, NOW, RULES).status,
+            RunnerStatus::Unknown
+        );
+        assert_eq!(
+            runner(Some('a'), Some(5)).observe(&p, NOW, RULES).status,
+            RunnerStatus::Healthy
+        );
+        assert_eq!(
+            runner(Some('a'), Some(46)).observe(&p, NOW, RULES).status,
+            RunnerStatus::Stale
+        );
+        let mut revoked = runner(Some('a'), Some(5));
+        revoked.revoked_at = Some(NOW);
+        assert_eq!(
+            revoked.observe(&p, NOW, RULES).status,
+            RunnerStatus::Revoked
+        );
+        let drifted = runner(Some('b'), Some(5)).observe(&p, NOW, RULES);
+        assert_eq!(drifted.status, RunnerStatus::Drifted);
+        assert_eq!(drifted.image_current, Some(false));
+    }
+
+    #[test]
+    fn drift_report_fails_closed() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let reason = |e: DriftEntry| match e {
+            DriftEntry::Skipped { reason, .. } => reason,
+            DriftEntry::Drifted { .. } => "drifted",
+            DriftEntry::Current => "current",
+        };
+        assert_eq!(
+            reason(drift_entry(&runner(Some('b'), Some(5)), &p, NOW, RULES)),
+            "drifted"
+        );
+        assert_eq!(
+            reason(drift_entry(&runner(Some('a'), Some(5)), &p, NOW, RULES)),
+            "current"
+        );
+        assert_eq!(
+            reason(drift_entry(&runner(None, Some(5)), &p, NOW, RULES)),
+            "image_unreported"
+        );
+        assert_eq!(
+            reason(drift_entry(&runner(Some('b'), None), &p, NOW, RULES)),
+            "never_attested"
+        );
+        assert_eq!(
+            reason(drift_entry(&runner(Some('b'), Some(100)), &p, NOW, RULES)),
+            "stale"
+        );
+        let off = pool(ImagePolicy::Off, vec![digest('a')]);
+        assert_eq!(
+            reason(drift_entry(&runner(Some('b'), Some(5)), &off, NOW, RULES)),
+            "pool_policy_off"
+        );
+        let mut unresolved = pool(ImagePolicy::Report, vec![]);
+        unresolved.expected_image_ids.clear();
+        assert_eq!(
+            reason(drift_entry(
+                &runner(Some('b'), Some(5)),
+                &unresolved,
+                NOW,
+                RULES
+            )),
+            "pool_image_unresolved"
+        );
+        // Report pools show drift too.
+        let report = pool(ImagePolicy::Report, vec![digest('a')]);
+        assert_eq!(
+            reason(drift_entry(
+                &runner(Some('b'), Some(5)),
+                &report,
+                NOW,
+                RULES
+            )),
+            "drifted"
+        );
+    }
+}

@@ -1,0 +1,478 @@
+//! Rules 7–13 of PROTOCOL.md: may this runner lease now?
+//!
+//! `judge` is a pure function of what the runner attested, the runner's gate state, its pool and
+//! `now`. The lease, the heartbeat, `gate/check` and the admin views all call it, so a runner's
+//! status means the same everywhere.
+
+use super::attestation::{Probe, RunningImage};
+use super::digest::ImageDigest;
+use super::pool::{ImagePolicy, Pool};
+use super::time::Millis;
+
+/// The facts of one attestation that the verdict looks at; also what is kept as "latest".
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttestedState {
+    pub probe: Probe,
+    pub image: RunningImage,
+}
+
+/// The operator- and lease-controlled parts of a runner that gate it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct GateState {
+    pub cordoned: bool,
+    /// Set by an abandoned lease; lifted by a passing probe checked after it.
+    pub quarantined_at: Option<Millis>,
+}
+
+/// Why a runner may not lease now. Each maps to one stable `code`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Refusal {
+    Cordoned,
+    ProbeFailed {
+        runtime: String,
+        error: String,
+    },
+    ProbeStale {
+        age_s: i64,
+        max_age_s: i64,
+    },
+    PoolImageUnresolved {
+        pool: String,
+    },
+    ImageUnreported,
+    ImageDrift {
+        running: String,
+        expected: Vec<ImageDigest>,
+    },
+    Quarantined,
+}
+
+impl Refusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            Refusal::Cordoned => "runner_cordoned",
+            Refusal::ProbeFailed { .. } => "probe_failed",
+            Refusal::ProbeStale { .. } => "probe_stale",
+            Refusal::PoolImageUnresolved { .. } => "pool_image_unresolved",
+            Refusal::ImageUnreported => "image_unreported",
+            Refusal::ImageDrift { .. } => "image_drift",
+            Refusal::Quarantined => "runner_quarantined",
+        }
+    }
+
+    /// For people; for a failed probe it quotes the runtime's own words.
+    pub fn detail(&self) -> String {
+        match self {
+            Refusal::Cordoned => "the runner is cordoned by an operator".into(),
+            Refusal::ProbeFailed { runtime, error } => {
+                format!("cannot run a container with {runtime}: {error}")
+            }
+            Refusal::ProbeStale { age_s, max_age_s } => format!(
+                "the runner's last container-runtime probe is {age_s} s old (at most {max_age_s} s allowed)"
+            ),
+            Refusal::PoolImageUnresolved { pool } => {
+                format!("pool {pool} enforces its image but has no expected image yet")
+            }
+            Refusal::ImageUnreported => {
+                "the pool enforces its image but the attestation carries no image.id".into()
+            }
+            Refusal::ImageDrift { running, expected } => {
+                let expected: Vec<&str> = expected.iter().map(|d| d.as_str()).collect();
+                format!(
+                    "the runner runs {running} but its pool expects {}",
+                    expected.join(" or ")
+                )
+            }
+            Refusal::Quarantined => {
+                "the runner abandoned a lease and must post a passing probe newer than the abandon"
+                    .into()
+            }
+        }
+    }
+
+    /// The runner status that this refusal stands for.
+    pub fn status(&self) -> RunnerStatus {
+        match self {
+            Refusal::Cordoned => RunnerStatus::Cordoned,
+            Refusal::ProbeFailed { .. } => RunnerStatus::ProbeFailed,
+            Refusal::ProbeStale { .. } => RunnerStatus::ProbeStale,
+            Refusal::PoolImageUnresolved { .. } => RunnerStatus::PoolImageUnresolved,
+            Refusal::ImageUnreported => RunnerStatus::ImageUnreported,
+            Refusal::ImageDrift { .. } => RunnerStatus::Drifted,
+            Refusal::Quarantined => RunnerStatus::Quarantined,
+        }
+    }
+
+    /// How long a refused runner should wait before it asks again.
+    pub fn retry_after_s(&self, heartbeat_interval_s: i64) -> i64 {
+        match self {
+            Refusal::Cordoned | Refusal::PoolImageUnresolved { .. } => 60,
+            _ => heartbeat_interval_s.max(1),
+        }
+    }
+}
+
+/// A runner's health, as the heartbeat and the admin views name it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum RunnerStatus {
+    ProbeFailed,
+    Drifted,
+    ImageUnreported,
+    PoolImageUnresolved,
+    Quarantined,
+    ProbeStale,
+    Stale,
+    Cordoned,
+    Unknown,
+    Revoked,
+    Healthy,
+}
+
+impl RunnerStatus {
+    pub const ALL: [RunnerStatus; 11] = [
+        RunnerStatus::Healthy,
+        RunnerStatus::ProbeFailed,
+        RunnerStatus::ProbeStale,
+        RunnerStatus::PoolImageUnresolved,
+        RunnerStatus::ImageUnreported,
+        RunnerStatus::Drifted,
+        RunnerStatus::Cordoned,
+        RunnerStatus::Quarantined,
+        RunnerStatus::Revoked,
+        RunnerStatus::Stale,
+        RunnerStatus::Unknown,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunnerStatus::Healthy => "healthy",
+            RunnerStatus::ProbeFailed => "probe_failed",
+            RunnerStatus::ProbeStale => "probe_stale",
+            RunnerStatus::PoolImageUnresolved => "pool_image_unresolved",
+            RunnerStatus::ImageUnreported => "image_unreported",
+            RunnerStatus::Drifted => "drifted",
+            RunnerStatus::Cordoned => "cordoned",
+            RunnerStatus::Quarantined => "quarantined",
+            RunnerStatus::Revoked => "revoked",
+            RunnerStatus::Stale => "stale",
+            RunnerStatus::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|st| st.as_str() == s)
+    }
+}
+
+/// Rules 7–13, in order; the first that applies decides.
+pub fn judge(
+    attested: &AttestedState,
+    gate: GateState,
+    pool: &Pool,
+    now: Millis,
+    probe_max_age_s: i64,
+) -> Result<(), Refusal> {
+    let probe = &attested.probe;
+    if gate.cordoned {
+        return Err(Refusal::Cordoned);
+    }
+    if !probe.ok {
+        return Err(Refusal::ProbeFailed {
+            runtime: probe.runtime.clone(),
+            error: probe.error.clone().unwrap_or_default(),
+        });
+    }
+    let age_ms = now.0 - probe.checked_at.0;
+    if age_ms > probe_max_age_s * 1000 {
+        return Err(Refusal::ProbeStale {
+            age_s: age_ms / 1000,
+            max_age_s: probe_max_age_s,
+        });
+    }
+    if pool.image_policy == ImagePolicy::Enforce {
+        if !pool.is_resolved() {
+            return Err(Refusal::PoolImageUnresolved {
+                pool: pool.name.to_string(),
+            });
+        }
+        let Some(id) = &attested.image.id else {
+            return Err(Refusal::ImageUnreported);
+        };
+        let accepted = pool.accepts(id, now)
+            || attested
+                .image
+                .digest
+                .as_ref()
+                .is_some_and(|d| pool.accepts(d, now));
+        if !accepted {
+            return Err(Refusal::ImageDrift {
+                running: id.to_string(),
+                expected: pool.expected_image_ids.clone(),
+            });
+        }
+    }
+    if let Some(at) = gate.quarantined_at
+        && probe.checked_at <= at
+    {
+        return Err(Refusal::Quarantined);
+    }
+    Ok(())
+}
+
+/// Whether the runner's image is in its pool's *current* set: `None` when there is nothing to
+/// compare (policy `off`, pool unresolved, no image reported). A runner is drifted whenever this
+/// is `Some(false)`, even while the lease still allows it (grace, or `report`).
+pub fn image_current(image: &RunningImage, pool: &Pool) -> Option<bool> {
+    if pool.image_policy == ImagePolicy::Off || !pool.is_resolved() {
+        return None;
+    }
+    if image.id.is_none() && image.digest.is_none() {
+        return None;
+    }
+    let current = image.id.as_ref().is_some_and(|d| pool.is_current(d))
+        || image.digest.as_ref().is_some_and(|d| pool.is_current(d));
+    Some(current)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
+
+    const NOW: Millis = Millis(1_800_000_000_000);
+
+    fn digest(c: char) -> ImageDigest {
+        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
+    }
+
+    fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
+        let spec = PoolSpec {
+            image_ref: Some("ci/runner:stable".into()),
+            expected_image_ids: images,
+            image_policy: policy,
+            image_source: ImageSource::Manual,
+            drift_grace_s: 900,
+            resolve_interval_s: 300,
+        };
+        Pool::apply(
+            PoolName::parse("p").unwrap(),
+            None,
+            spec,
+            NOW.minus_secs(3600),
+        )
+    }
+
+    fn healthy() -> AttestedState {
+        AttestedState {
+            probe: Probe {
+                ok: true,
+                runtime: "podman".into(),
+                runtime_version: Some("4.3.1".into()),
+                checked_at: NOW.minus_secs(10),
+                error: None,
+                exit_code: None,
+            },
+            image: RunningImage {
+                id: Some(digest('a')),
+                digest: None,
+                image_ref: None,
+            },
+        }
+    }
+
+    fn code(r: Result<(), Refusal>) -> &'static str {
+        r.err().map_or("ok", |r| r.code())
+    }
+
+    #[test]
+    fn a_healthy_runner_on_the_expected_image_may_lease() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        assert_eq!(
+            code(judge(&healthy(), GateState::default(), &p, NOW, 300)),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn cordon_comes_first() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut a = healthy();
+        a.probe.ok = false;
+        a.probe.error = Some("x".into());
+        let gate = GateState {
+            cordoned: true,
+            quarantined_at: None,
+        };
+        assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "runner_cordoned");
+    }
+
+    #[test]
+    fn failed_probe_quotes_the_runtime() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut a = healthy();
+        a.probe.ok = false;
+        a.probe.error = Some("default OCI runtime \"crun\" not found: invalid argument".into());
+        let refusal = judge(&a, GateState::default(), &p, NOW, 300).unwrap_err();
+        assert_eq!(refusal.code(), "probe_failed");
+        assert_eq!(
+            refusal.detail(),
+            "cannot run a container with podman: default OCI runtime \"crun\" not found: invalid argument"
+        );
+        assert_eq!(refusal.status(), RunnerStatus::ProbeFailed);
+    }
+
+    #[test]
+    fn old_probe_is_stale() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut a = healthy();
+        a.probe.checked_at = NOW.minus_secs(301);
+        assert_eq!(
+            code(judge(&a, GateState::default(), &p, NOW, 300)),
+            "probe_stale"
+        );
+        a.probe.checked_at = NOW.minus_secs(300);
+        assert_eq!(code(judge(&a, GateState::default(), &p, NOW, 300)), "ok");
+    }
+
+    #[test]
+    fn enforce_needs_a_resolved_pool_and_a_reported_image() {
+        let mut unresolved = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        unresolved.expected_image_ids.clear();
+        assert_eq!(
+            code(judge(
+                &healthy(),
+                GateState::default(),
+                &unresolved,
+                NOW,
+                300
+            )),
+            "pool_image_unresolved"
+        );
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut a = healthy();
+        a.image.id = None;
+        a.image.digest = Some(digest('a'));
+        assert_eq!(
+            code(judge(&a, GateState::default(), &p, NOW, 300)),
+            "image_unreported"
+        );
+    }
+
+    #[test]
+    fn drift_is_refused_under_enforce_only() {
+        let mut a = healthy();
+        a.image.id = Some(digest('b'));
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let refusal = judge(&a, GateState::default(), &p, NOW, 300).unwrap_err();
+        assert_eq!(refusal.code(), "image_drift");
+        assert!(refusal.detail().contains(digest('b').as_str()));
+        assert!(refusal.detail().contains(digest('a').as_str()));
+        for policy in [ImagePolicy::Report, ImagePolicy::Off] {
+            let p = pool(policy, vec![digest('a')]);
+            assert_eq!(code(judge(&a, GateState::default(), &p, NOW, 300)), "ok");
+        }
+        let mut unreported = healthy();
+        unreported.image.id = None;
+        let off = pool(ImagePolicy::Off, vec![]);
+        assert_eq!(
+            code(judge(&unreported, GateState::default(), &off, NOW, 300)),
+            "ok"
+        );
+    }
+
+    #[test]
+    fn either_id_or_digest_matching_is_enough() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('m')]);
+        let mut a = healthy();
+        a.image.id = Some(digest('c'));
+        a.image.digest = Some(digest('m'));
+        assert_eq!(code(judge(&a, GateState::default(), &p, NOW, 300)), "ok");
+    }
+
+    #[test]
+    fn previous_image_is_accepted_inside_the_grace_but_not_current() {
+        let first = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let spec = PoolSpec {
+            image_ref: first.image_ref.clone(),
+            expected_image_ids: vec![digest('b')],
+            image_policy: ImagePolicy::Enforce,
+            image_source: ImageSource::Manual,
+            drift_grace_s: 900,
+            resolve_interval_s: 300,
+        };
+        let rolled = Pool::apply(first.name.clone(), Some(&first), spec, NOW);
+        let on_a = healthy();
+        assert_eq!(
+            code(judge(
+                &on_a,
+                GateState::default(),
+                &rolled,
+                NOW.plus_secs(60),
+                300
+            )),
+            "ok"
+        );
+        assert_eq!(image_current(&on_a.image, &rolled), Some(false));
+        let mut later = on_a.clone();
+        later.probe.checked_at = NOW.plus_secs(900);
+        assert_eq!(
+            code(judge(
+                &later,
+                GateState::default(),
+                &rolled,
+                NOW.plus_secs(901),
+                300
+            )),
+            "image_drift"
+        );
+    }
+
+    #[test]
+    fn quarantine_holds_until_a_newer_passing_probe() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let a = healthy();
+        let before = GateState {
+            cordoned: false,
+            quarantined_at: Some(a.probe.checked_at),
+        };
+        assert_eq!(code(judge(&a, before, &p, NOW, 300)), "runner_quarantined");
+        let after = GateState {
+            cordoned: false,
+            quarantined_at: Some(a.probe.checked_at.minus_secs(1)),
+        };
+        assert_eq!(code(judge(&a, after, &p, NOW, 300)), "ok");
+    }
+
+    #[test]
+    fn drift_outranks_quarantine() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut a = healthy();
+        a.image.id = Some(digest('z'));
+        let gate = GateState {
+            cordoned: false,
+            quarantined_at: Some(NOW),
+        };
+        assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "image_drift");
+    }
+
+    #[test]
+    fn image_current_is_unknown_without_something_to_compare() {
+        let a = healthy();
+        assert_eq!(
+            image_current(&a.image, &pool(ImagePolicy::Off, vec![digest('a')])),
+            None
+        );
+        let mut unresolved = pool(ImagePolicy::Report, vec![]);
+        unresolved.expected_image_ids.clear();
+        assert_eq!(image_current(&a.image, &unresolved), None);
+        let none = RunningImage::default();
+        assert_eq!(
+            image_current(&none, &pool(ImagePolicy::Enforce, vec![digest('a')])),
+            None
+        );
+        assert_eq!(
+            image_current(&a.image, &pool(ImagePolicy::Report, vec![digest('a')])),
+            Some(true)
+        );
+    }
+}

@@ -1,0 +1,165 @@
+//! The gate itself: from a compact JWS to a judged, recorded attestation.
+//!
+//! Heartbeat, lease and `gate/check` all pass through `Gate::admit`, which applies rules 1–13
+//! of PROTOCOL.md in order. Nothing is written for a failure of rules 1–6 or a bad digest; an
+//! attestation that passes them is recorded with the verdict it earned, and a refusal (for a
+//! lease or a gate check) is recorded beside it. No job is read here.
+
+use crate::domain::attestation::{Attestation, AttestationRules, RunningImage};
+use crate::domain::pool::Pool;
+use crate::domain::runner::Runner;
+use crate::domain::time::Millis;
+use crate::domain::verdict::{AttestedState, Refusal, RunnerStatus, judge};
+use crate::store::{AttestationRecord, DynStore, RecordError, StoreError};
+use crate::verifier::{INVALID_SIGNATURE_DETAIL, VerifyError, read_header};
+
+/// Why an attestation was not admitted (rules 1–6, or a bad request).
+#[derive(Debug, thiserror::Error)]
+pub enum AdmitError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    Expired(String),
+    #[error("this attestation's jti was already accepted")]
+    Replayed,
+    #[error("the runner is revoked")]
+    Revoked,
+    #[error("{0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl AdmitError {
+    pub fn code(&self) -> &'static str {
+        match self {
+            AdmitError::Invalid(_) => "attestation_invalid",
+            AdmitError::Expired(_) => "attestation_expired",
+            AdmitError::Replayed => "attestation_replayed",
+            AdmitError::Revoked => "runner_revoked",
+            AdmitError::BadRequest(_) => "bad_request",
+            AdmitError::Store(_) => "unavailable",
+        }
+    }
+}
+
+impl From<VerifyError> for AdmitError {
+    fn from(e: VerifyError) -> Self {
+        match e {
+            VerifyError::Invalid(m) => AdmitError::Invalid(m),
+            VerifyError::Expired(m) => AdmitError::Expired(m),
+        }
+    }
+}
+
+/// What the attestation is presented for: only leases and gate checks record refusals.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Purpose {
+    Heartbeat,
+    Lease,
+    GateCheck,
+}
+
+/// An admitted attestation and the verdict it earned.
+#[derive(Debug)]
+pub struct Admitted {
+    pub runner: Runner,
+    pub pool: Pool,
+    pub attestation: Attestation,
+    pub image: RunningImage,
+    pub verdict: Result<(), Refusal>,
+}
+
+impl Admitted {
+    pub fn status(&self) -> RunnerStatus {
+        self.verdict
+            .as_ref()
+            .err()
+            .map_or(RunnerStatus::Healthy, Refusal::status)
+    }
+}
+
+/// The settings and the store the gate judges with.
+#[derive(Clone)]
+pub struct Gate {
+    pub store: DynStore,
+    pub rules: AttestationRules,
+    pub probe_max_age_s: i64,
+}
+
+impl Gate {
+    /// Rules 1–13 on `token`, recording what the protocol says to record.
+    pub async fn admit(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        now: Millis,
+    ) -> Result<Admitted, AdmitError> {
+        let unverified = read_header(token)?;
+        let runner = self
+            .store
+            .get_runner(&unverified.kid)
+            .await?
+            .ok_or_else(|| AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()))?;
+        let attestation = unverified.verify(&runner.public_key_x, &self.rules, now)?;
+
+        let image = match attestation.image.clone().check() {
+            Ok(image) => image,
+            Err(bad) => {
+                // Rules 5 and 6 still come first; then the bad digest, with nothing recorded.
+                if self.store.jti_seen(&runner.id, &attestation.jti).await? {
+                    return Err(AdmitError::Replayed);
+                }
+                if runner.is_revoked() {
+                    return Err(AdmitError::Revoked);
+                }
+                return Err(AdmitError::BadRequest(format!("image: {bad}")));
+            }
+        };
+        let pool = self
+            .store
+            .get_pool(&runner.pool)
+            .await?
+            .ok_or_else(|| StoreError::Internal(format!("runner {} has no pool", runner.id)))?;
+        let state = AttestedState {
+            probe: attestation.probe.clone(),
+            image: image.clone(),
+        };
+        let verdict = judge(&state, runner.gate, &pool, now, self.probe_max_age_s);
+        let status = verdict
+            .as_ref()
+            .err()
+            .map_or(RunnerStatus::Healthy, Refusal::status);
+        let refusal = match (&verdict, purpose) {
+            (Err(r), Purpose::Lease | Purpose::GateCheck) => {
+                Some((r.code().to_string(), r.detail()))
+            }
+            _ => None,
+        };
+        let record = AttestationRecord {
+            runner_id: runner.id.clone(),
+            jti: attestation.jti.clone(),
+            replay_until: attestation.replay_window_end(&self.rules),
+            received_at: now,
+            state,
+            agent: attestation.agent.clone(),
+            status,
+            refusal,
+        };
+        self.store
+            .record_attestation(&record)
+            .await
+            .map_err(|e| match e {
+                RecordError::Replayed => AdmitError::Replayed,
+                RecordError::Revoked => AdmitError::Revoked,
+                RecordError::Store(s) => AdmitError::Store(s),
+            })?;
+        Ok(Admitted {
+            runner,
+            pool,
+            attestation,
+            image,
+            verdict,
+        })
+    }
+}

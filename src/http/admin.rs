@@ -1,0 +1,337 @@
+//! The operator's API: pools and their image policy, registration tokens, runners (list,
+//! detail, cordon, uncordon, revoke) and the drift report a fleet roller polls.
+
+use super::auth::AdminAuth;
+use super::json::JsonBody;
+use super::problem::ApiError;
+use super::views;
+use crate::app::AppState;
+use crate::domain::digest::ImageDigest;
+use crate::domain::ids::RunnerId;
+use crate::domain::pool::{
+    DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, ImagePolicy, ImageSource, Pool, PoolName,
+    PoolSpec, PoolSpecError,
+};
+use crate::domain::runner::{DriftEntry, Runner, drift_entry};
+use crate::domain::time::Millis;
+use crate::secrets::{generate_token, hash_token};
+use axum::extract::{Path, Query, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/admin/pools", get(list_pools))
+        .route("/api/v1/admin/pools/{name}", get(get_pool).put(put_pool))
+        .route(
+            "/api/v1/admin/pools/{name}/registration-tokens",
+            post(create_registration_token),
+        )
+        .route("/api/v1/admin/runners", get(list_runners))
+        .route("/api/v1/admin/runners/{id}", get(get_runner))
+        .route("/api/v1/admin/runners/{id}/cordon", post(cordon))
+        .route("/api/v1/admin/runners/{id}/uncordon", post(uncordon))
+        .route("/api/v1/admin/runners/{id}/revoke", post(revoke))
+        .route("/api/v1/admin/drift", get(drift))
+}
+
+fn pool_name(name: &str) -> Result<PoolName, ApiError> {
+    PoolName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
+}
+
+#[derive(Deserialize)]
+struct PoolBody {
+    #[serde(default)]
+    image_ref: Option<String>,
+    #[serde(default)]
+    expected_image_ids: Vec<ImageDigest>,
+    #[serde(default)]
+    image_policy: ImagePolicy,
+    #[serde(default)]
+    image_source: ImageSource,
+    #[serde(default)]
+    drift_grace_s: Option<i64>,
+    #[serde(default)]
+    resolve_interval_s: Option<i64>,
+}
+
+/// The pool as the API shows it, with its runners counted by status and its queue depth.
+async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<Value, ApiError> {
+    let runners = state.store().list_runners(Some(&pool.name)).await?;
+    let depth = state
+        .store()
+        .queue_depths()
+        .await?
+        .remove(&pool.name)
+        .unwrap_or_default();
+    Ok(views::pool(
+        pool,
+        &count_by_status(state, &runners, pool, now),
+        depth,
+    ))
+}
+
+fn count_by_status(
+    state: &AppState,
+    runners: &[Runner],
+    pool: &Pool,
+    now: Millis,
+) -> BTreeMap<&'static str, i64> {
+    let mut counts = BTreeMap::new();
+    for r in runners {
+        *counts
+            .entry(
+                r.observe(pool, now, state.settings().status_rules())
+                    .status
+                    .as_str(),
+            )
+            .or_insert(0) += 1;
+    }
+    counts
+}
+
+async fn put_pool(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(body): JsonBody<PoolBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let name = pool_name(&name)?;
+    let spec = PoolSpec {
+        image_ref: body.image_ref.filter(|r| !r.is_empty()),
+        expected_image_ids: body.expected_image_ids,
+        image_policy: body.image_policy,
+        image_source: body.image_source,
+        drift_grace_s: body.drift_grace_s.unwrap_or(DEFAULT_DRIFT_GRACE_S),
+        resolve_interval_s: body
+            .resolve_interval_s
+            .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
+    };
+    spec.validate().map_err(|e| match e {
+        PoolSpecError::EnforceWithoutImages => {
+            ApiError::unprocessable("pool_image_unresolved", e.to_string())
+        }
+        PoolSpecError::OutOfRange(m) => ApiError::bad_request(m),
+    })?;
+    let now = Millis::now();
+    let (pool, created) = state.store().put_pool(&name, spec, now).await?;
+    tracing::info!(pool = %pool.name, created, "pool written");
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(pool_view(&state, &pool, now).await?)))
+}
+
+async fn get_pool(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let name = pool_name(&name)?;
+    let pool = state
+        .store()
+        .get_pool(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("pool"))?;
+    Ok(Json(pool_view(&state, &pool, Millis::now()).await?))
+}
+
+async fn list_pools(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let now = Millis::now();
+    let pools = state.store().list_pools().await?;
+    let runners = state.store().list_runners(None).await?;
+    let mut depths = state.store().queue_depths().await?;
+    let views: Vec<Value> = pools
+        .iter()
+        .map(|pool| {
+            let members: Vec<Runner> = runners
+                .iter()
+                .filter(|r| r.pool == pool.name)
+                .cloned()
+                .collect();
+            let counts = count_by_status(&state, &members, pool, now);
+            views::pool(pool, &counts, depths.remove(&pool.name).unwrap_or_default())
+        })
+        .collect();
+    Ok(Json(json!({"pools": views})))
+}
+
+#[derive(Deserialize, Default)]
+struct TokenBody {
+    #[serde(default)]
+    ttl_s: Option<i64>,
+}
+
+async fn create_registration_token(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    super::json::OptionalJson(body): super::json::OptionalJson<TokenBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let name = pool_name(&name)?;
+    let ttl_s = body.ttl_s.unwrap_or(3600);
+    if !(1..=30 * 86_400).contains(&ttl_s) {
+        return Err(ApiError::bad_request("ttl_s: must be from 1 to 2592000"));
+    }
+    state
+        .store()
+        .get_pool(&name)
+        .await?
+        .ok_or_else(|| ApiError::not_found("pool"))?;
+    let now = Millis::now();
+    let token = generate_token("lgr_");
+    let expires_at = now.plus_secs(ttl_s);
+    state
+        .store()
+        .create_registration_token(&name, &hash_token(&token), expires_at, now)
+        .await?;
+    tracing::info!(pool = %name, ttl_s, "registration token created");
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({"token": token, "pool": name, "expires_at": expires_at})),
+    ))
+}
+
+#[derive(Deserialize)]
+struct RunnerFilter {
+    #[serde(default)]
+    pool: Option<String>,
+}
+
+/// Pools by name, for rendering runners against their pool.
+async fn pools_by_name(state: &AppState) -> Result<BTreeMap<PoolName, Pool>, ApiError> {
+    Ok(state
+        .store()
+        .list_pools()
+        .await?
+        .into_iter()
+        .map(|p| (p.name.clone(), p))
+        .collect())
+}
+
+async fn list_runners(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Query(filter): Query<RunnerFilter>,
+) -> Result<Json<Value>, ApiError> {
+    let pool = filter.pool.as_deref().map(pool_name).transpose()?;
+    let runners = state.store().list_runners(pool.as_ref()).await?;
+    let pools = pools_by_name(&state).await?;
+    let now = Millis::now();
+    let views: Vec<Value> = runners
+        .iter()
+        .filter_map(|r| {
+            pools
+                .get(&r.pool)
+                .map(|p| views::runner(r, p, state.settings(), now))
+        })
+        .collect();
+    Ok(Json(json!({"runners": views})))
+}
+
+async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiError> {
+    let runner = state
+        .store()
+        .get_runner(id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    let pool = state
+        .store()
+        .get_pool(&runner.pool)
+        .await?
+        .ok_or_else(|| ApiError::not_found("pool"))?;
+    let history = state.store().runner_history(id).await?;
+    let mut view = views::runner(&runner, &pool, state.settings(), Millis::now());
+    if let (Some(obj), Value::Object(extra)) =
+        (view.as_object_mut(), views::runner_history(&history))
+    {
+        obj.extend(extra);
+    }
+    Ok(view)
+}
+
+async fn get_runner(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(runner_detail(&state, &RunnerId(id)).await?))
+}
+
+async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json<Value>, ApiError> {
+    let id = RunnerId(id);
+    state
+        .store()
+        .set_cordoned(&id, cordoned, Millis::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    tracing::info!(runner_id = %id, cordoned, "runner cordon changed");
+    Ok(Json(runner_detail(state, &id).await?))
+}
+
+async fn cordon(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_cordon(&state, id, true).await
+}
+
+async fn uncordon(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    set_cordon(&state, id, false).await
+}
+
+async fn revoke(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let id = RunnerId(id);
+    state
+        .store()
+        .revoke_runner(&id, Millis::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    tracing::info!(runner_id = %id, "runner revoked");
+    Ok(Json(runner_detail(&state, &id).await?))
+}
+
+async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+    let now = Millis::now();
+    let pools = pools_by_name(&state).await?;
+    let runners = state.store().list_runners(None).await?;
+    let (mut drifted, mut skipped) = (Vec::new(), Vec::new());
+    for runner in &runners {
+        let Some(pool) = pools.get(&runner.pool) else {
+            continue;
+        };
+        match drift_entry(runner, pool, now, state.settings().status_rules()) {
+            DriftEntry::Drifted {
+                runner_id,
+                pool,
+                running_image_id,
+                expected_image_ids,
+            } => drifted.push(json!({
+                "runner_id": runner_id,
+                "pool": pool,
+                "running_image_id": running_image_id,
+                "expected_image_ids": expected_image_ids,
+            })),
+            DriftEntry::Skipped { runner_id, reason } => {
+                skipped.push(json!({"runner_id": runner_id, "reason": reason}))
+            }
+            DriftEntry::Current => {}
+        }
+    }
+    Ok(Json(json!({"drifted": drifted, "skipped": skipped})))
+}

@@ -1,0 +1,138 @@
+//! The forge's endpoints: enqueue a job (idempotently), read its story, cancel it, and ask the
+//! gate alone about a runner (`gate/check`) for a forge that keeps its own queue.
+
+use super::auth::ForgeAuth;
+use super::json::JsonBody;
+use super::problem::ApiError;
+use super::runners::AttestationBody;
+use super::views;
+use crate::app::AppState;
+use crate::domain::ids::JobId;
+use crate::domain::job::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE};
+use crate::domain::pool::PoolName;
+use crate::domain::time::Millis;
+use crate::gate::{AdmitError, Purpose};
+use crate::store::NewJob;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/jobs", post(enqueue))
+        .route("/api/v1/jobs/{id}", get(read))
+        .route("/api/v1/jobs/{id}/cancel", post(cancel))
+        .route("/api/v1/gate/check", post(gate_check))
+}
+
+#[derive(Deserialize)]
+struct EnqueueBody {
+    pool: String,
+    #[serde(default)]
+    payload: Value,
+    #[serde(default)]
+    max_attempts: Option<i64>,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+async fn enqueue(
+    _: ForgeAuth,
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<EnqueueBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    let max_attempts = body.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if !MAX_ATTEMPTS_RANGE.contains(&max_attempts) {
+        return Err(ApiError::bad_request("max_attempts: must be from 1 to 100"));
+    }
+    if let Some(key) = &body.idempotency_key
+        && (key.is_empty() || key.len() > 256)
+    {
+        return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
+    }
+    let pool = PoolName::parse(&body.pool).map_err(|_| {
+        ApiError::unprocessable("unknown_pool", format!("no pool named {:?}", body.pool))
+    })?;
+    let new = NewJob {
+        id: JobId::generate(),
+        pool,
+        payload: body.payload,
+        max_attempts,
+        idempotency_key: body.idempotency_key,
+    };
+    let (job, created) = state.store().enqueue_job(new, Millis::now()).await?;
+    if created {
+        tracing::info!(job_id = %job.id, pool = %job.pool, "job enqueued");
+    }
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((status, Json(views::job_summary(&job))))
+}
+
+async fn read(
+    _: ForgeAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let (job, events) = state
+        .store()
+        .get_job(&JobId(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("job"))?;
+    Ok(Json(views::job(&job, &events)))
+}
+
+async fn cancel(
+    _: ForgeAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let job_id = JobId(id);
+    state
+        .store()
+        .cancel_job(&job_id, Millis::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found("job"))?;
+    let (job, events) = state
+        .store()
+        .get_job(&job_id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("job"))?;
+    tracing::info!(job_id = %job.id, "job cancelled");
+    Ok(Json(views::job(&job, &events)))
+}
+
+/// The lease's judgement without a lease. Rules 1–6 are refusals here too; only a bad forge
+/// token is a 401, and a malformed body a 400.
+async fn gate_check(
+    _: ForgeAuth,
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<AttestationBody>,
+) -> Result<Json<Value>, ApiError> {
+    let refuse = |code: &str, detail: String, runner: Option<String>, pool: Option<String>| json!({"decision": "refuse", "code": code, "detail": detail, "runner_id": runner, "pool": pool});
+    match state
+        .gate()
+        .admit(&body.attestation, Purpose::GateCheck, Millis::now())
+        .await
+    {
+        Ok(admitted) => {
+            let runner = Some(admitted.runner.id.to_string());
+            let pool = Some(admitted.pool.name.to_string());
+            Ok(Json(match &admitted.verdict {
+                Ok(()) => {
+                    json!({"decision": "allow", "code": null, "detail": null, "runner_id": runner, "pool": pool})
+                }
+                Err(r) => refuse(r.code(), r.detail(), runner, pool),
+            }))
+        }
+        Err(AdmitError::Store(e)) => Err(e.into()),
+        Err(e @ AdmitError::BadRequest(_)) => Err(e.into()),
+        Err(e) => Ok(Json(refuse(e.code(), e.to_string(), None, None))),
+    }
+}

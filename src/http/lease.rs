@@ -1,0 +1,222 @@
+//! Leasing: the gated lease with its long poll, and the lease-scoped calls (start, extend,
+//! complete, abandon) authorised by the lease token.
+//!
+//! A refused lease never reads a job: the verdict is decided from the attestation, the runner
+//! and its pool before the store is asked to claim anything.
+
+use super::auth::LeaseBearer;
+use super::json::{JsonBody, OptionalJson};
+use super::problem::ApiError;
+use super::views;
+use crate::app::AppState;
+use crate::domain::ids::LeaseId;
+use crate::domain::lease::{LeaseCall, Outcome};
+use crate::domain::time::Millis;
+use crate::gate::Purpose;
+use crate::secrets::{generate_token, hash_token};
+use crate::store::Claim;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::time::Duration;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/lease", post(lease))
+        .route("/api/v1/leases/{id}/start", post(start))
+        .route("/api/v1/leases/{id}/extend", post(extend))
+        .route("/api/v1/leases/{id}/complete", post(complete))
+        .route("/api/v1/leases/{id}/abandon", post(abandon))
+}
+
+/// The longest a lease request may wait for a job (PROTOCOL.md).
+const MAX_WAIT_S: u64 = 30;
+
+#[derive(Deserialize)]
+struct LeaseBody {
+    attestation: String,
+    #[serde(default)]
+    wait_s: Option<serde_json::Number>,
+}
+
+fn wait_seconds(wait: Option<serde_json::Number>) -> Result<u64, ApiError> {
+    let Some(n) = wait else { return Ok(0) };
+    match n.as_u64() {
+        Some(s) if s <= MAX_WAIT_S => Ok(s),
+        _ => Err(ApiError::bad_request(format!(
+            "wait_s: must be a whole number from 0 to {MAX_WAIT_S}"
+        ))),
+    }
+}
+
+async fn lease(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<LeaseBody>,
+) -> Result<Response, ApiError> {
+    let wait_s = wait_seconds(body.wait_s)?;
+    let now = Millis::now();
+    let admitted = state
+        .gate()
+        .admit(&body.attestation, Purpose::Lease, now)
+        .await?;
+    let runner_id = admitted.runner.id.clone();
+    let pool = admitted.pool.name.clone();
+    if let Err(refusal) = &admitted.verdict {
+        tracing::info!(runner_id = %runner_id, pool = %pool, code = refusal.code(), "lease refused");
+        return Err(ApiError::conflict(refusal.code(), refusal.detail())
+            .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
+    }
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
+    let notify = state.store().job_signal().for_pool(pool.as_str());
+    loop {
+        // Registered before the claim, so an enqueue between the claim and the wait still wakes us.
+        let notified = notify.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+
+        let token = generate_token("lgl_");
+        let claim = Claim {
+            runner_id: runner_id.clone(),
+            pool: pool.clone(),
+            lease_id: LeaseId::generate(),
+            token_hash: hash_token(&token),
+            ttl_s: state.settings().lease_ttl_s,
+            now: Millis::now(),
+        };
+        if let Some((lease, job)) = state.store().claim_job(&claim).await? {
+            tracing::info!(runner_id = %runner_id, pool = %pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
+            return Ok(Json(json!({
+                "lease_id": lease.id,
+                "lease_token": token,
+                "expires_at": lease.expires_at,
+                "job": views::leased_job(&job, &lease),
+            }))
+            .into_response());
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
+        tokio::select! {
+            _ = &mut notified => {}
+            _ = tokio::time::sleep_until(deadline) => return Ok(StatusCode::NO_CONTENT.into_response()),
+            _ = state.shutdown().cancelled() => return Ok(StatusCode::NO_CONTENT.into_response()),
+        }
+    }
+}
+
+async fn run_call(
+    state: &AppState,
+    id: String,
+    token: &str,
+    call: LeaseCall,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let lease_id = LeaseId(id);
+    let (lease, job) = state
+        .store()
+        .lease_call(&lease_id, &hash_token(token), &call, Millis::now())
+        .await?;
+    tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
+    Ok(Json(views::lease(&lease, &job)))
+}
+
+#[derive(Deserialize, Default)]
+struct TtlBody {
+    #[serde(default)]
+    ttl_s: Option<serde_json::Number>,
+}
+
+fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, ApiError> {
+    let Some(n) = ttl else { return Ok(default) };
+    match n.as_i64() {
+        Some(s) if (1..=3600).contains(&s) => Ok(s),
+        _ => Err(ApiError::bad_request(
+            "ttl_s: must be a whole number from 1 to 3600",
+        )),
+    }
+}
+
+async fn start(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    LeaseBearer(token): LeaseBearer,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let ttl_s = state.settings().lease_ttl_s;
+    run_call(&state, id, &token, LeaseCall::Start { ttl_s }).await
+}
+
+async fn extend(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    LeaseBearer(token): LeaseBearer,
+    OptionalJson(body): OptionalJson<TtlBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let ttl_s = ttl_seconds(body.ttl_s, state.settings().lease_ttl_s)?;
+    run_call(&state, id, &token, LeaseCall::Extend { ttl_s }).await
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum OutcomeBody {
+    Succeeded,
+    Failed,
+    Errored,
+}
+
+#[derive(Deserialize)]
+struct CompleteBody {
+    outcome: OutcomeBody,
+    #[serde(default)]
+    exit_code: Option<i64>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+fn clean_message(m: Option<String>) -> Option<String> {
+    m.map(|m| crate::domain::text::sanitize(&m, 2048))
+}
+
+async fn complete(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    LeaseBearer(token): LeaseBearer,
+    JsonBody(body): JsonBody<CompleteBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let outcome = match body.outcome {
+        OutcomeBody::Succeeded => Outcome::Succeeded,
+        OutcomeBody::Failed => Outcome::Failed,
+        OutcomeBody::Errored => Outcome::Errored,
+    };
+    let call = LeaseCall::Complete {
+        outcome,
+        exit_code: body.exit_code,
+        message: clean_message(body.message),
+    };
+    run_call(&state, id, &token, call).await
+}
+
+#[derive(Deserialize, Default)]
+struct AbandonBody {
+    #[serde(default)]
+    reason: Option<String>,
+    #[serde(default)]
+    message: Option<String>,
+}
+
+async fn abandon(
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    LeaseBearer(token): LeaseBearer,
+    OptionalJson(body): OptionalJson<AbandonBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let reason = body.reason.map(|r| crate::domain::text::sanitize(&r, 128));
+    let call = LeaseCall::Abandon {
+        reason,
+        message: clean_message(body.message),
+    };
+    run_call(&state, id, &token, call).await
+}

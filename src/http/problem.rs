@@ -1,0 +1,231 @@
+//! The one error type of the HTTP layer: RFC 9457 problem details with a stable `code`.
+//!
+//! Every error leaves the service as `application/problem+json` with `type`, `title`,
+//! `status`, `detail` and `code`. Server faults are logged here and never leak internals.
+
+use crate::gate::AdmitError;
+use crate::store::{CancelError, EnqueueError, LeaseCallFailure, RegisterError, StoreError};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+pub const PROBLEM_JSON: &str = "application/problem+json";
+
+#[derive(Debug, Clone)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub detail: String,
+    pub retry_after_s: Option<i64>,
+}
+
+#[derive(Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: String,
+    title: &'a str,
+    status: u16,
+    detail: &'a str,
+    code: &'a str,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            detail: detail.into(),
+            retry_after_s: None,
+        }
+    }
+
+    pub fn retry_after(mut self, secs: i64) -> Self {
+        self.retry_after_s = Some(secs.max(1));
+        self
+    }
+
+    pub fn bad_request(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "bad_request", detail)
+    }
+
+    pub fn not_found(what: &str) -> Self {
+        Self::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            format!("no such {what}"),
+        )
+    }
+
+    pub fn unauthorized(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthorized", detail)
+    }
+
+    pub fn forbidden(detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
+    }
+
+    pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::CONFLICT, code, detail)
+    }
+
+    pub fn unprocessable(code: &'static str, detail: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNPROCESSABLE_ENTITY, code, detail)
+    }
+
+    /// The problem a framework-level status stands for (unknown route, wrong method, …).
+    pub fn from_status(status: StatusCode, detail: impl Into<String>) -> Self {
+        let code = match status {
+            StatusCode::NOT_FOUND => "not_found",
+            StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+            StatusCode::PAYLOAD_TOO_LARGE => "payload_too_large",
+            StatusCode::UNAUTHORIZED => "unauthorized",
+            StatusCode::FORBIDDEN => "forbidden",
+            StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            s if s.is_server_error() => "internal",
+            _ => "bad_request",
+        };
+        Self::new(status, code, detail)
+    }
+
+    fn title(&self) -> &'static str {
+        self.status.canonical_reason().unwrap_or("Error")
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Problem {
+            kind: format!("urn:leasegate:problem:{}", self.code),
+            title: self.title(),
+            status: self.status.as_u16(),
+            detail: &self.detail,
+            code: self.code,
+        };
+        let mut response = (self.status, axum::Json(body)).into_response();
+        let headers = response.headers_mut();
+        headers.insert(header::CONTENT_TYPE, HeaderValue::from_static(PROBLEM_JSON));
+        if let Some(secs) = self.retry_after_s {
+            headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Unavailable(m) => {
+                tracing::warn!(error = %m, "database unavailable");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the database is unavailable; retry later",
+                )
+                .retry_after(5)
+            }
+            StoreError::Internal(m) => {
+                tracing::error!(error = %m, "internal error");
+                ApiError::new(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "internal",
+                    "internal error",
+                )
+            }
+        }
+    }
+}
+
+impl From<AdmitError> for ApiError {
+    fn from(e: AdmitError) -> Self {
+        let code = e.code();
+        match e {
+            AdmitError::Invalid(d) | AdmitError::Expired(d) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, code, d)
+            }
+            AdmitError::Replayed => ApiError::new(StatusCode::UNAUTHORIZED, code, e.to_string()),
+            AdmitError::Revoked => ApiError::new(StatusCode::FORBIDDEN, code, e.to_string()),
+            AdmitError::BadRequest(d) => ApiError::bad_request(d),
+            AdmitError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<RegisterError> for ApiError {
+    fn from(e: RegisterError) -> Self {
+        match e {
+            RegisterError::TokenInvalid => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "registration_token_invalid",
+                e.to_string(),
+            ),
+            RegisterError::NameTaken => ApiError::conflict("runner_exists", e.to_string()),
+            RegisterError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<LeaseCallFailure> for ApiError {
+    fn from(e: LeaseCallFailure) -> Self {
+        use crate::domain::lease::LeaseCallError as E;
+        match e {
+            LeaseCallFailure::TokenInvalid => ApiError::new(
+                StatusCode::UNAUTHORIZED,
+                "lease_token_invalid",
+                e.to_string(),
+            ),
+            LeaseCallFailure::Rejected(r) => {
+                let status = match r {
+                    E::Expired => StatusCode::GONE,
+                    E::RunnerRevoked => StatusCode::FORBIDDEN,
+                    E::Finished | E::Started | E::NotStarted | E::JobCancelled => {
+                        StatusCode::CONFLICT
+                    }
+                };
+                ApiError::new(status, r.code(), r.to_string())
+            }
+            LeaseCallFailure::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<EnqueueError> for ApiError {
+    fn from(e: EnqueueError) -> Self {
+        match e {
+            EnqueueError::UnknownPool => {
+                ApiError::unprocessable("unknown_pool", "no pool of that name")
+            }
+            EnqueueError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<CancelError> for ApiError {
+    fn from(e: CancelError) -> Self {
+        match e {
+            CancelError::Finished(_) => ApiError::conflict("job_finished", e.to_string()),
+            CancelError::Store(s) => s.into(),
+        }
+    }
+}
+
+/// Turns framework answers (unknown route, wrong method, body too large, a path or query that
+/// does not parse) into problems, so that every error a client sees has the same shape.
+pub async fn problem_for_framework_errors(response: Response) -> Response {
+    let status = response.status();
+    let is_problem = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    let is_error = status.is_client_error() || status.is_server_error();
+    if !is_error || is_problem || response.headers().contains_key(header::LOCATION) {
+        return response;
+    }
+    let detail = match axum::body::to_bytes(response.into_body(), 4096).await {
+        Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
+        _ => status.canonical_reason().unwrap_or("error").to_string(),
+    };
+    ApiError::from_status(status, detail).into_response()
+}

@@ -1,0 +1,149 @@
+//! The runner's endpoints: registration with a single-use token, and the signed heartbeat.
+
+use super::json::JsonBody;
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::domain::ids::RunnerId;
+use crate::domain::time::Millis;
+use crate::domain::verdict::image_current;
+use crate::gate::Purpose;
+use crate::secrets::hash_token;
+use crate::store::NewRunner;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::Deserialize;
+use serde_json::{Value, json};
+use std::collections::BTreeMap;
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/api/v1/runners", post(register))
+        .route("/api/v1/runners/heartbeat", post(heartbeat))
+}
+
+#[derive(Deserialize)]
+struct Jwk {
+    kty: String,
+    crv: String,
+    x: String,
+}
+
+#[derive(Deserialize)]
+struct RegisterBody {
+    registration_token: String,
+    name: String,
+    public_key: Jwk,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+}
+
+/// The `x` of an Ed25519 public JWK, checked to be a valid curve point.
+fn ed25519_x(jwk: &Jwk) -> Result<String, ApiError> {
+    if jwk.kty != "OKP" || jwk.crv != "Ed25519" {
+        return Err(ApiError::bad_request(
+            "public_key: must be a JWK with kty OKP and crv Ed25519",
+        ));
+    }
+    let bytes = URL_SAFE_NO_PAD
+        .decode(jwk.x.trim_end_matches('='))
+        .map_err(|_| ApiError::bad_request("public_key.x: not base64url"))?;
+    let bytes: [u8; 32] = bytes
+        .try_into()
+        .map_err(|_| ApiError::bad_request("public_key.x: an Ed25519 public key is 32 bytes"))?;
+    ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+        .map_err(|_| ApiError::bad_request("public_key.x: not a valid Ed25519 public key"))?;
+    Ok(URL_SAFE_NO_PAD.encode(bytes))
+}
+
+fn check_name(name: &str) -> Result<(), ApiError> {
+    let ok = !name.trim().is_empty()
+        && name.chars().count() <= 128
+        && !name.chars().any(char::is_control);
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request("name: 1-128 printable characters"))
+    }
+}
+
+fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    if labels.len() > 64 {
+        return Err(ApiError::bad_request("labels: at most 64 labels"));
+    }
+    for (k, v) in labels {
+        if k.is_empty()
+            || k.len() > 128
+            || v.len() > 1024
+            || k.chars().chain(v.chars()).any(char::is_control)
+        {
+            return Err(ApiError::bad_request(format!(
+                "labels.{k}: keys 1-128 bytes, values at most 1024, no control characters"
+            )));
+        }
+    }
+    Ok(())
+}
+
+async fn register(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<RegisterBody>,
+) -> Result<(StatusCode, Json<Value>), ApiError> {
+    check_name(&body.name)?;
+    check_labels(&body.labels)?;
+    let public_key_x = ed25519_x(&body.public_key)?;
+    let new = NewRunner {
+        id: RunnerId::generate(),
+        name: body.name,
+        labels: body.labels,
+        public_key_x,
+    };
+    let runner = state
+        .store()
+        .register_runner(&hash_token(&body.registration_token), new, Millis::now())
+        .await?;
+    tracing::info!(runner_id = %runner.id, pool = %runner.pool, name = %runner.name, "runner registered");
+    let s = state.settings();
+    Ok((
+        StatusCode::CREATED,
+        Json(json!({
+            "runner_id": runner.id,
+            "pool": runner.pool,
+            "audience": s.rules.audience,
+            "heartbeat_interval_s": s.heartbeat_interval_s,
+            "attestation_max_age_s": s.rules.max_age_s,
+            "probe_max_age_s": s.probe_max_age_s,
+        })),
+    ))
+}
+
+#[derive(Deserialize)]
+pub struct AttestationBody {
+    pub attestation: String,
+}
+
+async fn heartbeat(
+    State(state): State<AppState>,
+    JsonBody(body): JsonBody<AttestationBody>,
+) -> Result<Json<Value>, ApiError> {
+    let now = Millis::now();
+    let admitted = state
+        .gate()
+        .admit(&body.attestation, Purpose::Heartbeat, now)
+        .await?;
+    let current = image_current(&admitted.image, &admitted.pool);
+    let refusal = admitted.verdict.as_ref().err();
+    Ok(Json(json!({
+        "runner_id": admitted.runner.id,
+        "status": admitted.status().as_str(),
+        "code": refusal.map(|r| r.code()),
+        "detail": refusal.map(|r| r.detail()),
+        "expected_image_ids": admitted.pool.expected_image_ids,
+        "image_current": current,
+        "next_heartbeat_s": state.settings().heartbeat_interval_s,
+        "action": if current == Some(false) { "recycle" } else { "none" },
+    })))
+}

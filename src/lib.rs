@@ -1,0 +1,27 @@
+//! leasegate: the forge-side lease gate for self-hosted CI runners.
+//!
+//! No fresh signed proof that a runner can run a container, on the image its pool expects, no
+//! job. See `docs/ARCHITECTURE.md` for the map; in short:
+//!
+//! - [`domain`]: pure types and rules (attestation claims, the verdict, the lease state
+//!   machine, pools and images). No IO.
+//! - [`verifier`]: rules 1–4 on a compact JWS, with `jsonwebtoken`'s EdDSA verifier.
+//! - [`gate`]: rules 1–13 end to end, recording what the protocol says to record.
+//! - [`store`]: the `Store` trait and its engines; the only place SQL lives.
+//! - [`http`]: axum routers, one module per party, and the problem+json error.
+//! - [`server`], [`sweeper`]: starting, stopping, and housekeeping.
+//! - [`agent`]: the runner side (keys and signing).
+#![forbid(unsafe_code)]
+
+pub mod agent;
+pub mod app;
+pub mod config;
+pub mod demo;
+pub mod domain;
+pub mod gate;
+pub mod http;
+pub mod secrets;
+pub mod server;
+pub mod store;
+pub mod sweeper;
+pub mod verifier;

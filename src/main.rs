@@ -1,0 +1,40 @@
+//! The `leasegate` binary: parse the command line, start logging, hand over to the library.
+#![forbid(unsafe_code)]
+
+use clap::Parser;
+use leasegate::config::{Cli, Command, LogFormat};
+use tracing_subscriber::EnvFilter;
+
+fn init_tracing(format: LogFormat) {
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Human => builder.init(),
+        LogFormat::Json => builder.json().flatten_event(true).init(),
+    }
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => {
+            init_tracing(args.log_format);
+            leasegate::server::serve(args).await
+        }
+        Command::Demo(args) => {
+            init_tracing(args.log_format);
+            leasegate::demo::run(args).await
+        }
+    };
+    match result {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("leasegate: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,319 @@
+//! Persistence: the `Store` trait and one implementation per engine.
+//!
+//! This is the only place SQL lives and the only place that knows which engine is in use.
+//! Handlers hold an `Arc<dyn Store>`. Every rule that decides what a write should be comes from
+//! `domain`; the engines only load, fence and write, each in one transaction.
+
+mod rows;
+mod signal;
+mod sql_store;
+pub mod sqlite;
+
+pub use signal::JobSignal;
+
+use crate::domain::attestation::RunningImage;
+use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::job::{Job, JobEvent};
+use crate::domain::lease::{LeaseCall, LeaseCallError, LeaseState};
+use crate::domain::pool::{Pool, PoolName, PoolSpec};
+use crate::domain::runner::Runner;
+use crate::domain::time::Millis;
+use crate::domain::verdict::{AttestedState, RunnerStatus};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// How many attestations and refusals are kept per runner (rings), and status changes.
+pub const ATTESTATION_HISTORY: i64 = 20;
+pub const REFUSAL_HISTORY: i64 = 50;
+pub const STATUS_CHANGE_HISTORY: i64 = 100;
+
+/// A failure of the database itself, never of the caller.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or did not answer in time: 503 `unavailable`.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+    #[error("database error: {0}")]
+    Internal(String),
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(e: sqlx::Error) -> Self {
+        match &e {
+            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
+                StoreError::Unavailable(e.to_string())
+            }
+            sqlx::Error::Database(db) if is_unavailable(db.message()) => {
+                StoreError::Unavailable(e.to_string())
+            }
+            _ => StoreError::Internal(e.to_string()),
+        }
+    }
+}
+
+fn is_unavailable(message: &str) -> bool {
+    let m = message.to_ascii_lowercase();
+    [
+        "database is locked",
+        "readonly",
+        "read-only",
+        "disk i/o",
+        "unable to open",
+    ]
+    .iter()
+    .any(|s| m.contains(s))
+}
+
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// A runner about to be registered.
+#[derive(Clone, Debug)]
+pub struct NewRunner {
+    pub id: RunnerId,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub public_key_x: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RegisterError {
+    #[error("the registration token is unknown, used or expired")]
+    TokenInvalid,
+    #[error("a runner with this name is already registered in the pool")]
+    NameTaken,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// An attestation that passed rules 1–4, with the verdict it earned, to be recorded.
+#[derive(Clone, Debug)]
+pub struct AttestationRecord {
+    pub runner_id: RunnerId,
+    pub jti: String,
+    /// Until when the jti must be remembered.
+    pub replay_until: Millis,
+    pub received_at: Millis,
+    pub state: AttestedState,
+    pub agent: Option<serde_json::Value>,
+    /// The status this attestation gives the runner (for history and status changes).
+    pub status: RunnerStatus,
+    /// The refusal to record, for a lease or gate check refused under rules 7–13.
+    pub refusal: Option<(String, String)>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RecordError {
+    /// Rule 5.
+    #[error("this jti was already accepted")]
+    Replayed,
+    /// Rule 6.
+    #[error("the runner is revoked")]
+    Revoked,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A lease as the lease calls answer it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub job_id: JobId,
+    pub runner_id: RunnerId,
+    pub pool: PoolName,
+    pub state: LeaseState,
+    /// The attempt number this lease is (or will be, once started).
+    pub attempt: i64,
+    pub granted_at: Millis,
+    pub started_at: Option<Millis>,
+    pub expires_at: Millis,
+    pub ended_at: Option<Millis>,
+}
+
+/// What a claim needs: who claims, from which pool, and the new lease's identity.
+#[derive(Clone, Debug)]
+pub struct Claim {
+    pub runner_id: RunnerId,
+    pub pool: PoolName,
+    pub lease_id: LeaseId,
+    pub token_hash: String,
+    pub ttl_s: i64,
+    pub now: Millis,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseCallFailure {
+    /// Unknown lease or wrong token: 401 `lease_token_invalid`.
+    #[error("the lease token is not valid for this lease")]
+    TokenInvalid,
+    #[error(transparent)]
+    Rejected(#[from] LeaseCallError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EnqueueError {
+    #[error("unknown pool")]
+    UnknownPool,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CancelError {
+    #[error("the job is already {0}")]
+    Finished(&'static str),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// A job to enqueue.
+#[derive(Clone, Debug)]
+pub struct NewJob {
+    pub id: JobId,
+    pub pool: PoolName,
+    pub payload: serde_json::Value,
+    pub max_attempts: i64,
+    pub idempotency_key: Option<String>,
+}
+
+/// Queue depth of one pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QueueDepth {
+    pub queued: i64,
+    pub oldest_queued_at: Option<Millis>,
+}
+
+/// One recorded attestation, as history shows it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AttestationEntry {
+    pub received_at: Millis,
+    pub probe_ok: bool,
+    pub runtime: String,
+    pub runtime_version: Option<String>,
+    pub checked_at: Millis,
+    pub error: Option<String>,
+    pub image: RunningImage,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct StatusChange {
+    pub at: Millis,
+    pub from: Option<String>,
+    pub to: String,
+    pub detail: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct RefusalEntry {
+    pub at: Millis,
+    pub code: String,
+    pub detail: String,
+}
+
+/// What the runner detail view shows beyond the runner itself, newest first.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunnerHistory {
+    pub attestations: Vec<AttestationEntry>,
+    pub status_changes: Vec<StatusChange>,
+    pub refusals: Vec<RefusalEntry>,
+    pub leases: Vec<Lease>,
+}
+
+/// What one sweep did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SweepReport {
+    pub leases_expired: u64,
+    pub jtis_purged: u64,
+}
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// `sqlite` or `postgres`, for logs and metrics.
+    fn engine(&self) -> &'static str;
+
+    /// Wakes long polls when a job is enqueued (in-process or across replicas).
+    fn job_signal(&self) -> &JobSignal;
+
+    /// Does the database answer?
+    async fn ping(&self) -> StoreResult<()>;
+
+    async fn put_pool(
+        &self,
+        name: &PoolName,
+        spec: PoolSpec,
+        now: Millis,
+    ) -> StoreResult<(Pool, bool)>;
+    async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;
+    async fn list_pools(&self) -> StoreResult<Vec<Pool>>;
+    async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>>;
+
+    async fn create_registration_token(
+        &self,
+        pool: &PoolName,
+        token_hash: &str,
+        expires_at: Millis,
+        now: Millis,
+    ) -> StoreResult<()>;
+    /// Consumes the token and inserts the runner atomically; neither happens on failure.
+    async fn register_runner(
+        &self,
+        token_hash: &str,
+        runner: NewRunner,
+        now: Millis,
+    ) -> Result<Runner, RegisterError>;
+
+    async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
+    async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>>;
+    async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory>;
+    async fn set_cordoned(
+        &self,
+        id: &RunnerId,
+        cordoned: bool,
+        now: Millis,
+    ) -> StoreResult<Option<Runner>>;
+    /// Revokes the runner and ends its live leases as an expiry would.
+    async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>>;
+
+    /// Whether `jti` was already accepted from this runner (a read; rule 5 without a write).
+    async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool>;
+
+    /// Rules 5 and 6, then records the attestation (and its refusal) in one transaction.
+    async fn record_attestation(&self, record: &AttestationRecord) -> Result<(), RecordError>;
+
+    async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError>;
+    async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>>;
+    async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError>;
+
+    /// Takes the pool's oldest queued job for the runner, atomically; `None` when there is none
+    /// (or the runner was revoked or cordoned meanwhile).
+    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>>;
+    /// A runner's call on its lease, checked against the token hash and fenced by the lease.
+    async fn lease_call(
+        &self,
+        lease_id: &LeaseId,
+        token_hash: &str,
+        call: &LeaseCall,
+        now: Millis,
+    ) -> Result<(Lease, Job), LeaseCallFailure>;
+
+    /// Expires overdue leases and purges replay state that can no longer matter.
+    async fn sweep(&self, now: Millis) -> StoreResult<SweepReport>;
+}
+
+pub type DynStore = Arc<dyn Store>;
+
+/// Opens the store that `database_url` names, migrated.
+pub async fn open(database_url: &str, signal: JobSignal) -> anyhow::Result<DynStore> {
+    if database_url.starts_with("sqlite:") {
+        Ok(Arc::new(
+            sqlite::SqliteStore::open(database_url, signal).await?,
+        ))
+    } else if database_url.starts_with("postgres:") || database_url.starts_with("postgresql:") {
+        anyhow::bail!("the PostgreSQL engine is not built yet; use a sqlite:// DATABASE_URL")
+    } else {
+        anyhow::bail!("DATABASE_URL must start with sqlite:// or postgres://")
+    }
+}

@@ -1,0 +1,33 @@
+//! Wake-ups for long polls: one `Notify` per pool, fired after an enqueue commits.
+//!
+//! A waiter registers (`Notified::enable`) before it tries to claim, so an enqueue that lands
+//! between its failed claim and its wait still wakes it. Engines that span replicas feed this
+//! from their own channel (PostgreSQL: `LISTEN/NOTIFY`).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use tokio::sync::Notify;
+
+#[derive(Clone, Default)]
+pub struct JobSignal {
+    pools: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+}
+
+impl JobSignal {
+    /// The notifier of `pool`; waiters call `notified()` on it.
+    pub fn for_pool(&self, pool: &str) -> Arc<Notify> {
+        let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+        pools.entry(pool.to_string()).or_default().clone()
+    }
+
+    /// Wakes every waiter of `pool`.
+    pub fn notify(&self, pool: &str) {
+        let notify = {
+            let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            pools.get(pool).cloned()
+        };
+        if let Some(n) = notify {
+            n.notify_waiters();
+        }
+    }
+}

@@ -1,0 +1,781 @@
+//! The body of the `Store` implementation, written once and instantiated per engine.
+//!
+//! Both engines speak nearly the same SQL (`$n` parameters, `ON CONFLICT`, `RETURNING`, partial
+//! indexes). What differs is passed in as literals (row locks, which only PostgreSQL has) and
+//! as a few inherent methods each engine defines: `begin` (SQLite begins `IMMEDIATE`, so a
+//! transaction that reads then writes never fails with `SQLITE_BUSY_SNAPSHOT`), `reader`, and
+//! `announce_job` (in-process wake-up for SQLite, `NOTIFY` for PostgreSQL). A macro rather than
+//! generics over `sqlx::Database`: the bounds that generic sqlx code needs would drown the SQL.
+
+/// Columns of a runner joined with its live lease, for the runner views.
+macro_rules! runner_select {
+    () => {
+        "SELECT r.*, l.id AS lease_id, l.job_id AS lease_job_id, l.state AS lease_state, \
+         l.expires_at AS lease_expires_at \
+         FROM runners r LEFT JOIN leases l ON l.runner_id = r.id AND l.state IN ('leased', 'running') "
+    };
+}
+pub(crate) use runner_select;
+
+macro_rules! impl_sql_store {
+    (
+        store: $store:ty,
+        db: $db:ty,
+        engine: $engine:literal,
+        row_lock: $row_lock:literal,
+        claim_lock: $claim_lock:literal,
+        share_lock: $share_lock:literal
+    ) => {
+        use $crate::domain::ids::{JobId, LeaseId, RunnerId};
+        use $crate::domain::job::{EventKind, Job, JobEvent, JobState};
+        use $crate::domain::lease::{self as lease_rules, EndCause, LeaseCall, LeaseState, Snapshot, Transition};
+        use $crate::domain::pool::{Pool, PoolName, PoolSpec};
+        use $crate::domain::runner::Runner;
+        use $crate::domain::time::Millis;
+        use $crate::store::rows::{Decoders, digests_json, get};
+        use $crate::store::sql_store::runner_select;
+        use $crate::store::*;
+        use std::collections::BTreeMap;
+
+        type Tx = sqlx::Transaction<'static, $db>;
+
+        async fn add_event(
+            tx: &mut Tx,
+            job_id: &JobId,
+            at: Millis,
+            kind: EventKind,
+            runner_id: Option<&RunnerId>,
+            lease_id: Option<&LeaseId>,
+            reason: Option<&str>,
+            detail: Option<&str>,
+        ) -> StoreResult<()> {
+            sqlx::query(
+                "INSERT INTO job_events (job_id, at, kind, runner_id, lease_id, reason, detail) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+            )
+            .bind(job_id.as_str())
+            .bind(at.0)
+            .bind(kind.as_str())
+            .bind(runner_id.map(|r| r.as_str().to_string()))
+            .bind(lease_id.map(|l| l.as_str().to_string()))
+            .bind(reason)
+            .bind(detail)
+            .execute(&mut **tx)
+            .await?;
+            Ok(())
+        }
+
+        async fn load_job(tx: &mut Tx, id: &JobId) -> StoreResult<Option<Job>> {
+            let row = sqlx::query(concat!("SELECT * FROM jobs WHERE id = $1", $row_lock))
+                .bind(id.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            row.map(|r| r.job()).transpose()
+        }
+
+        async fn load_lease(tx: &mut Tx, id: &LeaseId) -> StoreResult<Option<(Lease, String)>> {
+            let row = sqlx::query(concat!("SELECT * FROM leases WHERE id = $1", $row_lock))
+                .bind(id.as_str())
+                .fetch_optional(&mut **tx)
+                .await?;
+            match row {
+                Some(r) => Ok(Some((r.lease()?, get::<_, String>(&r, "token_hash")?))),
+                None => Ok(None),
+            }
+        }
+
+        /// Writes a lease transition, fenced by the lease's prior state and the job's lease.
+        async fn write_transition(
+            tx: &mut Tx,
+            lease: &Lease,
+            job: &Job,
+            t: &Transition,
+            now: Millis,
+        ) -> StoreResult<bool> {
+            let ended_at = (!t.lease_state.is_live()).then_some(now.0);
+            let started_at = (lease.state == LeaseState::Leased && t.lease_state == LeaseState::Running)
+                .then_some(now.0)
+                .or(lease.started_at.map(|m| m.0));
+            let fenced = sqlx::query(
+                "UPDATE leases SET state = $1, expires_at = $2, ended_at = $3, started_at = $4 \
+                 WHERE id = $5 AND state = $6",
+            )
+            .bind(t.lease_state.as_str())
+            .bind(t.expires_at.0)
+            .bind(ended_at)
+            .bind(started_at)
+            .bind(lease.id.as_str())
+            .bind(lease.state.as_str())
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+            if fenced != 1 {
+                return Ok(false);
+            }
+            let job_lease = (!t.releases_job()).then(|| lease.id.as_str().to_string());
+            let fenced = sqlx::query(
+                "UPDATE jobs SET state = $1, attempts = $2, returns = $3, \
+                 last_error = COALESCE($4, last_error), lease_id = $5, updated_at = $6 \
+                 WHERE id = $7 AND lease_id = $8",
+            )
+            .bind(t.job_state.as_str())
+            .bind(t.attempts)
+            .bind(t.returns)
+            .bind(t.last_error.as_deref())
+            .bind(job_lease)
+            .bind(now.0)
+            .bind(job.id.as_str())
+            .bind(lease.id.as_str())
+            .execute(&mut **tx)
+            .await?
+            .rows_affected();
+            if fenced != 1 {
+                return Ok(false);
+            }
+            if let Some((kind, reason, detail)) = &t.event {
+                add_event(tx, &job.id, now, *kind, Some(&lease.runner_id), Some(&lease.id), reason.as_deref(), detail.as_deref())
+                    .await?;
+            }
+            if t.quarantine_runner {
+                sqlx::query("UPDATE runners SET quarantined_at = $1 WHERE id = $2")
+                    .bind(now.0)
+                    .bind(lease.runner_id.as_str())
+                    .execute(&mut **tx)
+                    .await?;
+            }
+            Ok(true)
+        }
+
+        /// Ends a live lease by expiry or revocation; `false` when it moved on meanwhile.
+        async fn end_lease(tx: &mut Tx, lease: &Lease, cause: EndCause, now: Millis) -> StoreResult<bool> {
+            let Some(job) = load_job(tx, &lease.job_id).await? else {
+                return Ok(false);
+            };
+            let snapshot = Snapshot {
+                lease_state: lease.state,
+                expires_at: lease.expires_at,
+                attempts: job.attempts,
+                max_attempts: job.max_attempts,
+                returns: job.returns,
+            };
+            let t = lease_rules::end(cause, snapshot, now);
+            write_transition(tx, lease, &job, &t, now).await
+        }
+
+        async fn fetch_runner(exec: &mut <$db as sqlx::Database>::Connection, id: &RunnerId) -> StoreResult<Option<Runner>> {
+            let row = sqlx::query(concat!(runner_select!(), "WHERE r.id = $1"))
+                .bind(id.as_str())
+                .fetch_optional(&mut *exec)
+                .await?;
+            row.map(|r| r.runner()).transpose()
+        }
+
+        #[async_trait::async_trait]
+        impl Store for $store {
+            fn engine(&self) -> &'static str {
+                $engine
+            }
+
+            fn job_signal(&self) -> &JobSignal {
+                &self.signal
+            }
+
+            async fn ping(&self) -> StoreResult<()> {
+                sqlx::query("SELECT 1").execute(self.reader()).await?;
+                Ok(())
+            }
+
+            async fn put_pool(&self, name: &PoolName, spec: PoolSpec, now: Millis) -> StoreResult<(Pool, bool)> {
+                let mut tx = self.begin().await?;
+                let current = sqlx::query(concat!("SELECT * FROM pools WHERE name = $1", $row_lock))
+                    .bind(name.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .map(|r| r.pool())
+                    .transpose()?;
+                let pool = Pool::apply(name.clone(), current.as_ref(), spec, now);
+                sqlx::query(
+                    "INSERT INTO pools (name, image_ref, image_policy, image_source, expected_image_ids, \
+                     previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
+                     image_policy = excluded.image_policy, image_source = excluded.image_source, \
+                     expected_image_ids = excluded.expected_image_ids, previous_image_ids = excluded.previous_image_ids, \
+                     previous_valid_until = excluded.previous_valid_until, drift_grace_s = excluded.drift_grace_s, \
+                     resolve_interval_s = excluded.resolve_interval_s, updated_at = excluded.updated_at",
+                )
+                .bind(pool.name.as_str())
+                .bind(pool.image_ref.as_deref())
+                .bind(pool.image_policy.as_str())
+                .bind(pool.image_source.as_str())
+                .bind(digests_json(&pool.expected_image_ids))
+                .bind(digests_json(&pool.previous_image_ids))
+                .bind(pool.previous_valid_until.map(|m| m.0))
+                .bind(pool.drift_grace_s)
+                .bind(pool.resolve_interval_s)
+                .bind(pool.created_at.0)
+                .bind(pool.updated_at.0)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok((pool, current.is_none()))
+            }
+
+            async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
+                let row = sqlx::query("SELECT * FROM pools WHERE name = $1")
+                    .bind(name.as_str())
+                    .fetch_optional(self.reader())
+                    .await?;
+                row.map(|r| r.pool()).transpose()
+            }
+
+            async fn list_pools(&self) -> StoreResult<Vec<Pool>> {
+                let rows = sqlx::query("SELECT * FROM pools ORDER BY name").fetch_all(self.reader()).await?;
+                rows.iter().map(|r| r.pool()).collect()
+            }
+
+            async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>> {
+                let rows = sqlx::query(
+                    "SELECT pool, COUNT(*) AS queued, MIN(created_at) AS oldest FROM jobs \
+                     WHERE state = 'queued' GROUP BY pool",
+                )
+                .fetch_all(self.reader())
+                .await?;
+                rows.iter()
+                    .map(|r| {
+                        Ok((
+                            PoolName::from_trusted(get(r, "pool")?),
+                            QueueDepth {
+                                queued: get(r, "queued")?,
+                                oldest_queued_at: get::<_, Option<i64>>(r, "oldest")?.map(Millis),
+                            },
+                        ))
+                    })
+                    .collect()
+            }
+
+            async fn create_registration_token(
+                &self,
+                pool: &PoolName,
+                token_hash: &str,
+                expires_at: Millis,
+                now: Millis,
+            ) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO registration_tokens (token_hash, pool, created_at, expires_at) VALUES ($1, $2, $3, $4)",
+                )
+                .bind(token_hash)
+                .bind(pool.as_str())
+                .bind(now.0)
+                .bind(expires_at.0)
+                .execute(self.writer())
+                .await?;
+                Ok(())
+            }
+
+            async fn register_runner(&self, token_hash: &str, runner: NewRunner, now: Millis) -> Result<Runner, RegisterError> {
+                let mut tx = self.begin().await?;
+                let pool: Option<String> = sqlx::query(
+                    "UPDATE registration_tokens SET used_at = $1, used_by = $2 \
+                     WHERE token_hash = $3 AND used_at IS NULL AND expires_at > $1 RETURNING pool",
+                )
+                .bind(now.0)
+                .bind(runner.id.as_str())
+                .bind(token_hash)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .map(|r| get(&r, "pool"))
+                .transpose()?;
+                let Some(pool) = pool else {
+                    return Err(RegisterError::TokenInvalid);
+                };
+                let inserted = sqlx::query(
+                    "INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (pool, name) DO NOTHING",
+                )
+                .bind(runner.id.as_str())
+                .bind(&runner.name)
+                .bind(&pool)
+                .bind(serde_json::to_string(&runner.labels).expect("labels serialize"))
+                .bind(&runner.public_key_x)
+                .bind(now.0)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .rows_affected();
+                if inserted != 1 {
+                    return Err(RegisterError::NameTaken);
+                }
+                let stored = fetch_runner(&mut tx, &runner.id).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                stored.ok_or_else(|| StoreError::Internal("runner vanished after insert".into()).into())
+            }
+
+            async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
+                let mut conn = self.reader().acquire().await?;
+                fetch_runner(&mut conn, id).await
+            }
+
+            async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>> {
+                let rows = match pool {
+                    Some(p) => sqlx::query(concat!(runner_select!(), "WHERE r.pool = $1 ORDER BY r.pool, r.name"))
+                        .bind(p.as_str())
+                        .fetch_all(self.reader())
+                        .await?,
+                    None => sqlx::query(concat!(runner_select!(), "ORDER BY r.pool, r.name"))
+                        .fetch_all(self.reader())
+                        .await?,
+                };
+                rows.iter().map(|r| r.runner()).collect()
+            }
+
+            async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory> {
+                let reader = self.reader();
+                let attestations = sqlx::query("SELECT * FROM attestation_history WHERE runner_id = $1 ORDER BY seq DESC")
+                    .bind(id.as_str())
+                    .fetch_all(reader)
+                    .await?;
+                let changes = sqlx::query("SELECT * FROM status_changes WHERE runner_id = $1 ORDER BY id DESC LIMIT 100")
+                    .bind(id.as_str())
+                    .fetch_all(reader)
+                    .await?;
+                let refusals = sqlx::query("SELECT * FROM refusals WHERE runner_id = $1 ORDER BY seq DESC")
+                    .bind(id.as_str())
+                    .fetch_all(reader)
+                    .await?;
+                let leases = sqlx::query("SELECT * FROM leases WHERE runner_id = $1 ORDER BY granted_at DESC LIMIT 50")
+                    .bind(id.as_str())
+                    .fetch_all(reader)
+                    .await?;
+                Ok(RunnerHistory {
+                    attestations: attestations.iter().map(|r| r.attestation_entry()).collect::<StoreResult<_>>()?,
+                    status_changes: changes.iter().map(|r| r.status_change()).collect::<StoreResult<_>>()?,
+                    refusals: refusals.iter().map(|r| r.refusal()).collect::<StoreResult<_>>()?,
+                    leases: leases.iter().map(|r| r.lease()).collect::<StoreResult<_>>()?,
+                })
+            }
+
+            async fn set_cordoned(&self, id: &RunnerId, cordoned: bool, _now: Millis) -> StoreResult<Option<Runner>> {
+                let mut tx = self.begin().await?;
+                sqlx::query("UPDATE runners SET cordoned = $1 WHERE id = $2")
+                    .bind(i64::from(cordoned))
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                let runner = fetch_runner(&mut tx, id).await?;
+                tx.commit().await?;
+                Ok(runner)
+            }
+
+            async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>> {
+                let mut tx = self.begin().await?;
+                sqlx::query("UPDATE runners SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2")
+                    .bind(now.0)
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
+                let live = sqlx::query(concat!(
+                    "SELECT * FROM leases WHERE runner_id = $1 AND state IN ('leased', 'running')",
+                    $row_lock
+                ))
+                .bind(id.as_str())
+                .fetch_all(&mut *tx)
+                .await?;
+                let mut pools = Vec::new();
+                for row in &live {
+                    let lease = row.lease()?;
+                    if end_lease(&mut tx, &lease, EndCause::RunnerRevoked, now).await? {
+                        pools.push(lease.pool.clone());
+                    }
+                }
+                let runner = fetch_runner(&mut tx, id).await?;
+                tx.commit().await?;
+                for pool in pools {
+                    self.signal.notify(pool.as_str());
+                }
+                Ok(runner)
+            }
+
+            async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool> {
+                let seen = sqlx::query("SELECT 1 FROM seen_jtis WHERE runner_id = $1 AND jti = $2")
+                    .bind(runner.as_str())
+                    .bind(jti)
+                    .fetch_optional(self.reader())
+                    .await?;
+                Ok(seen.is_some())
+            }
+
+            async fn record_attestation(&self, rec: &AttestationRecord) -> Result<(), RecordError> {
+                let mut tx = self.begin().await?;
+                let runner = sqlx::query(concat!(
+                    "SELECT revoked_at, last_status, attestation_seq, refusal_seq FROM runners WHERE id = $1",
+                    $row_lock
+                ))
+                .bind(rec.runner_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .ok_or(RecordError::Revoked)?;
+                let seen = sqlx::query("SELECT 1 FROM seen_jtis WHERE runner_id = $1 AND jti = $2")
+                    .bind(rec.runner_id.as_str())
+                    .bind(&rec.jti)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                if seen.is_some() {
+                    return Err(RecordError::Replayed);
+                }
+                if get::<_, Option<i64>>(&runner, "revoked_at")?.is_some() {
+                    return Err(RecordError::Revoked);
+                }
+                let inserted = sqlx::query(
+                    "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+                )
+                .bind(rec.runner_id.as_str())
+                .bind(&rec.jti)
+                .bind(rec.replay_until.0)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?
+                .rows_affected();
+                if inserted != 1 {
+                    return Err(RecordError::Replayed);
+                }
+
+                let probe = &rec.state.probe;
+                let image = &rec.state.image;
+                let status = rec.status.as_str();
+                let last_status: Option<String> = get(&runner, "last_status")?;
+                let seq: i64 = get::<_, i64>(&runner, "attestation_seq")? + 1;
+                let refusal_seq: i64 =
+                    get::<_, i64>(&runner, "refusal_seq")? + i64::from(rec.refusal.is_some());
+                sqlx::query(
+                    "UPDATE runners SET attested_at = $1, probe_ok = $2, probe_runtime = $3, \
+                     probe_runtime_version = $4, probe_checked_at = $5, probe_error = $6, probe_exit_code = $7, \
+                     image_id = $8, image_digest = $9, image_ref = $10, agent = $11, last_status = $12, \
+                     attestation_seq = $13, refusal_seq = $14, \
+                     quarantined_at = CASE WHEN $2 = 1 AND quarantined_at < $5 THEN NULL ELSE quarantined_at END \
+                     WHERE id = $15",
+                )
+                .bind(rec.received_at.0)
+                .bind(i64::from(probe.ok))
+                .bind(&probe.runtime)
+                .bind(probe.runtime_version.as_deref())
+                .bind(probe.checked_at.0)
+                .bind(probe.error.as_deref())
+                .bind(probe.exit_code)
+                .bind(image.id.as_ref().map(|d| d.as_str().to_string()))
+                .bind(image.digest.as_ref().map(|d| d.as_str().to_string()))
+                .bind(image.image_ref.as_deref())
+                .bind(rec.agent.as_ref().map(|a| a.to_string()))
+                .bind(status)
+                .bind(seq)
+                .bind(refusal_seq)
+                .bind(rec.runner_id.as_str())
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+
+                sqlx::query(
+                    "INSERT INTO attestation_history (runner_id, slot, seq, received_at, probe_ok, probe_runtime, \
+                     probe_runtime_version, probe_checked_at, probe_error, image_id, image_digest, status) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
+                     ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, received_at = excluded.received_at, \
+                     probe_ok = excluded.probe_ok, probe_runtime = excluded.probe_runtime, \
+                     probe_runtime_version = excluded.probe_runtime_version, probe_checked_at = excluded.probe_checked_at, \
+                     probe_error = excluded.probe_error, image_id = excluded.image_id, \
+                     image_digest = excluded.image_digest, status = excluded.status",
+                )
+                .bind(rec.runner_id.as_str())
+                .bind(seq % ATTESTATION_HISTORY)
+                .bind(seq)
+                .bind(rec.received_at.0)
+                .bind(i64::from(probe.ok))
+                .bind(&probe.runtime)
+                .bind(probe.runtime_version.as_deref())
+                .bind(probe.checked_at.0)
+                .bind(probe.error.as_deref())
+                .bind(image.id.as_ref().map(|d| d.as_str().to_string()))
+                .bind(image.digest.as_ref().map(|d| d.as_str().to_string()))
+                .bind(status)
+                .execute(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+
+                if last_status.as_deref() != Some(status) {
+                    sqlx::query(
+                        "INSERT INTO status_changes (runner_id, at, from_status, to_status, detail) VALUES ($1, $2, $3, $4, $5)",
+                    )
+                    .bind(rec.runner_id.as_str())
+                    .bind(rec.received_at.0)
+                    .bind(last_status.as_deref())
+                    .bind(status)
+                    .bind(rec.refusal.as_ref().map(|(_, d)| d.as_str()).or(probe.error.as_deref()))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                }
+                if let Some((code, detail)) = &rec.refusal {
+                    sqlx::query(
+                        "INSERT INTO refusals (runner_id, slot, seq, at, code, detail) VALUES ($1, $2, $3, $4, $5, $6) \
+                         ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, at = excluded.at, \
+                         code = excluded.code, detail = excluded.detail",
+                    )
+                    .bind(rec.runner_id.as_str())
+                    .bind(refusal_seq % REFUSAL_HISTORY)
+                    .bind(refusal_seq)
+                    .bind(rec.received_at.0)
+                    .bind(code)
+                    .bind(detail)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                }
+                tx.commit().await.map_err(StoreError::from)?;
+                Ok(())
+            }
+
+            async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError> {
+                let mut tx = self.begin().await?;
+                if let Some(key) = &job.idempotency_key {
+                    let existing = sqlx::query("SELECT * FROM jobs WHERE idempotency_key = $1")
+                        .bind(key)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                    if let Some(row) = existing {
+                        return Ok((row.job()?, false));
+                    }
+                }
+                let pool_exists = sqlx::query("SELECT 1 FROM pools WHERE name = $1")
+                    .bind(job.pool.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                if pool_exists.is_none() {
+                    return Err(EnqueueError::UnknownPool);
+                }
+                let row = sqlx::query(
+                    "INSERT INTO jobs (id, pool, payload, state, max_attempts, idempotency_key, created_at, updated_at) \
+                     VALUES ($1, $2, $3, 'queued', $4, $5, $6, $6) ON CONFLICT (idempotency_key) DO NOTHING RETURNING *",
+                )
+                .bind(job.id.as_str())
+                .bind(job.pool.as_str())
+                .bind(job.payload.to_string())
+                .bind(job.max_attempts)
+                .bind(job.idempotency_key.as_deref())
+                .bind(now.0)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(StoreError::from)?;
+                let Some(row) = row else {
+                    // A concurrent enqueue with the same key won the race: answer with its job.
+                    tx.rollback().await.map_err(StoreError::from)?;
+                    let existing = sqlx::query("SELECT * FROM jobs WHERE idempotency_key = $1")
+                        .bind(job.idempotency_key.as_deref())
+                        .fetch_one(self.writer())
+                        .await
+                        .map_err(StoreError::from)?;
+                    return Ok((existing.job()?, false));
+                };
+                let stored = row.job()?;
+                add_event(&mut tx, &stored.id, now, EventKind::Enqueued, None, None, None, None).await?;
+                self.announce_job(&mut tx, stored.pool.as_str()).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                self.signal.notify(stored.pool.as_str());
+                Ok((stored, true))
+            }
+
+            async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>> {
+                let Some(row) = sqlx::query("SELECT * FROM jobs WHERE id = $1")
+                    .bind(id.as_str())
+                    .fetch_optional(self.reader())
+                    .await?
+                else {
+                    return Ok(None);
+                };
+                let events = sqlx::query("SELECT * FROM job_events WHERE job_id = $1 ORDER BY id")
+                    .bind(id.as_str())
+                    .fetch_all(self.reader())
+                    .await?;
+                let events = events.iter().map(|r| r.job_event()).collect::<StoreResult<_>>()?;
+                Ok(Some((row.job()?, events)))
+            }
+
+            async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError> {
+                let mut tx = self.begin().await?;
+                let Some(job) = load_job(&mut tx, id).await? else {
+                    return Ok(None);
+                };
+                if job.state.is_final() {
+                    return Err(CancelError::Finished(job.state.as_str()));
+                }
+                if let Some(lease_id) = &job.lease_id {
+                    sqlx::query("UPDATE leases SET state = 'cancelled', ended_at = $1 WHERE id = $2 AND state IN ('leased', 'running')")
+                        .bind(now.0)
+                        .bind(lease_id.as_str())
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                }
+                sqlx::query("UPDATE jobs SET state = 'cancelled', lease_id = NULL, updated_at = $1 WHERE id = $2")
+                    .bind(now.0)
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                add_event(&mut tx, id, now, EventKind::Cancelled, None, job.lease_id.as_ref(), Some("cancelled_by_forge"), None).await?;
+                let job = load_job(&mut tx, id).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                Ok(job)
+            }
+
+            async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
+                let mut tx = self.begin().await?;
+                let eligible = sqlx::query(concat!(
+                    "SELECT 1 FROM runners WHERE id = $1 AND revoked_at IS NULL AND cordoned = 0",
+                    $share_lock
+                ))
+                .bind(claim.runner_id.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                if eligible.is_none() {
+                    return Ok(None);
+                }
+                let row = sqlx::query(concat!(
+                    "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
+                     WHERE seq = (SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY seq LIMIT 1",
+                    $claim_lock,
+                    ") AND state = 'queued' RETURNING *"
+                ))
+                .bind(claim.lease_id.as_str())
+                .bind(claim.now.0)
+                .bind(claim.pool.as_str())
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(row) = row else {
+                    return Ok(None);
+                };
+                let job = row.job()?;
+                let lease = Lease {
+                    id: claim.lease_id.clone(),
+                    job_id: job.id.clone(),
+                    runner_id: claim.runner_id.clone(),
+                    pool: claim.pool.clone(),
+                    state: LeaseState::Leased,
+                    attempt: job.attempts + 1,
+                    granted_at: claim.now,
+                    started_at: None,
+                    expires_at: claim.now.plus_secs(claim.ttl_s),
+                    ended_at: None,
+                };
+                sqlx::query(
+                    "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, granted_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5, 'leased', $6, $7, $8)",
+                )
+                .bind(lease.id.as_str())
+                .bind(job.id.as_str())
+                .bind(lease.runner_id.as_str())
+                .bind(lease.pool.as_str())
+                .bind(&claim.token_hash)
+                .bind(lease.attempt)
+                .bind(lease.granted_at.0)
+                .bind(lease.expires_at.0)
+                .execute(&mut *tx)
+                .await?;
+                add_event(&mut tx, &job.id, claim.now, EventKind::Leased, Some(&lease.runner_id), Some(&lease.id), None, None).await?;
+                tx.commit().await?;
+                Ok(Some((lease, job)))
+            }
+
+            async fn lease_call(
+                &self,
+                lease_id: &LeaseId,
+                token_hash: &str,
+                call: &LeaseCall,
+                now: Millis,
+            ) -> Result<(Lease, Job), LeaseCallFailure> {
+                use subtle::ConstantTimeEq;
+                let mut tx = self.begin().await?;
+                let Some((lease, stored_hash)) = load_lease(&mut tx, lease_id).await? else {
+                    return Err(LeaseCallFailure::TokenInvalid);
+                };
+                if !bool::from(stored_hash.as_bytes().ct_eq(token_hash.as_bytes())) {
+                    return Err(LeaseCallFailure::TokenInvalid);
+                }
+                let job = load_job(&mut tx, &lease.job_id)
+                    .await?
+                    .ok_or_else(|| StoreError::Internal("lease without its job".into()))?;
+                let snapshot = Snapshot {
+                    lease_state: lease.state,
+                    expires_at: lease.expires_at,
+                    attempts: job.attempts,
+                    max_attempts: job.max_attempts,
+                    returns: job.returns,
+                };
+                let t = lease_rules::apply_call(call, snapshot, now)?;
+                if !write_transition(&mut tx, &lease, &job, &t, now).await? {
+                    return Err(StoreError::Internal("lease moved during its own transaction".into()).into());
+                }
+                let pool = lease.pool.clone();
+                let lease = load_lease(&mut tx, lease_id).await?.map(|(l, _)| l);
+                let job = load_job(&mut tx, &job.id).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                if t.job_state == JobState::Queued {
+                    self.signal.notify(pool.as_str());
+                }
+                match (lease, job) {
+                    (Some(l), Some(j)) => Ok((l, j)),
+                    _ => Err(StoreError::Internal("lease or job vanished".into()).into()),
+                }
+            }
+
+            async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {
+                let mut report = SweepReport::default();
+                loop {
+                    let mut tx = self.begin().await?;
+                    let rows = sqlx::query(concat!(
+                        "SELECT * FROM leases WHERE state IN ('leased', 'running') AND expires_at <= $1 \
+                         ORDER BY expires_at LIMIT 200",
+                        $claim_lock
+                    ))
+                    .bind(now.0)
+                    .fetch_all(&mut *tx)
+                    .await?;
+                    let batch = rows.len();
+                    let mut pools = Vec::new();
+                    for row in &rows {
+                        let lease = row.lease()?;
+                        if end_lease(&mut tx, &lease, EndCause::Expired, now).await? {
+                            report.leases_expired += 1;
+                            pools.push(lease.pool.clone());
+                        }
+                    }
+                    tx.commit().await?;
+                    for pool in pools {
+                        self.signal.notify(pool.as_str());
+                    }
+                    if batch < 200 {
+                        break;
+                    }
+                }
+                report.jtis_purged = sqlx::query("DELETE FROM seen_jtis WHERE expires_at < $1")
+                    .bind(now.0)
+                    .execute(self.writer())
+                    .await?
+                    .rows_affected();
+                sqlx::query(
+                    "DELETE FROM status_changes WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER \
+                     (PARTITION BY runner_id ORDER BY id DESC) AS n FROM status_changes) ranked WHERE n > $1)",
+                )
+                .bind(STATUS_CHANGE_HISTORY)
+                .execute(self.writer())
+                .await?;
+                Ok(report)
+            }
+        }
+
+    };
+}
+pub(crate) use impl_sql_store;

@@ -1,0 +1,84 @@
+//! The embedded engine: one SQLite file in WAL mode.
+//!
+//! All writes go through a single writer connection and begin `IMMEDIATE`: SQLite has one
+//! writer at a time anyway, and a deferred transaction that reads then writes fails at once with
+//! `SQLITE_BUSY_SNAPSHOT` whatever the busy timeout. Reads use a separate pool, which WAL lets
+//! run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
+//! `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` to survive power loss too.
+
+use super::sql_store::impl_sql_store;
+use super::{JobSignal, StoreResult};
+use sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use std::str::FromStr;
+use std::time::Duration;
+
+pub struct SqliteStore {
+    writer: SqlitePool,
+    reader: SqlitePool,
+    signal: JobSignal,
+}
+
+impl SqliteStore {
+    /// Opens (creating if missing) and migrates the database at `url` (`sqlite://path`).
+    pub async fn open(url: &str, signal: JobSignal) -> anyhow::Result<Self> {
+        let synchronous = match std::env::var("LEASEGATE_SQLITE_SYNCHRONOUS").as_deref() {
+            Ok("FULL") | Ok("full") => SqliteSynchronous::Full,
+            _ => SqliteSynchronous::Normal,
+        };
+        let options = SqliteConnectOptions::from_str(url)?
+            .create_if_missing(true)
+            .journal_mode(SqliteJournalMode::Wal)
+            .synchronous(synchronous)
+            .busy_timeout(Duration::from_secs(5))
+            .foreign_keys(true);
+        let writer = SqlitePoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.clone())
+            .await?;
+        sqlx::migrate!("migrations/sqlite").run(&writer).await?;
+        let reader = SqlitePoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(10))
+            .connect_with(options.read_only(true))
+            .await?;
+        Ok(SqliteStore {
+            writer,
+            reader,
+            signal,
+        })
+    }
+
+    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
+        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    }
+
+    fn reader(&self) -> &SqlitePool {
+        &self.reader
+    }
+
+    fn writer(&self) -> &SqlitePool {
+        &self.writer
+    }
+
+    /// In-process wake-ups need no announcement inside the transaction; the caller notifies
+    /// after commit.
+    async fn announce_job(
+        &self,
+        _tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        _pool: &str,
+    ) -> StoreResult<()> {
+        Ok(())
+    }
+}
+
+impl_sql_store! {
+    store: SqliteStore,
+    db: sqlx::Sqlite,
+    engine: "sqlite",
+    row_lock: "",
+    claim_lock: "",
+    share_lock: ""
+}
