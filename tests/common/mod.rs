@@ -1,0 +1,360 @@
+//! The test harness: `spawn_app()` starts the real service on 127.0.0.1:0 with a fresh
+//! database and returns a `TestApp` with typed helpers, so that tests read as arrange / act /
+//! assert against a real listener.
+#![allow(dead_code)]
+
+use leasegate::agent::keys::RunnerKey;
+use leasegate::app::AppState;
+use leasegate::config::{LogFormat, ServeArgs};
+use leasegate::domain::time::Millis;
+use reqwest::{Response, StatusCode};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+pub const IMAGE_A: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+pub const IMAGE_B: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+pub const ADMIN: &str = "test-admin-token";
+pub const FORGE: &str = "test-forge-token";
+
+pub struct TestApp {
+    pub base: String,
+    pub client: reqwest::Client,
+    pub state: AppState,
+    pub shutdown: CancellationToken,
+    pub server: tokio::task::JoinHandle<()>,
+    _dir: tempfile::TempDir,
+}
+
+/// The configuration a test app runs with; tests adjust it before spawning.
+pub fn test_args(dir: &std::path::Path) -> ServeArgs {
+    ServeArgs {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        database_url: format!("sqlite://{}", dir.join("test.db").display()),
+        admin_token: Some(ADMIN.into()),
+        admin_token_file: None,
+        forge_token: Some(FORGE.into()),
+        forge_token_file: None,
+        audience: "leasegate".into(),
+        attestation_max_age_s: 60,
+        probe_max_age_s: 300,
+        lease_ttl_s: 300,
+        heartbeat_interval_s: 15,
+        attestation_max_lifetime_s: 300,
+        clock_skew_s: 30,
+        max_body_bytes: 65536,
+        log_format: LogFormat::Human,
+    }
+}
+
+pub async fn spawn_app() -> TestApp {
+    spawn_app_with(|_| {}).await
+}
+
+pub async fn spawn_app_with(adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = test_args(dir.path());
+    adjust(&mut args);
+    let shutdown = CancellationToken::new();
+    let state = leasegate::server::prepare(&args, shutdown.clone())
+        .await
+        .expect("service prepares");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let server_state = state.clone();
+    let server = tokio::spawn(async move {
+        leasegate::server::run(listener, server_state)
+            .await
+            .expect("server runs");
+    });
+    TestApp {
+        base,
+        client: reqwest::Client::new(),
+        state,
+        shutdown,
+        server,
+        _dir: dir,
+    }
+}
+
+/// A registered runner with its key, able to sign attestations.
+pub struct TestRunner {
+    pub id: String,
+    pub pool: String,
+    pub key: RunnerKey,
+}
+
+pub fn now_s() -> i64 {
+    Millis::now().0 / 1000
+}
+
+/// Merges `patch` into `base`: objects recursively, `null` removes a key.
+pub fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                if v.is_null() {
+                    b.remove(k);
+                } else {
+                    merge(b.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+impl TestRunner {
+    /// Healthy claims on IMAGE_A, fresh, unique jti.
+    pub fn claims(&self) -> Value {
+        let now = now_s();
+        json!({
+            "iss": self.id, "sub": self.id, "aud": "leasegate",
+            "iat": now, "exp": now + 60, "jti": uuid::Uuid::now_v7().to_string(),
+            "probe": {"ok": true, "runtime": "podman", "runtime_version": "4.3.1", "checked_at": now},
+            "image": {"id": IMAGE_A},
+        })
+    }
+
+    /// A signed attestation: the healthy claims with `patch` merged in.
+    pub fn attest(&self, patch: Value) -> String {
+        let mut claims = self.claims();
+        merge(&mut claims, &patch);
+        self.key.sign_attestation(&self.id, &claims)
+    }
+
+    pub fn healthy(&self) -> String {
+        self.attest(json!({}))
+    }
+
+    pub fn failing(&self, error: &str) -> String {
+        self.attest(json!({"probe": {"ok": false, "error": error, "exit_code": 125}}))
+    }
+}
+
+/// A granted lease.
+pub struct Granted {
+    pub lease_id: String,
+    pub token: String,
+    pub job_id: String,
+    pub body: Value,
+}
+
+impl TestApp {
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{}", self.base, path)
+    }
+
+    pub async fn admin_put(&self, path: &str, body: Value) -> Response {
+        self.client
+            .put(self.url(path))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn admin_post(&self, path: &str, body: Value) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn admin_get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(ADMIN)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn forge_post(&self, path: &str, body: Value) -> Response {
+        self.client
+            .post(self.url(path))
+            .bearer_auth(FORGE)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn forge_get(&self, path: &str) -> Response {
+        self.client
+            .get(self.url(path))
+            .bearer_auth(FORGE)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    pub async fn post(&self, path: &str, body: Value) -> Response {
+        self.client
+            .post(self.url(path))
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// An `enforce` pool expecting `images`.
+    pub async fn pool(&self, name: &str, images: &[&str]) -> Value {
+        let r = self
+            .admin_put(
+                &format!("/api/v1/admin/pools/{name}"),
+                json!({"expected_image_ids": images}),
+            )
+            .await;
+        assert!(r.status().is_success(), "pool {name}: {}", r.status());
+        r.json().await.unwrap()
+    }
+
+    pub async fn registration_token(&self, pool: &str) -> String {
+        let r = self
+            .admin_post(
+                &format!("/api/v1/admin/pools/{pool}/registration-tokens"),
+                json!({}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        r.json::<Value>().await.unwrap()["token"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub async fn register(&self, pool: &str, name: &str) -> TestRunner {
+        let token = self.registration_token(pool).await;
+        let key = RunnerKey::generate();
+        let r = self
+            .post(
+                "/api/v1/runners",
+                json!({"registration_token": token, "name": name, "public_key": key.public_jwk(), "labels": {"os": "linux"}}),
+            )
+            .await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        let body: Value = r.json().await.unwrap();
+        TestRunner {
+            id: body["runner_id"].as_str().unwrap().to_string(),
+            pool: pool.into(),
+            key,
+        }
+    }
+
+    pub async fn heartbeat(&self, attestation: &str) -> Response {
+        self.post(
+            "/api/v1/runners/heartbeat",
+            json!({"attestation": attestation}),
+        )
+        .await
+    }
+
+    pub async fn lease(&self, attestation: &str) -> Response {
+        self.post("/api/v1/lease", json!({"attestation": attestation}))
+            .await
+    }
+
+    pub async fn lease_wait(&self, attestation: &str, wait_s: u64) -> Response {
+        self.post(
+            "/api/v1/lease",
+            json!({"attestation": attestation, "wait_s": wait_s}),
+        )
+        .await
+    }
+
+    /// Leases a job for `runner`, asserting that one is granted.
+    pub async fn grant(&self, runner: &TestRunner) -> Granted {
+        let r = self.lease(&runner.healthy()).await;
+        assert_eq!(r.status(), StatusCode::OK, "lease was not granted");
+        let body: Value = r.json().await.unwrap();
+        Granted {
+            lease_id: body["lease_id"].as_str().unwrap().into(),
+            token: body["lease_token"].as_str().unwrap().into(),
+            job_id: body["job"]["id"].as_str().unwrap().into(),
+            body,
+        }
+    }
+
+    pub async fn enqueue(&self, pool: &str) -> String {
+        self.enqueue_with(json!({"pool": pool, "payload": {"script": "make test"}}))
+            .await
+    }
+
+    pub async fn enqueue_with(&self, body: Value) -> String {
+        let r = self.forge_post("/api/v1/jobs", body).await;
+        assert_eq!(r.status(), StatusCode::CREATED);
+        r.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    }
+
+    pub async fn job(&self, id: &str) -> Value {
+        let r = self.forge_get(&format!("/api/v1/jobs/{id}")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        r.json().await.unwrap()
+    }
+
+    /// `start`, `extend`, `complete` or `abandon` on a lease with its token.
+    pub async fn call(&self, lease: &Granted, action: &str, body: Option<Value>) -> Response {
+        self.call_with(&lease.lease_id, &lease.token, action, body)
+            .await
+    }
+
+    pub async fn call_with(
+        &self,
+        lease_id: &str,
+        token: &str,
+        action: &str,
+        body: Option<Value>,
+    ) -> Response {
+        let mut req = self
+            .client
+            .post(self.url(&format!("/api/v1/leases/{lease_id}/{action}")))
+            .bearer_auth(token);
+        if let Some(b) = body {
+            req = req.json(&b);
+        }
+        req.send().await.unwrap()
+    }
+
+    pub async fn runner(&self, id: &str) -> Value {
+        let r = self.admin_get(&format!("/api/v1/admin/runners/{id}")).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        r.json().await.unwrap()
+    }
+
+    /// Runs the sweeper once as if it were `secs_ahead` seconds from now.
+    pub async fn sweep_ahead(&self, secs_ahead: i64) {
+        leasegate::sweeper::sweep_once(self.state.store(), Millis::now().plus_secs(secs_ahead))
+            .await
+            .unwrap();
+    }
+}
+
+/// The problem's `code`, asserting the problem+json shape and the status.
+pub async fn problem(r: Response, status: StatusCode) -> Value {
+    assert_eq!(r.status(), status, "unexpected status");
+    let ct = r
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string());
+    assert_eq!(ct.as_deref(), Some("application/problem+json"));
+    let body: Value = r.json().await.unwrap();
+    for field in ["type", "title", "status", "detail", "code"] {
+        assert!(body.get(field).is_some(), "problem without {field}: {body}");
+    }
+    assert_eq!(body["status"], status.as_u16());
+    body
+}
+
+pub async fn code_of(r: Response, status: StatusCode) -> String {
+    problem(r, status).await["code"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
