@@ -27,7 +27,7 @@ pub struct NumericDate(pub f64);
 impl<'de> Deserialize<'de> for NumericDate {
     fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
         let v = f64::deserialize(d)?;
-        if v.is_finite() && v >= 0.0 && v < 1e12 {
+        if (0.0..1e12).contains(&v) {
             Ok(NumericDate(v))
         } else {
             Err(serde::de::Error::custom(
@@ -179,7 +179,7 @@ pub fn check_claims(
     }
     let audience_ok = match &raw.aud {
         Audience::One(a) => *a == rules.audience,
-        Audience::Many(list) => list.iter().any(|a| *a == rules.audience),
+        Audience::Many(list) => list.contains(&rules.audience),
     };
     if !audience_ok {
         return invalid("aud does not name this gatekeeper");

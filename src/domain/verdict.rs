@@ -382,10 +382,10 @@ mod tests {
 
     #[test]
     fn either_id_or_digest_matching_is_enough() {
-        let p = pool(ImagePolicy::Enforce, vec![digest('m')]);
+        let p = pool(ImagePolicy::Enforce, vec![digest('d')]);
         let mut a = healthy();
         a.image.id = Some(digest('c'));
-        a.image.digest = Some(digest('m'));
+        a.image.digest = Some(digest('d'));
         assert_eq!(code(judge(&a, GateState::default(), &p, NOW, 300)), "ok");
     }
 
@@ -447,7 +447,7 @@ mod tests {
     fn drift_outranks_quarantine() {
         let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
         let mut a = healthy();
-        a.image.id = Some(digest('z'));
+        a.image.id = Some(digest('e'));
         let gate = GateState {
             cordoned: false,
             quarantined_at: Some(NOW),

@@ -39,27 +39,39 @@ macro_rules! impl_sql_store {
 
         type Tx = sqlx::Transaction<'static, $db>;
 
-        async fn add_event(
-            tx: &mut Tx,
-            job_id: &JobId,
-            at: Millis,
+        /// One line of a job's story, as written.
+        struct Event<'a> {
             kind: EventKind,
-            runner_id: Option<&RunnerId>,
-            lease_id: Option<&LeaseId>,
-            reason: Option<&str>,
-            detail: Option<&str>,
-        ) -> StoreResult<()> {
+            runner_id: Option<&'a RunnerId>,
+            lease_id: Option<&'a LeaseId>,
+            reason: Option<&'a str>,
+            detail: Option<&'a str>,
+        }
+
+        impl<'a> Event<'a> {
+            fn new(kind: EventKind) -> Self {
+                Event { kind, runner_id: None, lease_id: None, reason: None, detail: None }
+            }
+
+            fn by(mut self, runner_id: &'a RunnerId, lease_id: &'a LeaseId) -> Self {
+                self.runner_id = Some(runner_id);
+                self.lease_id = Some(lease_id);
+                self
+            }
+        }
+
+        async fn add_event(tx: &mut Tx, job_id: &JobId, at: Millis, e: Event<'_>) -> StoreResult<()> {
             sqlx::query(
                 "INSERT INTO job_events (job_id, at, kind, runner_id, lease_id, reason, detail) \
                  VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(job_id.as_str())
             .bind(at.0)
-            .bind(kind.as_str())
-            .bind(runner_id.map(|r| r.as_str().to_string()))
-            .bind(lease_id.map(|l| l.as_str().to_string()))
-            .bind(reason)
-            .bind(detail)
+            .bind(e.kind.as_str())
+            .bind(e.runner_id.map(|r| r.as_str().to_string()))
+            .bind(e.lease_id.map(|l| l.as_str().to_string()))
+            .bind(e.reason)
+            .bind(e.detail)
             .execute(&mut **tx)
             .await?;
             Ok(())
@@ -133,8 +145,10 @@ macro_rules! impl_sql_store {
                 return Ok(false);
             }
             if let Some((kind, reason, detail)) = &t.event {
-                add_event(tx, &job.id, now, *kind, Some(&lease.runner_id), Some(&lease.id), reason.as_deref(), detail.as_deref())
-                    .await?;
+                let mut event = Event::new(*kind).by(&lease.runner_id, &lease.id);
+                event.reason = reason.as_deref();
+                event.detail = detail.as_deref();
+                add_event(tx, &job.id, now, event).await?;
             }
             if t.quarantine_runner {
                 sqlx::query("UPDATE runners SET quarantined_at = $1 WHERE id = $2")
@@ -580,7 +594,7 @@ macro_rules! impl_sql_store {
                     return Ok((existing.job()?, false));
                 };
                 let stored = row.job()?;
-                add_event(&mut tx, &stored.id, now, EventKind::Enqueued, None, None, None, None).await?;
+                add_event(&mut tx, &stored.id, now, Event::new(EventKind::Enqueued)).await?;
                 self.announce_job(&mut tx, stored.pool.as_str()).await?;
                 tx.commit().await.map_err(StoreError::from)?;
                 self.signal.notify(stored.pool.as_str());
@@ -625,7 +639,10 @@ macro_rules! impl_sql_store {
                     .execute(&mut *tx)
                     .await
                     .map_err(StoreError::from)?;
-                add_event(&mut tx, id, now, EventKind::Cancelled, None, job.lease_id.as_ref(), Some("cancelled_by_forge"), None).await?;
+                let mut event = Event::new(EventKind::Cancelled);
+                event.lease_id = job.lease_id.as_ref();
+                event.reason = Some("cancelled_by_forge");
+                add_event(&mut tx, id, now, event).await?;
                 let job = load_job(&mut tx, id).await?;
                 tx.commit().await.map_err(StoreError::from)?;
                 Ok(job)
@@ -684,7 +701,7 @@ macro_rules! impl_sql_store {
                 .bind(lease.expires_at.0)
                 .execute(&mut *tx)
                 .await?;
-                add_event(&mut tx, &job.id, claim.now, EventKind::Leased, Some(&lease.runner_id), Some(&lease.id), None, None).await?;
+                add_event(&mut tx, &job.id, claim.now, Event::new(EventKind::Leased).by(&lease.runner_id, &lease.id)).await?;
                 tx.commit().await?;
                 Ok(Some((lease, job)))
             }
