@@ -95,12 +95,37 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_MAX_BODY_BYTES", default_value_t = 65536)]
     pub max_body_bytes: usize,
 
+    /// PostgreSQL: the most connections this replica opens.
+    #[arg(long, env = "LEASEGATE_DB_MAX_CONNECTIONS", default_value_t = 16)]
+    pub db_max_connections: u32,
+
+    /// PostgreSQL: how long a request waits for a connection before answering 503, in ms.
+    #[arg(long, env = "LEASEGATE_DB_ACQUIRE_TIMEOUT_MS", default_value_t = 5000)]
+    pub db_acquire_timeout_ms: u64,
+
+    /// PostgreSQL: `statement_timeout` and `lock_timeout` of every connection, in ms.
+    #[arg(
+        long,
+        env = "LEASEGATE_DB_STATEMENT_TIMEOUT_MS",
+        default_value_t = 5000
+    )]
+    pub db_statement_timeout_ms: u64,
+
     /// Log format.
     #[arg(long, env = "LEASEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
 }
 
 impl ServeArgs {
+    /// The PostgreSQL engine's connection settings.
+    pub fn pg_settings(&self) -> crate::store::postgres::PgSettings {
+        crate::store::postgres::PgSettings {
+            max_connections: self.db_max_connections,
+            acquire_timeout: std::time::Duration::from_millis(self.db_acquire_timeout_ms),
+            statement_timeout: std::time::Duration::from_millis(self.db_statement_timeout_ms),
+        }
+    }
+
     /// Rejects settings that would make the gate meaningless, with the variable's name.
     pub fn validate(&self) -> anyhow::Result<()> {
         let positive = [

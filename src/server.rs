@@ -7,7 +7,7 @@
 use crate::app::{AppState, Secrets, Settings};
 use crate::config::ServeArgs;
 use crate::domain::attestation::AttestationRules;
-use crate::store::{self, DynStore, JobSignal};
+use crate::store::{self, DynStore};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
 use tokio::net::TcpListener;
@@ -108,7 +108,7 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
 pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<AppState> {
     args.validate()?;
     let secrets = load_secrets(args)?;
-    let store: DynStore = store::open(&args.database_url, JobSignal::default())
+    let store: DynStore = store::open(&args.database_url, &args.pg_settings())
         .await
         .with_context(|| format!("opening the database {}", redact(&args.database_url)))?;
     tracing::info!(engine = store.engine(), "database ready");

@@ -19,9 +19,9 @@ fn fresh(runner: &TestRunner) -> String {
     runner.attest(json!({"probe": {"checked_at": Millis::now().0 as f64 / 1000.0}}))
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn concurrent_runners_never_share_a_job_and_attempts_equal_starts() {
-    let app = Arc::new(spawn_app().await);
+on_both_engines! {
+async fn concurrent_runners_never_share_a_job_and_attempts_equal_starts(app) {
+    let app = Arc::new(app);
     app.pool("linux", &[IMAGE_A]).await;
     let mut jobs = Vec::new();
     for _ in 0..JOBS {
@@ -128,4 +128,5 @@ async fn concurrent_runners_never_share_a_job_and_attempts_equal_starts() {
         starts.load(Ordering::SeqCst),
         "attempts must equal the starts made"
     );
+}
 }

@@ -7,9 +7,8 @@ use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-#[tokio::test]
-async fn grant_start_complete_uses_exactly_one_attempt() {
-    let app = spawn_app().await;
+on_both_engines! {
+async fn grant_start_complete_uses_exactly_one_attempt(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -57,9 +56,7 @@ async fn grant_start_complete_uses_exactly_one_attempt() {
     assert_eq!(story["events"][1]["runner_id"], runner.id.as_str());
 }
 
-#[tokio::test]
-async fn oldest_job_first_and_no_job_gives_204() {
-    let app = spawn_app().await;
+async fn oldest_job_first_and_no_job_gives_204(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     assert_eq!(
@@ -72,9 +69,7 @@ async fn oldest_job_first_and_no_job_gives_204() {
     assert_eq!(app.grant(&runner).await.job_id, second);
 }
 
-#[tokio::test]
-async fn refused_lease_touches_no_job() {
-    let app = spawn_app().await;
+async fn refused_lease_touches_no_job(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "broken").await;
     let job = app.enqueue("linux").await;
@@ -101,9 +96,7 @@ async fn refused_lease_touches_no_job() {
     assert_eq!(detail["status"], "probe_failed");
 }
 
-#[tokio::test]
-async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe() {
-    let app = spawn_app().await;
+async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -142,9 +135,7 @@ async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe() {
     assert_eq!(body["job"]["attempt"], 1);
 }
 
-#[tokio::test]
-async fn lease_calls_answer_with_the_lease_fate() {
-    let app = spawn_app().await;
+async fn lease_calls_answer_with_the_lease_fate(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     app.enqueue("linux").await;
@@ -210,9 +201,7 @@ async fn lease_calls_answer_with_the_lease_fate() {
     );
 }
 
-#[tokio::test]
-async fn errored_requeues_until_attempts_run_out() {
-    let app = spawn_app().await;
+async fn errored_requeues_until_attempts_run_out(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app
@@ -242,9 +231,7 @@ async fn errored_requeues_until_attempts_run_out() {
     );
 }
 
-#[tokio::test]
-async fn expiry_before_start_is_free_after_start_keeps_the_attempt() {
-    let app = spawn_app().await;
+async fn expiry_before_start_is_free_after_start_keeps_the_attempt(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app
@@ -282,9 +269,7 @@ async fn expiry_before_start_is_free_after_start_keeps_the_attempt() {
     assert_eq!(app.job(&job).await["state"], "failed");
 }
 
-#[tokio::test]
-async fn cancel_reaches_the_runner_on_its_next_call() {
-    let app = spawn_app().await;
+async fn cancel_reaches_the_runner_on_its_next_call(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let queued = app.enqueue("linux").await;
@@ -312,9 +297,7 @@ async fn cancel_reaches_the_runner_on_its_next_call() {
     assert_eq!(code_of(again, StatusCode::CONFLICT).await, "job_finished");
 }
 
-#[tokio::test]
-async fn revoke_ends_live_leases_and_refuses_the_runner() {
-    let app = spawn_app().await;
+async fn revoke_ends_live_leases_and_refuses_the_runner(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -342,9 +325,7 @@ async fn revoke_ends_live_leases_and_refuses_the_runner() {
     );
 }
 
-#[tokio::test]
-async fn long_poll_wakes_on_enqueue() {
-    let app = spawn_app().await;
+async fn long_poll_wakes_on_enqueue(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let attestation = runner.healthy();
@@ -372,9 +353,7 @@ async fn long_poll_wakes_on_enqueue() {
     );
 }
 
-#[tokio::test]
-async fn long_poll_times_out_with_204_and_shutdown_answers_at_once() {
-    let app = spawn_app().await;
+async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let started = std::time::Instant::now();
@@ -402,4 +381,5 @@ async fn long_poll_times_out_with_204_and_shutdown_answers_at_once() {
     app.shutdown.cancel();
     assert_eq!(waiting.await.unwrap().status(), StatusCode::NO_CONTENT);
     assert!(stopping.elapsed() < std::time::Duration::from_secs(3));
+}
 }

@@ -72,7 +72,12 @@ async fn lease(
     }
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
-    let notify = state.store().job_signal().for_pool(pool.as_str());
+    let signal = state.store().job_signal();
+    let notify = signal.for_pool(pool.as_str());
+    // Where wake-ups can be lost (across replicas), re-check now and then all the same.
+    let recheck = signal
+        .recheck_interval()
+        .unwrap_or(Duration::from_secs(MAX_WAIT_S + 1));
     loop {
         // Registered before the claim, so an enqueue between the claim and the wait still wakes us.
         let notified = notify.notified();
@@ -103,6 +108,7 @@ async fn lease(
         }
         tokio::select! {
             _ = &mut notified => {}
+            _ = tokio::time::sleep(recheck) => {}
             _ = tokio::time::sleep_until(deadline) => return Ok(StatusCode::NO_CONTENT.into_response()),
             _ = state.shutdown().cancelled() => return Ok(StatusCode::NO_CONTENT.into_response()),
         }

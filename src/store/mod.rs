@@ -4,6 +4,7 @@
 //! Handlers hold an `Arc<dyn Store>`. Every rule that decides what a write should be comes from
 //! `domain`; the engines only load, fence and write, each in one transaction.
 
+pub mod postgres;
 mod rows;
 mod signal;
 mod sql_store;
@@ -41,10 +42,13 @@ pub enum StoreError {
 impl From<sqlx::Error> for StoreError {
     fn from(e: sqlx::Error) -> Self {
         match &e {
-            sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed | sqlx::Error::Io(_) => {
-                StoreError::Unavailable(e.to_string())
-            }
-            sqlx::Error::Database(db) if is_unavailable(db.message()) => {
+            sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::Protocol(_)
+            | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
+            sqlx::Error::Database(db) if is_unavailable(db.code().as_deref(), db.message()) => {
                 StoreError::Unavailable(e.to_string())
             }
             _ => StoreError::Internal(e.to_string()),
@@ -52,7 +56,18 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
-fn is_unavailable(message: &str) -> bool {
+/// Errors that say "the database cannot serve now", not "this request is wrong": SQLite's
+/// busy, locked, read-only, I/O and cannot-open errors (primary and extended codes), and
+/// PostgreSQL's connection (08), operator intervention and timeout (57) and resource (53)
+/// classes.
+fn is_unavailable(code: Option<&str>, message: &str) -> bool {
+    const SQLITE: [&str; 8] = ["5", "6", "8", "10", "14", "261", "517", "1032"];
+    if let Some(code) = code {
+        let pg_class = ["08", "57", "53"].iter().any(|c| code.starts_with(c));
+        if pg_class || SQLITE.contains(&code) {
+            return true;
+        }
+    }
     let m = message.to_ascii_lowercase();
     [
         "database is locked",
@@ -306,13 +321,15 @@ pub trait Store: Send + Sync + 'static {
 pub type DynStore = Arc<dyn Store>;
 
 /// Opens the store that `database_url` names, migrated.
-pub async fn open(database_url: &str, signal: JobSignal) -> anyhow::Result<DynStore> {
+pub async fn open(database_url: &str, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
     if database_url.starts_with("sqlite:") {
-        Ok(Arc::new(
-            sqlite::SqliteStore::open(database_url, signal).await?,
-        ))
+        let store = sqlite::SqliteStore::open(database_url, JobSignal::default()).await?;
+        Ok(Arc::new(store))
     } else if database_url.starts_with("postgres:") || database_url.starts_with("postgresql:") {
-        anyhow::bail!("the PostgreSQL engine is not built yet; use a sqlite:// DATABASE_URL")
+        let signal = JobSignal::with_recheck(postgres::RECHECK_INTERVAL);
+        Ok(Arc::new(
+            postgres::PgStore::open(database_url, pg, signal).await?,
+        ))
     } else {
         anyhow::bail!("DATABASE_URL must start with sqlite:// or postgres://")
     }

@@ -6,14 +6,40 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 use tokio::sync::Notify;
 
 #[derive(Clone, Default)]
 pub struct JobSignal {
     pools: Arc<Mutex<HashMap<String, Arc<Notify>>>>,
+    /// How often waiters re-check without a wake-up; `None` where wake-ups cannot be lost.
+    recheck: Option<Duration>,
 }
 
 impl JobSignal {
+    /// A signal whose waiters also re-check every `interval` (for engines spanning replicas).
+    pub fn with_recheck(interval: Duration) -> Self {
+        JobSignal {
+            recheck: Some(interval),
+            ..Default::default()
+        }
+    }
+
+    pub fn recheck_interval(&self) -> Option<Duration> {
+        self.recheck
+    }
+
+    /// Wakes every waiter of every pool (after a lost connection, say).
+    pub fn notify_all(&self) {
+        let all: Vec<Arc<Notify>> = {
+            let pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
+            pools.values().cloned().collect()
+        };
+        for n in all {
+            n.notify_waiters();
+        }
+    }
+
     /// The notifier of `pool`; waiters call `notified()` on it.
     pub fn for_pool(&self, pool: &str) -> Arc<Notify> {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());

@@ -195,8 +195,7 @@ macro_rules! impl_sql_store {
             }
 
             async fn ping(&self) -> StoreResult<()> {
-                sqlx::query("SELECT 1").execute(self.reader()).await?;
-                Ok(())
+                self.health_check().await
             }
 
             async fn put_pool(&self, name: &PoolName, spec: PoolSpec, now: Millis) -> StoreResult<(Pool, bool)> {

@@ -55,6 +55,14 @@ impl SqliteStore {
         Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
     }
 
+    /// Ready means writable: take the write lock and give it back. A file that cannot be
+    /// written, or is locked by another process, fails here rather than on the next lease.
+    async fn health_check(&self) -> StoreResult<()> {
+        let tx = self.begin().await?;
+        tx.rollback().await?;
+        Ok(())
+    }
+
     fn reader(&self) -> &SqlitePool {
         &self.reader
     }

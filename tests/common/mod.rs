@@ -1,7 +1,9 @@
 //! The test harness: `spawn_app()` starts the real service on 127.0.0.1:0 with a fresh
 //! database and returns a `TestApp` with typed helpers, so that tests read as arrange / act /
 //! assert against a real listener.
-#![allow(dead_code)]
+#![allow(dead_code, unused_macros, unused_imports)]
+
+pub mod pg;
 
 use leasegate::agent::keys::RunnerKey;
 use leasegate::app::AppState;
@@ -22,8 +24,58 @@ pub struct TestApp {
     pub state: AppState,
     pub shutdown: CancellationToken,
     pub server: tokio::task::JoinHandle<()>,
+    pub engine: Engine,
+    /// The database URL this app runs on (another replica may share it).
+    pub database_url: String,
     _dir: tempfile::TempDir,
+    _db: Option<pg::TestDatabase>,
 }
+
+/// The engines the suite runs every case on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Engine {
+    Sqlite,
+    Postgres,
+}
+
+/// Runs each listed test on SQLite and on PostgreSQL (skipped, with a printed reason, when no
+/// PostgreSQL is configured; failed instead when `LEASEGATE_REQUIRE_POSTGRES=1`).
+/// `async fn name(app)` or `async fn name(app, |args: &mut ServeArgs| ...)`.
+macro_rules! on_both_engines {
+    ($( $(#[$meta:meta])* async fn $name:ident($app:ident $(, $adjust:expr)?) $body:block )*) => {
+        mod sqlite {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$meta])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    #[allow(unused_mut)]
+                    let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
+                    $( adjust = Box::new($adjust); )?
+                    let $app = spawn_app_on_with(Engine::Sqlite, adjust).await.expect("sqlite app");
+                    $body
+                }
+            )*
+        }
+        mod postgres {
+            #[allow(unused_imports)]
+            use super::*;
+            $(
+                $(#[$meta])*
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    #[allow(unused_mut)]
+                    let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
+                    $( adjust = Box::new($adjust); )?
+                    let Some($app) = spawn_app_on_with(Engine::Postgres, adjust).await else { return };
+                    $body
+                }
+            )*
+        }
+    };
+}
+pub(crate) use on_both_engines;
 
 /// The configuration a test app runs with; tests adjust it before spawning.
 pub fn test_args(dir: &std::path::Path) -> ServeArgs {
@@ -42,6 +94,9 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         attestation_max_lifetime_s: 300,
         clock_skew_s: 30,
         max_body_bytes: 65536,
+        db_max_connections: 8,
+        db_acquire_timeout_ms: 3000,
+        db_statement_timeout_ms: 5000,
         log_format: LogFormat::Human,
     }
 }
@@ -51,9 +106,48 @@ pub async fn spawn_app() -> TestApp {
 }
 
 pub async fn spawn_app_with(adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
+    spawn_app_on_with(Engine::Sqlite, adjust)
+        .await
+        .expect("sqlite app")
+}
+
+/// A fresh app on `engine`; `None` when the engine is not available here (the reason printed).
+pub async fn spawn_app_on(engine: Engine) -> Option<TestApp> {
+    spawn_app_on_with(engine, |_| {}).await
+}
+
+pub async fn spawn_app_on_with(
+    engine: Engine,
+    adjust: impl FnOnce(&mut ServeArgs),
+) -> Option<TestApp> {
     let dir = tempfile::tempdir().unwrap();
     let mut args = test_args(dir.path());
+    let db = match engine {
+        Engine::Sqlite => None,
+        Engine::Postgres => {
+            let db = pg::TestDatabase::create().await?;
+            args.database_url = db.url.clone();
+            Some(db)
+        }
+    };
     adjust(&mut args);
+    Some(start_replica(args, dir, db, engine).await)
+}
+
+/// Another replica on the database `of` runs on (PostgreSQL only makes sense here).
+pub async fn spawn_replica(of: &TestApp) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = test_args(dir.path());
+    args.database_url = of.database_url.clone();
+    start_replica(args, dir, None, of.engine).await
+}
+
+async fn start_replica(
+    args: ServeArgs,
+    dir: tempfile::TempDir,
+    db: Option<pg::TestDatabase>,
+    engine: Engine,
+) -> TestApp {
     let shutdown = CancellationToken::new();
     let state = leasegate::server::prepare(&args, shutdown.clone())
         .await
@@ -72,7 +166,10 @@ pub async fn spawn_app_with(adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
         state,
         shutdown,
         server,
+        engine,
+        database_url: args.database_url,
         _dir: dir,
+        _db: db,
     }
 }
 

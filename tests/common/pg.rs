@@ -1,0 +1,97 @@
+//! PostgreSQL for tests: one fresh database per test, dropped afterwards.
+//!
+//! The server's address comes from `LEASEGATE_TEST_DATABASE_URL`. Without it the PostgreSQL
+//! cases are skipped with a printed reason, unless `LEASEGATE_REQUIRE_POSTGRES=1` (set by
+//! `.ci/run`), in which case a missing or unreachable database fails them.
+
+use sqlx::Connection;
+
+pub const URL_VAR: &str = "LEASEGATE_TEST_DATABASE_URL";
+pub const REQUIRE_VAR: &str = "LEASEGATE_REQUIRE_POSTGRES";
+
+pub fn required() -> bool {
+    std::env::var(REQUIRE_VAR).is_ok_and(|v| v == "1")
+}
+
+/// The server URL, or `None` (with the reason printed) when PostgreSQL tests should skip.
+pub fn server_url() -> Option<String> {
+    match std::env::var(URL_VAR) {
+        Ok(url) if !url.is_empty() => Some(url),
+        _ if required() => panic!("{REQUIRE_VAR}=1 but {URL_VAR} is not set"),
+        _ => {
+            eprintln!("skipped: PostgreSQL case (set {URL_VAR}=postgres://… to run it)");
+            None
+        }
+    }
+}
+
+/// `url` with its database name replaced by `name`.
+pub fn with_database(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let scheme_end = base.find("://").map_or(0, |i| i + 3);
+    let host_end = base[scheme_end..]
+        .find('/')
+        .map_or(base.len(), |i| scheme_end + i);
+    let mut out = format!("{}/{name}", &base[..host_end]);
+    if let Some(q) = query {
+        out.push('?');
+        out.push_str(q);
+    }
+    out
+}
+
+pub struct TestDatabase {
+    pub url: String,
+    server: String,
+    name: String,
+}
+
+impl TestDatabase {
+    pub async fn create() -> Option<TestDatabase> {
+        let server = server_url()?;
+        let name = format!("lg_test_{}", uuid::Uuid::now_v7().simple());
+        let mut conn = match sqlx::PgConnection::connect(&server).await {
+            Ok(c) => c,
+            Err(e) if required() => panic!("cannot reach PostgreSQL at {URL_VAR}: {e}"),
+            Err(e) => {
+                eprintln!("skipped: PostgreSQL case ({URL_VAR} unreachable: {e})");
+                return None;
+            }
+        };
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create a test database");
+        conn.close().await.ok();
+        Some(TestDatabase {
+            url: with_database(&server, &name),
+            server,
+            name,
+        })
+    }
+}
+
+impl Drop for TestDatabase {
+    fn drop(&mut self) {
+        let (server, name) = (self.server.clone(), self.name.clone());
+        // Dropped from inside a test's runtime: do the async work on a runtime of our own.
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&server).await {
+                    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+                    let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                        .execute(&mut conn)
+                        .await;
+                }
+            })
+        });
+        let _ = done.join();
+    }
+}
