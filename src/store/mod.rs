@@ -11,6 +11,7 @@ mod sql_store;
 pub mod sqlite;
 
 pub use signal::JobSignal;
+pub use sql_store::CLAIM_CANDIDATE_SQL;
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};

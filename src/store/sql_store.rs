@@ -17,6 +17,18 @@ macro_rules! runner_select {
 }
 pub(crate) use runner_select;
 
+/// The claim's choice of job: the pool's oldest queued one. `EXPLAIN` tests check that it
+/// uses the partial index `jobs_queued`, whatever the queue's depth.
+macro_rules! claim_candidate {
+    () => {
+        "SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY seq LIMIT 1"
+    };
+}
+pub(crate) use claim_candidate;
+
+/// The claim candidate query as text, for plan tests.
+pub const CLAIM_CANDIDATE_SQL: &str = claim_candidate!();
+
 macro_rules! impl_sql_store {
     (
         store: $store:ty,
@@ -33,7 +45,7 @@ macro_rules! impl_sql_store {
         use $crate::domain::runner::Runner;
         use $crate::domain::time::Millis;
         use $crate::store::rows::{Decoders, digests_json, get};
-        use $crate::store::sql_store::runner_select;
+        use $crate::store::sql_store::{claim_candidate, runner_select};
         use $crate::store::*;
         use std::collections::BTreeMap;
 
@@ -661,7 +673,8 @@ macro_rules! impl_sql_store {
                 }
                 let row = sqlx::query(concat!(
                     "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
-                     WHERE seq = (SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY seq LIMIT 1",
+                     WHERE seq = (",
+                    claim_candidate!(),
                     $claim_lock,
                     ") AND state = 'queued' RETURNING *"
                 ))

@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod pg;
+pub mod proxy;
 
 use leasegate::agent::keys::RunnerKey;
 use leasegate::app::AppState;

@@ -50,6 +50,10 @@ pub struct TestDatabase {
 }
 
 impl TestDatabase {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
     pub async fn create() -> Option<TestDatabase> {
         let server = server_url()?;
         let name = format!("lg_test_{}", uuid::Uuid::now_v7().simple());

@@ -1,0 +1,74 @@
+//! A TCP proxy on 127.0.0.1 that a test can cut and restore, to simulate a database outage
+//! without stopping the database that other tests share.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Mutex;
+use tokio_util::sync::CancellationToken;
+
+pub struct Proxy {
+    pub addr: SocketAddr,
+    target: SocketAddr,
+    running: Arc<Mutex<Option<CancellationToken>>>,
+}
+
+impl Proxy {
+    /// Starts forwarding a fresh local port to `target`.
+    pub async fn start(target: SocketAddr) -> Proxy {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let proxy = Proxy {
+            addr: listener.local_addr().unwrap(),
+            target,
+            running: Default::default(),
+        };
+        proxy.serve(listener).await;
+        proxy
+    }
+
+    async fn serve(&self, listener: TcpListener) {
+        let stop = CancellationToken::new();
+        *self.running.lock().await = Some(stop.clone());
+        let target = self.target;
+        tokio::spawn(async move {
+            loop {
+                let accepted = tokio::select! {
+                    a = listener.accept() => a,
+                    _ = stop.cancelled() => return,
+                };
+                let Ok((mut inbound, _)) = accepted else {
+                    continue;
+                };
+                let stop = stop.clone();
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(target).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = stop.cancelled() => {}
+                    }
+                });
+            }
+        });
+    }
+
+    /// Closes the port and every connection through it.
+    pub async fn cut(&self) {
+        if let Some(stop) = self.running.lock().await.take() {
+            stop.cancel();
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    /// Listens on the same port again.
+    pub async fn restore(&self) {
+        let listener = loop {
+            match TcpListener::bind(self.addr).await {
+                Ok(l) => break l,
+                Err(_) => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
+            }
+        };
+        self.serve(listener).await;
+    }
+}

@@ -1,0 +1,84 @@
+//! The claim's plan must not regress to a scan that skips every leased row (14 ms per claim
+//! after 14k claims was measured with an `ORDER BY id` / `(pool, id)` index). These tests fill
+//! a queue mostly with finished jobs and check that the claim candidate uses `jobs_queued`.
+
+mod common;
+
+use common::*;
+use leasegate::store::CLAIM_CANDIDATE_SQL;
+use sqlx::Connection;
+
+fn candidate_for(pool: &str) -> String {
+    CLAIM_CANDIDATE_SQL.replace("$3", &format!("'{pool}'"))
+}
+
+#[tokio::test]
+async fn sqlite_claim_uses_the_partial_queue_index() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) \
+         INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+         SELECT 'j' || i, 'linux', '{}', CASE WHEN i % 100 = 0 THEN 'queued' ELSE 'succeeded' END, 3, i, i FROM n; \
+         ANALYZE;",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN QUERY PLAN {}",
+        candidate_for("linux")
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let text: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
+    assert!(
+        text.iter().any(|d| d.contains("jobs_queued")),
+        "plan: {text:?}"
+    );
+    assert!(
+        !text.iter().any(|d| d.contains("TEMP B-TREE")),
+        "the claim sorts: {text:?}"
+    );
+}
+
+#[tokio::test]
+async fn postgres_claim_uses_the_partial_queue_index() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    sqlx::raw_sql(
+        "INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+         SELECT 'j' || i, 'linux', '{}', CASE WHEN i % 100 = 0 THEN 'queued' ELSE 'succeeded' END, 3, i, i \
+         FROM generate_series(1, 50000) AS i; ANALYZE jobs;",
+    )
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let plan: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN {} FOR UPDATE SKIP LOCKED",
+        candidate_for("linux")
+    )))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    let text: Vec<&str> = plan.iter().map(|r| r.0.as_str()).collect();
+    assert!(
+        text.iter().any(|l| l.contains("jobs_queued")),
+        "plan: {text:#?}"
+    );
+    assert!(
+        !text
+            .iter()
+            .any(|l| l.contains("Seq Scan") || l.contains("Sort")),
+        "plan: {text:#?}"
+    );
+}

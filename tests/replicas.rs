@@ -1,0 +1,194 @@
+//! PostgreSQL with more than one replica on one database: wake-ups, replay protection and the
+//! sweeper across replicas. Skipped (with the reason printed) without a PostgreSQL to use.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::time::{Duration, Instant};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_on_one_replica_wakes_on_an_enqueue_at_another() {
+    let Some(a) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    let b = spawn_replica(&a).await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let runner = a.register("linux", "r1").await;
+
+    for round in 0..3 {
+        let attestation = runner.healthy();
+        let waiting = {
+            let client = a.client.clone();
+            let url = a.url("/api/v1/lease");
+            tokio::spawn(async move {
+                let r = client
+                    .post(url)
+                    .json(&json!({"attestation": attestation, "wait_s": 20}))
+                    .send()
+                    .await
+                    .unwrap();
+                (Instant::now(), r)
+            })
+        };
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let enqueued_at = Instant::now();
+        let job = b.enqueue("linux").await;
+        let (answered_at, r) = waiting.await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "round {round}");
+        let body: Value = r.json().await.unwrap();
+        assert_eq!(body["job"]["id"], job.as_str());
+        let waited = answered_at - enqueued_at;
+        assert!(
+            waited < Duration::from_secs(1),
+            "round {round}: woke {waited:?} after the enqueue"
+        );
+        let lease = Granted {
+            lease_id: body["lease_id"].as_str().unwrap().into(),
+            token: body["lease_token"].as_str().unwrap().into(),
+            job_id: job,
+            body,
+        };
+        // Lease calls work on any replica.
+        assert_eq!(b.call(&lease, "start", None).await.status(), StatusCode::OK);
+        let done = a
+            .call(&lease, "complete", Some(json!({"outcome": "succeeded"})))
+            .await;
+        assert_eq!(done.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_attestation_posted_to_two_replicas_at_once_is_accepted_once() {
+    let Some(a) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    let b = spawn_replica(&a).await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let runner = a.register("linux", "r1").await;
+
+    for round in 0..20 {
+        let attestation = runner.healthy();
+        let (ra, rb) = tokio::join!(a.heartbeat(&attestation), b.lease(&attestation));
+        let statuses = [ra.status(), rb.status()];
+        let accepted = statuses.iter().filter(|s| s.is_success()).count();
+        assert_eq!(accepted, 1, "round {round}: {statuses:?}");
+        let replayed = if ra.status().is_success() { rb } else { ra };
+        assert_eq!(
+            code_of(replayed, StatusCode::UNAUTHORIZED).await,
+            "attestation_replayed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweepers_on_every_replica_expire_each_lease_once() {
+    let Some(a) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    let b = spawn_replica(&a).await;
+    let c = spawn_replica(&a).await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let mut jobs = Vec::new();
+    for i in 0..30 {
+        jobs.push(a.enqueue("linux").await);
+        let runner = a.register("linux", &format!("r{i}")).await;
+        let lease = a.grant(&runner).await;
+        if i % 2 == 0 {
+            a.call(&lease, "start", None).await;
+        }
+    }
+    tokio::join!(a.sweep_ahead(400), b.sweep_ahead(400), c.sweep_ahead(400));
+    for (i, id) in jobs.iter().enumerate() {
+        let job = a.job(id).await;
+        assert_eq!(job["state"], "queued");
+        let ends = job["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e["kind"].as_str(), Some("returned" | "requeued")));
+        assert_eq!(ends.count(), 1, "job {i} ended more than once: {job}");
+        let (attempts, returns) = if i % 2 == 0 { (1, 0) } else { (0, 1) };
+        assert_eq!(job["attempts"], attempts);
+        assert_eq!(job["returns"], returns);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_database_outage_answers_503_and_the_service_recovers_by_itself() {
+    let Some(server) = pg::server_url() else {
+        return;
+    };
+    let Some(db) = pg::TestDatabase::create().await else {
+        return;
+    };
+    let target = pg_socket_addr(&server);
+    let proxy = proxy::Proxy::start(target).await;
+    let via_proxy = pg::with_database(
+        &server.replace(&target.to_string(), &proxy.addr.to_string()),
+        db.name(),
+    );
+    let app = spawn_app_on_with(Engine::Sqlite, |args| args.database_url = via_proxy.clone())
+        .await
+        .unwrap();
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    assert_eq!(
+        app.heartbeat(&runner.healthy()).await.status(),
+        StatusCode::OK
+    );
+
+    proxy.cut().await;
+    let started = Instant::now();
+    let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let r = app.heartbeat(&runner.healthy()).await;
+    assert!(r.headers().get("retry-after").is_some());
+    assert_eq!(
+        code_of(r, StatusCode::SERVICE_UNAVAILABLE).await,
+        "unavailable"
+    );
+    let r = app
+        .forge_post("/api/v1/jobs", json!({"pool": "linux"}))
+        .await;
+    assert_eq!(
+        code_of(r, StatusCode::SERVICE_UNAVAILABLE).await,
+        "unavailable"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "outage answers took {:?}",
+        started.elapsed()
+    );
+
+    proxy.restore().await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
+        if ready.status() == StatusCode::OK {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the service did not recover");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(
+        app.heartbeat(&runner.healthy()).await.status(),
+        StatusCode::OK
+    );
+    let job = app.enqueue("linux").await;
+    assert_eq!(app.grant(&runner).await.job_id, job);
+}
+
+fn pg_socket_addr(url: &str) -> std::net::SocketAddr {
+    let rest = url.split_once("://").unwrap().1;
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host_port = host_port.split(['/', '?']).next().unwrap();
+    let with_port = if host_port.contains(':') {
+        host_port.to_string()
+    } else {
+        format!("{host_port}:5432")
+    };
+    use std::net::ToSocketAddrs;
+    with_port.to_socket_addrs().unwrap().next().unwrap()
+}
