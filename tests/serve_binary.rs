@@ -1,0 +1,202 @@
+//! `leasegate serve` as an operator runs it: a fresh directory, no configuration, SIGTERM.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use serde_json::json;
+use std::os::unix::fs::PermissionsExt;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::AsyncReadExt;
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn serve(dir: &std::path::Path, port: u16) -> tokio::process::Command {
+    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasegate"));
+    cmd.arg("serve")
+        .env_remove("DATABASE_URL")
+        .env_remove("LEASEGATE_ADMIN_TOKEN")
+        .env_remove("LEASEGATE_FORGE_TOKEN")
+        .env("LEASEGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .current_dir(dir)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    cmd
+}
+
+async fn wait_ready(base: &str) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await
+            && r.status() == StatusCode::OK
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("leasegate serve did not become ready");
+}
+
+async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
+    let pid = child.id().unwrap().to_string();
+    std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("exits after SIGTERM")
+        .unwrap()
+}
+
+#[tokio::test]
+async fn first_start_creates_the_database_and_private_secrets_and_sigterm_exits_0() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = serve(dir.path(), port).spawn().unwrap();
+    wait_ready(&base).await;
+
+    assert!(dir.path().join("leasegate.db").exists());
+    let admin_file = dir.path().join("leasegate-admin.token");
+    let forge_file = dir.path().join("leasegate-forge.token");
+    for f in [&admin_file, &forge_file] {
+        assert_eq!(
+            std::fs::metadata(f).unwrap().permissions().mode() & 0o777,
+            0o600,
+            "{f:?}"
+        );
+    }
+    let admin = std::fs::read_to_string(&admin_file)
+        .unwrap()
+        .trim()
+        .to_string();
+    let client = reqwest::Client::new();
+    let r = client
+        .put(format!("{base}/api/v1/admin/pools/linux"))
+        .bearer_auth(&admin)
+        .json(&json!({"expected_image_ids": [IMAGE_A]}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CREATED);
+
+    // A waiting long poll is answered at once when SIGTERM arrives.
+    let token: serde_json::Value = client
+        .post(format!(
+            "{base}/api/v1/admin/pools/linux/registration-tokens"
+        ))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = leasegate::agent::keys::RunnerKey::generate();
+    let reg: serde_json::Value = client
+        .post(format!("{base}/api/v1/runners"))
+        .json(&json!({"registration_token": token["token"], "name": "r1", "public_key": key.public_jwk()}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let runner = TestRunner {
+        id: reg["runner_id"].as_str().unwrap().into(),
+        pool: "linux".into(),
+        key,
+    };
+    let waiting = {
+        let (client, base, att) = (client.clone(), base.clone(), runner.healthy());
+        tokio::spawn(async move {
+            client
+                .post(format!("{base}/api/v1/lease"))
+                .json(&json!({"attestation": att, "wait_s": 30}))
+                .send()
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let stopping = Instant::now();
+    let status = sigterm(&mut child).await;
+    assert!(status.success(), "exit status {status:?}");
+    assert_eq!(
+        waiting.await.unwrap().unwrap().status(),
+        StatusCode::NO_CONTENT
+    );
+    assert!(stopping.elapsed() < Duration::from_secs(5));
+
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .await
+        .unwrap();
+    assert!(
+        log.contains("leasegate-admin.token"),
+        "the secret's path is logged: {log}"
+    );
+    assert!(!log.contains(&admin), "the secret itself is never logged");
+
+    // A second start keeps the same secrets.
+    let mut again = serve(dir.path(), port).spawn().unwrap();
+    wait_ready(&base).await;
+    let r = client
+        .get(format!("{base}/api/v1/admin/pools/linux"))
+        .bearer_auth(&admin)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(sigterm(&mut again).await.success());
+}
+
+#[tokio::test]
+async fn json_logs_on_request_and_bad_settings_fail_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = serve(dir.path(), port)
+        .env("LEASEGATE_LOG_FORMAT", "json")
+        .spawn()
+        .unwrap();
+    wait_ready(&base).await;
+    assert!(sigterm(&mut child).await.success());
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .await
+        .unwrap();
+    for line in log.lines().filter(|l| !l.trim().is_empty()) {
+        let v: serde_json::Value =
+            serde_json::from_str(line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+        assert!(v.get("level").is_some());
+    }
+
+    let out = serve(dir.path(), free_port())
+        .env("LEASEGATE_LEASE_TTL_S", "0")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("LEASEGATE_LEASE_TTL_S must be positive"),
+        "{stderr}"
+    );
+}
