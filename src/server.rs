@@ -140,7 +140,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "listening; admin page at http://{addr}/admin");
+    tracing::info!(%addr, "listening");
     tokio::spawn(cancel_on_signal(shutdown));
     run(listener, state).await?;
     tracing::info!("stopped");

@@ -8,6 +8,7 @@
 
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, check_claims};
 use crate::domain::ids::RunnerId;
+use crate::domain::json_object::parse_object;
 use crate::domain::time::Millis;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -73,7 +74,7 @@ pub fn read_header(token: &str) -> Result<Unverified<'_>, VerifyError> {
     let header_json = URL_SAFE_NO_PAD
         .decode(header_b64)
         .map_err(|_| VerifyError::Invalid("the JWS header is not base64url".into()))?;
-    let header: RawHeader = serde_json::from_slice(&header_json)
+    let header: RawHeader = parse_object(&header_json)
         .map_err(|_| VerifyError::Invalid("the JWS header is not a JSON object with alg".into()))?;
     if header.alg != "EdDSA" {
         return Err(VerifyError::Invalid(format!(

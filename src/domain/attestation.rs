@@ -7,6 +7,7 @@
 
 use super::digest::{ImageDigest, NotADigest};
 use super::ids::RunnerId;
+use super::json_object::{ObjectOnly, parse_object};
 use super::text::{PROBE_ERROR_MAX_BYTES, sanitize};
 use super::time::Millis;
 use serde::Deserialize;
@@ -83,9 +84,9 @@ struct RawClaims {
     #[serde(default)]
     nbf: Option<NumericDate>,
     jti: String,
-    probe: RawProbe,
+    probe: ObjectOnly<RawProbe>,
     #[serde(default)]
-    image: Option<RawImage>,
+    image: Option<ObjectOnly<RawImage>>,
     #[serde(default)]
     agent: Option<serde_json::Value>,
 }
@@ -166,11 +167,9 @@ pub fn check_claims(
     rules: &AttestationRules,
     now: Millis,
 ) -> Result<Attestation, ClaimsError> {
-    let de = &mut serde_json::Deserializer::from_slice(payload);
-    let raw: RawClaims = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
-        ClaimsError::Invalid(format!("claim `{path}`: {}", e.into_inner()))
-    })?;
+    let raw: RawClaims = parse_object(payload)
+        .map_err(|e| ClaimsError::Invalid(format!("claim `{}`: {}", e.path, e.error)))?;
+    let probe = raw.probe.0;
     let invalid = |m: &str| Err(ClaimsError::Invalid(m.to_string()));
 
     // Rule 3: shape and identity.
@@ -198,20 +197,14 @@ pub fn check_claims(
         )));
     }
     let leeway_end = now.plus_secs(rules.clock_skew_s);
-    let checked_at = raw.probe.checked_at.millis();
+    let checked_at = probe.checked_at.millis();
     if checked_at > leeway_end {
         return invalid("probe.checked_at is in the future");
     }
-    if raw.probe.runtime.trim().is_empty() {
+    if probe.runtime.trim().is_empty() {
         return invalid("probe.runtime must name the container runtime");
     }
-    if !raw.probe.ok
-        && raw
-            .probe
-            .error
-            .as_deref()
-            .is_none_or(|e| e.trim().is_empty())
-    {
+    if !probe.ok && probe.error.as_deref().is_none_or(|e| e.trim().is_empty()) {
         return invalid("probe.error is required when probe.ok is false");
     }
 
@@ -234,19 +227,19 @@ pub fn check_claims(
         )));
     }
 
-    let image = raw.image.unwrap_or_default();
+    let image = raw.image.map(|i| i.0).unwrap_or_default();
     Ok(Attestation {
         runner_id: kid.clone(),
         jti: raw.jti,
         issued_at: iat,
         expires_at: exp,
         probe: Probe {
-            ok: raw.probe.ok,
-            runtime: sanitize(&raw.probe.runtime, 64),
-            runtime_version: raw.probe.runtime_version.map(|v| sanitize(&v, 128)),
+            ok: probe.ok,
+            runtime: sanitize(&probe.runtime, 64),
+            runtime_version: probe.runtime_version.map(|v| sanitize(&v, 128)),
             checked_at,
-            error: raw.probe.error.map(|e| sanitize(&e, PROBE_ERROR_MAX_BYTES)),
-            exit_code: raw.probe.exit_code,
+            error: probe.error.map(|e| sanitize(&e, PROBE_ERROR_MAX_BYTES)),
+            exit_code: probe.exit_code,
         },
         image: ReportedImage {
             id: image.id,

@@ -8,6 +8,7 @@ pub mod attestation;
 pub mod digest;
 pub mod ids;
 pub mod job;
+pub mod json_object;
 pub mod lease;
 pub mod pool;
 pub mod runner;

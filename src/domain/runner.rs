@@ -141,7 +141,8 @@ pub fn drift_entry(runner: &Runner, pool: &Pool, now: Millis, rules: StatusRules
         return skip("stale");
     }
     let image = &latest.state.image;
-    let Some(running) = image.id.clone().or_else(|| image.digest.clone()) else {
+    // The running image is what `image.id` says; a digest alone is not enough to call a drift.
+    let Some(running) = image.id.clone() else {
         return skip("image_unreported");
     };
     match image_current(image, pool) {
@@ -265,6 +266,13 @@ mod tests {
         );
         assert_eq!(
             reason(drift_entry(&runner(None, Some(5)), &p, NOW, RULES)),
+            "image_unreported"
+        );
+        // A digest without an image id is not enough to call a drift.
+        let mut digest_only = runner(None, Some(5));
+        digest_only.latest.as_mut().unwrap().state.image.digest = Some(digest('b'));
+        assert_eq!(
+            reason(drift_entry(&digest_only, &p, NOW, RULES)),
             "image_unreported"
         );
         assert_eq!(

@@ -44,24 +44,19 @@ async fn enqueue(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    let max_attempts = body.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
-    if !MAX_ATTEMPTS_RANGE.contains(&max_attempts) {
-        return Err(ApiError::bad_request("max_attempts: must be from 1 to 100"));
-    }
     if let Some(key) = &body.idempotency_key
         && (key.is_empty() || key.len() > 256)
     {
         return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
     }
-    let pool = PoolName::parse(&body.pool).map_err(|_| {
-        ApiError::unprocessable("unknown_pool", format!("no pool named {:?}", body.pool))
-    })?;
-    let new = NewJob {
-        id: JobId::generate(),
-        pool,
-        payload: body.payload,
-        max_attempts,
-        idempotency_key: body.idempotency_key,
+    let new = match new_job(body) {
+        Ok(new) => new,
+        // A key already used answers with its job, even when this body differs (or is wrong).
+        Err((error, Some(key))) => match state.store().job_by_idempotency_key(&key).await? {
+            Some(job) => return Ok((StatusCode::OK, Json(views::job_summary(&job)))),
+            None => return Err(error),
+        },
+        Err((error, None)) => return Err(error),
     };
     let (job, created) = state.store().enqueue_job(new, Millis::now()).await?;
     if created {
@@ -73,6 +68,27 @@ async fn enqueue(
         StatusCode::OK
     };
     Ok((status, Json(views::job_summary(&job))))
+}
+
+/// The job a body asks for, or why it cannot be enqueued (with the body's idempotency key).
+fn new_job(body: EnqueueBody) -> Result<NewJob, (ApiError, Option<String>)> {
+    let max_attempts = body.max_attempts.unwrap_or(DEFAULT_MAX_ATTEMPTS);
+    if !MAX_ATTEMPTS_RANGE.contains(&max_attempts) {
+        let error = ApiError::bad_request("max_attempts: must be from 1 to 100");
+        return Err((error, body.idempotency_key));
+    }
+    let Ok(pool) = PoolName::parse(&body.pool) else {
+        let error =
+            ApiError::unprocessable("unknown_pool", format!("no pool named {:?}", body.pool));
+        return Err((error, body.idempotency_key));
+    };
+    Ok(NewJob {
+        id: JobId::generate(),
+        pool,
+        payload: body.payload,
+        max_attempts,
+        idempotency_key: body.idempotency_key,
+    })
 }
 
 async fn read(

@@ -19,9 +19,11 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Api
         .map_err(|rejection| ApiError::from_status(rejection.status(), rejection.body_text()))
 }
 
+/// The whole body as `T`: a malformed document, or anything after it, is a bad request that
+/// names where the problem is.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(bytes);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
         let inner = e.into_inner();
         if path == "." {
@@ -29,7 +31,10 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         } else {
             ApiError::bad_request(format!("{path}: {inner}"))
         }
-    })
+    })?;
+    de.end()
+        .map_err(|e| ApiError::bad_request(format!("body: {e}")))?;
+    Ok(value)
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {

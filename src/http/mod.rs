@@ -27,11 +27,12 @@ pub fn router(state: AppState) -> Router {
         .merge(forge::router())
         .merge(admin::router())
         .fallback(|| async { ApiError::not_found("route") })
+        .layer(DefaultBodyLimit::disable())
+        .layer(RequestBodyLimitLayer::new(max_body))
+        // Outside the body limit, so that its early 413 becomes a problem too.
         .layer(axum::middleware::map_response(
             problem::problem_for_framework_errors,
         ))
-        .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(max_body))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }

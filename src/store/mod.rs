@@ -300,6 +300,7 @@ pub trait Store: Send + Sync + 'static {
     async fn record_attestation(&self, record: &AttestationRecord) -> Result<(), RecordError>;
 
     async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError>;
+    async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>>;
     async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>>;
     async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError>;
 

@@ -196,6 +196,24 @@ macro_rules! impl_sql_store {
             row.map(|r| r.runner()).transpose()
         }
 
+        impl $store {
+            /// Commits `tx`, in which jobs of `pools` went back to the queue, and wakes the
+            /// waiters of those pools on every replica.
+            async fn commit_requeues(&self, mut tx: Tx, pools: &[PoolName]) -> StoreResult<()> {
+                let mut unique: Vec<&PoolName> = pools.iter().collect();
+                unique.sort();
+                unique.dedup();
+                for pool in &unique {
+                    self.announce_job(&mut tx, pool.as_str()).await?;
+                }
+                tx.commit().await?;
+                for pool in unique {
+                    self.signal.notify(pool.as_str());
+                }
+                Ok(())
+            }
+        }
+
         #[async_trait::async_trait]
         impl Store for $store {
             fn engine(&self) -> &'static str {
@@ -415,10 +433,7 @@ macro_rules! impl_sql_store {
                     }
                 }
                 let runner = fetch_runner(&mut tx, id).await?;
-                tx.commit().await?;
-                for pool in pools {
-                    self.signal.notify(pool.as_str());
-                }
+                self.commit_requeues(tx, &pools).await?;
                 Ok(runner)
             }
 
@@ -612,6 +627,14 @@ macro_rules! impl_sql_store {
                 Ok((stored, true))
             }
 
+            async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>> {
+                let row = sqlx::query("SELECT * FROM jobs WHERE idempotency_key = $1")
+                    .bind(key)
+                    .fetch_optional(self.reader())
+                    .await?;
+                row.map(|r| r.job()).transpose()
+            }
+
             async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>> {
                 let Some(row) = sqlx::query("SELECT * FROM jobs WHERE id = $1")
                     .bind(id.as_str())
@@ -747,13 +770,10 @@ macro_rules! impl_sql_store {
                 if !write_transition(&mut tx, &lease, &job, &t, now).await? {
                     return Err(StoreError::Internal("lease moved during its own transaction".into()).into());
                 }
-                let pool = lease.pool.clone();
+                let requeued = if t.job_state == JobState::Queued { vec![lease.pool.clone()] } else { vec![] };
                 let lease = load_lease(&mut tx, lease_id).await?.map(|(l, _)| l);
                 let job = load_job(&mut tx, &job.id).await?;
-                tx.commit().await.map_err(StoreError::from)?;
-                if t.job_state == JobState::Queued {
-                    self.signal.notify(pool.as_str());
-                }
+                self.commit_requeues(tx, &requeued).await?;
                 match (lease, job) {
                     (Some(l), Some(j)) => Ok((l, j)),
                     _ => Err(StoreError::Internal("lease or job vanished".into()).into()),
@@ -781,11 +801,11 @@ macro_rules! impl_sql_store {
                             pools.push(lease.pool.clone());
                         }
                     }
-                    tx.commit().await?;
-                    for pool in pools {
-                        self.signal.notify(pool.as_str());
-                    }
-                    if batch < 200 {
+                    let progressed = !pools.is_empty();
+                    self.commit_requeues(tx, &pools).await?;
+                    // A short batch was the last; a batch whose fences all failed would only
+                    // select the same rows again.
+                    if batch < 200 || !progressed {
                         break;
                     }
                 }

@@ -54,7 +54,7 @@ macro_rules! on_both_engines {
                     #[allow(unused_mut)]
                     let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
                     $( adjust = Box::new($adjust); )?
-                    let $app = spawn_app_on_with(Engine::Sqlite, adjust).await.expect("sqlite app");
+                    let $app = crate::common::spawn_app_on_with(crate::common::Engine::Sqlite, adjust).await.expect("sqlite app");
                     $body
                 }
             )*
@@ -69,7 +69,7 @@ macro_rules! on_both_engines {
                     #[allow(unused_mut)]
                     let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
                     $( adjust = Box::new($adjust); )?
-                    let Some($app) = spawn_app_on_with(Engine::Postgres, adjust).await else { return };
+                    let Some($app) = crate::common::spawn_app_on_with(crate::common::Engine::Postgres, adjust).await else { return };
                     $body
                 }
             )*
