@@ -51,12 +51,15 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
     let runners = seed(&state).await?;
+    let admin = &state.secrets().admin;
+    println!("leasegate demo: the runner-health page is at http://{addr}/admin");
+    println!("log in with this link: http://{addr}/admin/login?token={admin}");
+    println!("admin token: {admin}");
+    println!("forge token: {}", state.secrets().forge);
     println!(
-        "leasegate demo: http://{addr}/admin (simulated runners; database in {})",
+        "runners and jobs are simulated; the database in {} goes on exit",
         dir.display()
     );
-    println!("admin token: {}", state.secrets().admin);
-    println!("forge token: {}", state.secrets().forge);
     tracing::info!(%addr, "demo listening");
 
     for runner in runners {
@@ -84,11 +87,11 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         expected_image_ids: vec![ImageDigest::parse(SUPERSEDED_IMAGE)?],
         image_policy: ImagePolicy::Enforce,
         image_source: ImageSource::Manual,
-        drift_grace_s: 120,
+        drift_grace_s: 40,
         resolve_interval_s: 300,
     };
     store.put_pool(&pool, spec.clone(), now).await?;
-    // The tag moved: the pool now expects the new image; the old one is accepted for 2 minutes.
+    // The tag moved: the pool now expects the new image; the old one is accepted for 40 s.
     let rolled = PoolSpec {
         expected_image_ids: vec![ImageDigest::parse(CURRENT_IMAGE)?],
         ..spec
@@ -157,7 +160,7 @@ async fn simulate(state: AppState, runner: SimRunner) {
             return;
         }
         if matches!(runner.behaviour, Behaviour::GoesStale)
-            && started.elapsed() > Duration::from_secs(20)
+            && started.elapsed() > Duration::from_secs(8)
         {
             return;
         }

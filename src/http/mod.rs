@@ -7,6 +7,7 @@ pub mod forge;
 pub mod json;
 pub mod lease;
 pub mod ops;
+pub mod page;
 pub mod problem;
 pub mod runners;
 pub mod views;
@@ -26,6 +27,7 @@ pub fn router(state: AppState) -> Router {
         .merge(lease::router())
         .merge(forge::router())
         .merge(admin::router())
+        .merge(page::router())
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body))

@@ -219,8 +219,13 @@ pub async fn problem_for_framework_errors(response: Response) -> Response {
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
+    let is_html = response
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
     let is_error = status.is_client_error() || status.is_server_error();
-    if !is_error || is_problem || response.headers().contains_key(header::LOCATION) {
+    // The health page answers its own errors in HTML; leave those alone.
+    if !is_error || is_problem || is_html || response.headers().contains_key(header::LOCATION) {
         return response;
     }
     let detail = match axum::body::to_bytes(response.into_body(), 4096).await {

@@ -284,6 +284,8 @@ pub trait Store: Send + Sync + 'static {
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
     async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>>;
     async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory>;
+    /// Refusals recorded since `since`, per runner (bounded by the refusal ring).
+    async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>>;
     async fn set_cordoned(
         &self,
         id: &RunnerId,

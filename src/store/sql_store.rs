@@ -399,6 +399,14 @@ macro_rules! impl_sql_store {
                 })
             }
 
+            async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>> {
+                let rows = sqlx::query("SELECT runner_id, COUNT(*) AS n FROM refusals WHERE at >= $1 GROUP BY runner_id")
+                    .bind(since.0)
+                    .fetch_all(self.reader())
+                    .await?;
+                rows.iter().map(|r| Ok((RunnerId(get(r, "runner_id")?), get(r, "n")?))).collect()
+            }
+
             async fn set_cordoned(&self, id: &RunnerId, cordoned: bool, _now: Millis) -> StoreResult<Option<Runner>> {
                 let mut tx = self.begin().await?;
                 sqlx::query("UPDATE runners SET cordoned = $1 WHERE id = $2")

@@ -1,0 +1,499 @@
+//! The runner-health page: server-rendered HTML (askama templates, escaped), embedded assets,
+//! login with the admin token into a session cookie, and cordon / uncordon / revoke forms.
+//!
+//! Everything a runner sent (names, labels, probe errors) reaches the page only through
+//! templates that escape it. The page's own POSTs need the session's CSRF token.
+
+pub mod session;
+pub mod views;
+
+use super::problem::ApiError;
+use crate::app::AppState;
+use crate::domain::ids::{JobId, RunnerId};
+use crate::domain::pool::Pool;
+use crate::domain::time::Millis;
+use askama::Template;
+use axum::Router;
+use axum::extract::{Form, FromRequestParts, Path, Query, State};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::request::Parts;
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Deserialize;
+use session::Viewer;
+use std::collections::BTreeMap;
+use views::{DigestView, PoolCard, RunnerRow};
+
+pub fn router() -> Router<AppState> {
+    Router::new()
+        .route("/admin", get(fleet))
+        .route("/admin/fleet", get(fleet_fragment))
+        .route("/admin/login", get(login_form).post(login))
+        .route("/admin/logout", post(logout))
+        .route("/admin/runners/{id}", get(runner_page))
+        .route("/admin/runners/{id}/{action}", post(runner_action))
+        .route("/admin/jobs/{id}", get(job_page))
+        .route("/admin/assets/app.css", get(css))
+        .route("/admin/assets/app.js", get(js))
+}
+
+/// A page response with the headers every page carries: no caching, no framing, scripts and
+/// styles from this origin only.
+fn html(status: StatusCode, body: String) -> Response {
+    let mut r = (status, body).into_response();
+    let h = r.headers_mut();
+    h.insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("text/html; charset=utf-8"),
+    );
+    h.insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    h.insert(
+        "content-security-policy",
+        HeaderValue::from_static("default-src 'self'; frame-ancestors 'none'; form-action 'self'"),
+    );
+    h.insert(
+        "x-content-type-options",
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert("referrer-policy", HeaderValue::from_static("same-origin"));
+    r
+}
+
+fn render(status: StatusCode, t: &impl Template) -> Result<Response, ApiError> {
+    let body = t.render().map_err(|e| {
+        tracing::error!(error = %e, "template failed");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal",
+            "internal error",
+        )
+    })?;
+    Ok(html(status, body))
+}
+
+fn see_other(to: &str) -> Response {
+    let mut r = StatusCode::SEE_OTHER.into_response();
+    r.headers_mut().insert(
+        LOCATION,
+        HeaderValue::from_str(to).unwrap_or(HeaderValue::from_static("/admin")),
+    );
+    r
+}
+
+/// A logged-in viewer; anyone else is sent to the login page.
+pub struct PageViewer(pub Viewer);
+
+impl FromRequestParts<AppState> for PageViewer {
+    type Rejection = Response;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
+        session::viewer(&parts.headers, &state.secrets().admin, Millis::now())
+            .map(PageViewer)
+            .ok_or_else(|| see_other("/admin/login"))
+    }
+}
+
+#[derive(Template)]
+#[template(path = "login.html")]
+struct LoginPage {
+    logged_in: bool,
+    csrf: String,
+    error: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+struct LoginQuery {
+    #[serde(default)]
+    token: Option<String>,
+}
+
+/// The login form. `?token=` logs in at once: `leasegate demo` prints such a link.
+async fn login_form(
+    State(state): State<AppState>,
+    Query(q): Query<LoginQuery>,
+) -> Result<Response, ApiError> {
+    if let Some(token) = q.token {
+        return login_with(&state, &token);
+    }
+    render(
+        StatusCode::OK,
+        &LoginPage {
+            logged_in: false,
+            csrf: String::new(),
+            error: None,
+        },
+    )
+}
+
+#[derive(Deserialize)]
+struct LoginForm {
+    token: String,
+}
+
+async fn login(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Form(form): Form<LoginForm>,
+) -> Result<Response, ApiError> {
+    if session::same_origin(&headers) == Some(false) {
+        return Err(ApiError::forbidden("cross-site login refused"));
+    }
+    login_with(&state, &form.token)
+}
+
+fn login_with(state: &AppState, token: &str) -> Result<Response, ApiError> {
+    if !crate::secrets::secret_matches(token.trim(), &state.secrets().admin) {
+        tracing::info!("page login refused");
+        let page = LoginPage {
+            logged_in: false,
+            csrf: String::new(),
+            error: Some("That is not the admin token.".into()),
+        };
+        return render(StatusCode::UNAUTHORIZED, &page);
+    }
+    let value = session::new_session(&state.secrets().admin, Millis::now());
+    let mut r = see_other("/admin");
+    let cookie = session::set_cookie(&value, session::SESSION_S);
+    r.headers_mut().insert(
+        SET_COOKIE,
+        HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
+    );
+    Ok(r)
+}
+
+#[derive(Deserialize)]
+struct CsrfForm {
+    #[serde(default)]
+    csrf: Option<String>,
+    #[serde(default)]
+    back: Option<String>,
+}
+
+async fn logout(
+    PageViewer(viewer): PageViewer,
+    headers: HeaderMap,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, ApiError> {
+    if !session::post_allowed(&viewer, &headers, form.csrf.as_deref()) {
+        return Err(ApiError::forbidden("cross-site request refused"));
+    }
+    let mut r = see_other("/admin/login");
+    r.headers_mut().insert(
+        SET_COOKIE,
+        HeaderValue::from_str(&session::set_cookie("", 0)).expect("ASCII"),
+    );
+    Ok(r)
+}
+
+#[derive(Template)]
+#[template(path = "fleet.html")]
+struct FleetPage {
+    logged_in: bool,
+    csrf: String,
+    as_of: String,
+    pools: Vec<PoolCard>,
+    runners: Vec<RunnerRow>,
+}
+
+#[derive(Template)]
+#[template(path = "fleet_fragment.html")]
+struct FleetFragment {
+    csrf: String,
+    as_of: String,
+    pools: Vec<PoolCard>,
+    runners: Vec<RunnerRow>,
+}
+
+async fn fleet_view(state: &AppState) -> Result<(String, Vec<PoolCard>, Vec<RunnerRow>), ApiError> {
+    let now = Millis::now();
+    let store = state.store();
+    let pools: BTreeMap<String, Pool> = store
+        .list_pools()
+        .await?
+        .into_iter()
+        .map(|p| (p.name.to_string(), p))
+        .collect();
+    let runners = store.list_runners(None).await?;
+    let refusals = store.refusal_counts_since(now.minus_secs(3600)).await?;
+    let mut depths = store.queue_depths().await?;
+    let rows = views::runner_rows(&runners, &pools, &refusals, state.settings(), now);
+    let cards = pools
+        .values()
+        .map(|p| views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now))
+        .collect();
+    Ok((now.rfc3339(), cards, rows))
+}
+
+async fn fleet(
+    State(state): State<AppState>,
+    PageViewer(viewer): PageViewer,
+) -> Result<Response, ApiError> {
+    let (as_of, pools, runners) = fleet_view(&state).await?;
+    let logged_in = matches!(viewer, Viewer::Session { .. });
+    render(
+        StatusCode::OK,
+        &FleetPage {
+            logged_in,
+            csrf: viewer.csrf().into(),
+            as_of,
+            pools,
+            runners,
+        },
+    )
+}
+
+async fn fleet_fragment(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+) -> Result<Response, ApiError> {
+    // The refresh script follows no redirect to a login page: an expired session is a 401.
+    let viewer = session::viewer(&headers, &state.secrets().admin, Millis::now())
+        .ok_or_else(|| ApiError::unauthorized("log in again"))?;
+    let (as_of, pools, runners) = fleet_view(&state).await?;
+    render(
+        StatusCode::OK,
+        &FleetFragment {
+            csrf: viewer.csrf().into(),
+            as_of,
+            pools,
+            runners,
+        },
+    )
+}
+
+struct AttestationLine {
+    at: String,
+    status: String,
+    ok: bool,
+    runtime: String,
+    error: String,
+    image: Option<DigestView>,
+}
+
+#[derive(Template)]
+#[template(path = "runner.html")]
+struct RunnerPage {
+    logged_in: bool,
+    csrf: String,
+    row: RunnerRow,
+    labels: Vec<(String, String)>,
+    actions: Vec<(&'static str, &'static str)>,
+    refusals: Vec<(String, String, String)>,
+    changes: Vec<(String, String, String, String)>,
+    attestations: Vec<AttestationLine>,
+    leases: Vec<(String, String, i64, &'static str)>,
+}
+
+async fn runner_page(
+    State(state): State<AppState>,
+    PageViewer(viewer): PageViewer,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let now = Millis::now();
+    let id = RunnerId(id);
+    let store = state.store();
+    let runner = store
+        .get_runner(&id)
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    let pool = store
+        .get_pool(&runner.pool)
+        .await?
+        .ok_or_else(|| ApiError::not_found("pool"))?;
+    let history = store.runner_history(&id).await?;
+    let refusals_last_hour = history
+        .refusals
+        .iter()
+        .filter(|r| r.at >= now.minus_secs(3600))
+        .count() as i64;
+    let row = views::runner_row(&runner, &pool, state.settings(), refusals_last_hour, now);
+    let actions = if row.cordoned {
+        vec![("uncordon", "Uncordon")]
+    } else {
+        vec![("cordon", "Cordon")]
+    };
+    let page = RunnerPage {
+        logged_in: matches!(viewer, Viewer::Session { .. }),
+        csrf: viewer.csrf().into(),
+        labels: runner.labels.clone().into_iter().collect(),
+        actions: actions.into_iter().chain([("revoke", "Revoke")]).collect(),
+        refusals: history
+            .refusals
+            .iter()
+            .map(|r| (r.at.rfc3339(), r.code.clone(), r.detail.clone()))
+            .collect(),
+        changes: history
+            .status_changes
+            .iter()
+            .map(|c| {
+                (
+                    c.at.rfc3339(),
+                    c.from.clone().unwrap_or_default(),
+                    c.to.clone(),
+                    c.detail.clone().unwrap_or_default(),
+                )
+            })
+            .collect(),
+        attestations: history
+            .attestations
+            .iter()
+            .map(|a| AttestationLine {
+                at: a.received_at.rfc3339(),
+                status: a.status.clone(),
+                ok: a.probe_ok,
+                runtime: match &a.runtime_version {
+                    Some(v) => format!("{} {v}", a.runtime),
+                    None => a.runtime.clone(),
+                },
+                error: a.error.clone().unwrap_or_default(),
+                image: a.image.id.as_ref().map(DigestView::from),
+            })
+            .collect(),
+        leases: history
+            .leases
+            .iter()
+            .map(|l| {
+                (
+                    l.granted_at.rfc3339(),
+                    l.job_id.to_string(),
+                    l.attempt,
+                    l.state.as_str(),
+                )
+            })
+            .collect(),
+        row,
+    };
+    render(StatusCode::OK, &page)
+}
+
+async fn runner_action(
+    State(state): State<AppState>,
+    PageViewer(viewer): PageViewer,
+    headers: HeaderMap,
+    Path((id, action)): Path<(String, String)>,
+    Form(form): Form<CsrfForm>,
+) -> Result<Response, ApiError> {
+    if !session::post_allowed(&viewer, &headers, form.csrf.as_deref()) {
+        return Err(ApiError::forbidden(
+            "cross-site request refused: reload the page and try again",
+        ));
+    }
+    let id = RunnerId(id);
+    let now = Millis::now();
+    let store = state.store();
+    let done = match action.as_str() {
+        "cordon" => store.set_cordoned(&id, true, now).await?,
+        "uncordon" => store.set_cordoned(&id, false, now).await?,
+        "revoke" => store.revoke_runner(&id, now).await?,
+        _ => return Err(ApiError::not_found("action")),
+    };
+    done.ok_or_else(|| ApiError::not_found("runner"))?;
+    tracing::info!(runner_id = %id, action = %action, "runner changed from the page");
+    // Only paths on this page are followed back to.
+    let back = form
+        .back
+        .filter(|b| b.starts_with("/admin") && !b.starts_with("//"))
+        .unwrap_or_else(|| "/admin".into());
+    Ok(see_other(&back))
+}
+
+struct EventLine {
+    at: String,
+    what: String,
+    runner: Option<String>,
+    why: Option<String>,
+}
+
+#[derive(Template)]
+#[template(path = "job.html")]
+struct JobPage {
+    logged_in: bool,
+    csrf: String,
+    id: String,
+    pool: String,
+    state: &'static str,
+    attempts: i64,
+    max_attempts: i64,
+    returns: i64,
+    last_error: Option<String>,
+    events: Vec<EventLine>,
+}
+
+/// One event of the story in words an on-call engineer reads at 3 a.m.
+fn describe(kind: &str) -> &'static str {
+    match kind {
+        "enqueued" => "enqueued by the forge",
+        "leased" => "leased",
+        "started" => "started (an attempt is used)",
+        "returned" => "returned to the queue without using an attempt",
+        "requeued" => "requeued after an attempt",
+        "completed" => "completed",
+        "failed" => "failed",
+        "cancelled" => "cancelled by the forge",
+        _ => "event",
+    }
+}
+
+async fn job_page(
+    State(state): State<AppState>,
+    PageViewer(viewer): PageViewer,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    let (job, events) = state
+        .store()
+        .get_job(&JobId(id))
+        .await?
+        .ok_or_else(|| ApiError::not_found("job"))?;
+    let page = JobPage {
+        logged_in: matches!(viewer, Viewer::Session { .. }),
+        csrf: viewer.csrf().into(),
+        id: job.id.to_string(),
+        pool: job.pool.to_string(),
+        state: job.state.as_str(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        returns: job.returns,
+        last_error: job.last_error.clone(),
+        events: events
+            .iter()
+            .map(|e| EventLine {
+                at: e.at.rfc3339(),
+                what: describe(&e.kind).to_string(),
+                runner: e.runner_id.as_ref().map(|r| r.to_string()),
+                why: match (&e.reason, &e.detail) {
+                    (Some(r), Some(d)) => Some(format!("{r}: {d}")),
+                    (Some(r), None) => Some(r.clone()),
+                    (None, Some(d)) => Some(d.clone()),
+                    (None, None) => None,
+                },
+            })
+            .collect(),
+    };
+    render(StatusCode::OK, &page)
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    let mut r = body.into_response();
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=300"),
+    );
+    r
+}
+
+async fn css() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("../../../assets/app.css"),
+    )
+}
+
+async fn js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        include_str!("../../../assets/app.js"),
+    )
+}

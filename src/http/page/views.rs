@@ -1,0 +1,262 @@
+//! What the page shows, computed from domain values: one plain struct per thing on screen, so
+//! templates only lay out and never decide.
+
+use crate::app::Settings;
+use crate::domain::digest::ImageDigest;
+use crate::domain::ids::RunnerId;
+use crate::domain::pool::Pool;
+use crate::domain::runner::Runner;
+use crate::domain::time::Millis;
+use crate::domain::verdict::RunnerStatus;
+use crate::store::QueueDepth;
+use std::collections::BTreeMap;
+
+/// A digest shown short, with the full value on hover.
+#[derive(Clone, Debug)]
+pub struct DigestView {
+    pub short: String,
+    pub full: String,
+}
+
+impl From<&ImageDigest> for DigestView {
+    fn from(d: &ImageDigest) -> Self {
+        DigestView {
+            short: d.short().to_string(),
+            full: d.to_string(),
+        }
+    }
+}
+
+/// The CSS class of a status: its colour. The word is always shown beside it.
+pub fn status_class(status: RunnerStatus) -> &'static str {
+    match status {
+        RunnerStatus::Healthy => "ok",
+        RunnerStatus::ProbeFailed
+        | RunnerStatus::Drifted
+        | RunnerStatus::ImageUnreported
+        | RunnerStatus::PoolImageUnresolved
+        | RunnerStatus::Quarantined => "bad",
+        RunnerStatus::ProbeStale
+        | RunnerStatus::Stale
+        | RunnerStatus::Cordoned
+        | RunnerStatus::Unknown => "warn",
+        RunnerStatus::Revoked => "off",
+    }
+}
+
+/// "12 s ago", "3 min ago", "2 h ago", "4 d ago".
+pub fn age(then: Millis, now: Millis) -> String {
+    let s = now.secs_since(then).max(0);
+    match s {
+        0..60 => format!("{s} s ago"),
+        60..3600 => format!("{} min ago", s / 60),
+        3600..86_400 => format!("{} h ago", s / 3600),
+        _ => format!("{} d ago", s / 86_400),
+    }
+}
+
+fn duration(secs: i64) -> String {
+    match secs.max(0) {
+        s @ 0..120 => format!("{s} s"),
+        s @ 120..7200 => format!("{} min", s / 60),
+        s => format!("{} h", s / 3600),
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct StatusCount {
+    pub status: &'static str,
+    pub class: &'static str,
+    pub count: usize,
+}
+
+#[derive(Clone, Debug)]
+pub struct RollView {
+    pub on_new: usize,
+    pub total: usize,
+    pub time_left: String,
+}
+
+#[derive(Clone, Debug)]
+pub struct PoolCard {
+    pub name: String,
+    pub image_ref: String,
+    pub policy: &'static str,
+    pub expected: Vec<DigestView>,
+    pub counts: Vec<StatusCount>,
+    pub queued: i64,
+    pub oldest_queued: Option<String>,
+    pub roll: Option<RollView>,
+    pub resolution_error: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+pub struct RunnerRow {
+    pub id: String,
+    pub name: String,
+    pub simulated: bool,
+    pub pool: String,
+    pub status: &'static str,
+    pub class: &'static str,
+    pub rank: RunnerStatus,
+    pub last_seen: String,
+    pub runtime: String,
+    pub detail: Option<String>,
+    /// The runtime's words when the probe failed but another reason (a cordon, say) is shown.
+    pub probe_error: Option<String>,
+    pub running: Option<DigestView>,
+    pub image_current: Option<bool>,
+    pub current_job: Option<String>,
+    pub refusals_last_hour: i64,
+    pub cordoned: bool,
+    pub revoked: bool,
+}
+
+pub fn is_simulated(runner: &Runner) -> bool {
+    runner.labels.get("simulated").is_some_and(|v| v == "true")
+}
+
+pub fn runner_row(
+    runner: &Runner,
+    pool: &Pool,
+    settings: &Settings,
+    refusals: i64,
+    now: Millis,
+) -> RunnerRow {
+    let observed = runner.observe(pool, now, settings.status_rules());
+    let latest = runner.latest.as_ref();
+    let probe = latest.map(|l| &l.state.probe);
+    RunnerRow {
+        id: runner.id.to_string(),
+        name: runner.name.clone(),
+        simulated: is_simulated(runner),
+        pool: runner.pool.to_string(),
+        status: observed.status.as_str(),
+        class: status_class(observed.status),
+        rank: observed.status,
+        last_seen: latest.map_or_else(|| "never".to_string(), |l| age(l.received_at, now)),
+        runtime: probe.map_or_else(String::new, |p| match &p.runtime_version {
+            Some(v) => format!("{} {v}", p.runtime),
+            None => p.runtime.clone(),
+        }),
+        detail: observed
+            .refusal
+            .as_ref()
+            .map(|r| r.detail())
+            .or_else(|| probe.and_then(|p| p.error.clone())),
+        probe_error: probe
+            .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
+            .map(|p| {
+                format!(
+                    "cannot run a container with {}: {}",
+                    p.runtime,
+                    p.error.clone().unwrap_or_default()
+                )
+            }),
+        running: latest.and_then(|l| l.state.image.id.as_ref().map(DigestView::from)),
+        image_current: observed.image_current,
+        current_job: runner.current_lease.as_ref().map(|l| l.job_id.to_string()),
+        refusals_last_hour: refusals,
+        cordoned: runner.gate.cordoned,
+        revoked: runner.is_revoked(),
+    }
+}
+
+/// Runners sorted so that what needs attention comes first, then by pool and name.
+pub fn runner_rows(
+    runners: &[Runner],
+    pools: &BTreeMap<String, Pool>,
+    refusals: &BTreeMap<RunnerId, i64>,
+    settings: &Settings,
+    now: Millis,
+) -> Vec<RunnerRow> {
+    let mut rows: Vec<RunnerRow> = runners
+        .iter()
+        .filter_map(|r| {
+            let pool = pools.get(r.pool.as_str())?;
+            Some(runner_row(
+                r,
+                pool,
+                settings,
+                refusals.get(&r.id).copied().unwrap_or(0),
+                now,
+            ))
+        })
+        .collect();
+    // Within a status, a runner on a superseded image (still allowed inside the grace) first.
+    let superseded = |r: &RunnerRow| r.image_current != Some(false);
+    rows.sort_by(|a, b| {
+        (a.rank, superseded(a), &a.pool, &a.name).cmp(&(b.rank, superseded(b), &b.pool, &b.name))
+    });
+    rows
+}
+
+pub fn pool_card(pool: &Pool, rows: &[RunnerRow], depth: QueueDepth, now: Millis) -> PoolCard {
+    let members: Vec<&RunnerRow> = rows
+        .iter()
+        .filter(|r| r.pool == pool.name.as_str())
+        .collect();
+    let mut counts: BTreeMap<RunnerStatus, usize> = BTreeMap::new();
+    for r in &members {
+        *counts.entry(r.rank).or_default() += 1;
+    }
+    let roll = pool
+        .previous_valid_until
+        .filter(|_| pool.previous_in_grace(now))
+        .map(|until| {
+            let live: Vec<&&RunnerRow> = members
+                .iter()
+                .filter(|r| r.image_current.is_some() && !r.revoked)
+                .collect();
+            RollView {
+                on_new: live
+                    .iter()
+                    .filter(|r| r.image_current == Some(true))
+                    .count(),
+                total: live.len(),
+                time_left: duration(until.secs_since(now)),
+            }
+        });
+    PoolCard {
+        name: pool.name.to_string(),
+        image_ref: pool.image_ref.clone().unwrap_or_default(),
+        policy: pool.image_policy.as_str(),
+        expected: pool
+            .expected_image_ids
+            .iter()
+            .map(DigestView::from)
+            .collect(),
+        counts: counts
+            .into_iter()
+            .map(|(s, count)| StatusCount {
+                status: s.as_str(),
+                class: status_class(s),
+                count,
+            })
+            .collect(),
+        queued: depth.queued,
+        oldest_queued: depth
+            .oldest_queued_at
+            .map(|t| age(t, now).replace(" ago", "")),
+        roll,
+        resolution_error: pool
+            .last_resolution
+            .as_ref()
+            .filter(|r| !r.ok)
+            .and_then(|r| r.error.clone()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ages_read_naturally() {
+        let now = Millis(1_000_000_000);
+        assert_eq!(age(now.minus_secs(5), now), "5 s ago");
+        assert_eq!(age(now.minus_secs(125), now), "2 min ago");
+        assert_eq!(age(now.minus_secs(7300), now), "2 h ago");
+        assert_eq!(age(now.minus_secs(200_000), now), "2 d ago");
+    }
+}

@@ -1,0 +1,256 @@
+//! The runner-health page over a real listener: login and session, CSRF, escaping of
+//! everything a runner sends, and the fleet, runner and job views.
+
+mod common;
+
+use common::*;
+use reqwest::StatusCode;
+use reqwest::header::{COOKIE, LOCATION, ORIGIN, SET_COOKIE};
+use serde_json::json;
+
+fn no_redirects() -> reqwest::Client {
+    reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Logs in through the form and returns the session cookie (`name=value`).
+async fn login(app: &TestApp) -> String {
+    let r = no_redirects()
+        .post(app.url("/admin/login"))
+        .form(&[("token", ADMIN)])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(r.headers()[LOCATION], "/admin");
+    let cookie = r.headers()[SET_COOKIE].to_str().unwrap().to_string();
+    assert!(cookie.contains("HttpOnly"), "{cookie}");
+    assert!(cookie.contains("SameSite=Strict"), "{cookie}");
+    cookie.split(';').next().unwrap().to_string()
+}
+
+async fn page(app: &TestApp, path: &str, cookie: &str) -> String {
+    let r = no_redirects()
+        .get(app.url(path))
+        .header(COOKIE, cookie)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK, "{path}");
+    assert!(
+        r.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(r.headers().contains_key("content-security-policy"));
+    r.text().await.unwrap()
+}
+
+/// The CSRF token the page embeds in its forms.
+fn csrf_of(html: &str) -> String {
+    let marker = r#"name="csrf" value=""#;
+    let start = html.find(marker).expect("a form with a CSRF token") + marker.len();
+    html[start..start + html[start..].find('"').unwrap()].to_string()
+}
+
+#[tokio::test]
+async fn without_a_session_the_page_redirects_to_login() {
+    let app = spawn_app().await;
+    for path in ["/admin", "/admin/runners/x", "/admin/jobs/x"] {
+        let r = no_redirects().get(app.url(path)).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::SEE_OTHER, "{path}");
+        assert_eq!(r.headers()[LOCATION], "/admin/login");
+    }
+    let forged = no_redirects()
+        .get(app.url("/admin"))
+        .header(COOKIE, "leasegate_session=99999999999999.00")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), StatusCode::SEE_OTHER);
+    let r = no_redirects()
+        .get(app.url("/admin/fleet"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    let r = no_redirects()
+        .post(app.url("/admin/login"))
+        .form(&[("token", "wrong")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::UNAUTHORIZED);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("That is not the admin token")
+    );
+    // The forge token is not an operator credential either.
+    let r = no_redirects()
+        .get(app.url("/admin"))
+        .bearer_auth(FORGE)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+}
+
+#[tokio::test]
+async fn the_admin_bearer_token_and_the_session_both_open_the_page() {
+    let app = spawn_app().await;
+    let r = no_redirects()
+        .get(app.url("/admin"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let cookie = login(&app).await;
+    let html = page(&app, "/admin", &cookie).await;
+    assert!(html.contains("Runners"));
+    let css = reqwest::get(app.url("/admin/assets/app.css"))
+        .await
+        .unwrap();
+    assert_eq!(css.status(), StatusCode::OK);
+    let r = no_redirects()
+        .post(app.url("/admin/logout"))
+        .header(COOKIE, &cookie)
+        .form(&[("csrf", csrf_of(&html))])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert!(
+        r.headers()[SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+}
+
+#[tokio::test]
+async fn everything_a_runner_sends_is_escaped() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let token = app.registration_token("linux").await;
+    let key = leasegate::agent::keys::RunnerKey::generate();
+    let evil_name = "<script>alert('name')</script>";
+    let r = app
+        .post(
+            "/api/v1/runners",
+            json!({"registration_token": token, "name": evil_name, "public_key": key.public_jwk(),
+                   "labels": {"<b>k</b>": "<img src=x onerror=alert(1)>"}}),
+        )
+        .await;
+    let id = r.json::<serde_json::Value>().await.unwrap()["runner_id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let runner = TestRunner {
+        id: id.clone(),
+        pool: "linux".into(),
+        key,
+    };
+    app.heartbeat(&runner.failing("<script>alert('probe')</script> \"quoted\" & more"))
+        .await;
+    let cookie = login(&app).await;
+    for path in ["/admin".to_string(), format!("/admin/runners/{id}")] {
+        let html = page(&app, &path, &cookie).await;
+        assert!(
+            !html.contains("<script>alert"),
+            "{path} renders a runner's script"
+        );
+        assert!(
+            !html.contains("<img src=x"),
+            "{path} renders a runner's label as HTML"
+        );
+        // askama escapes with numeric references: &#60; for <, &#39; for '.
+        assert!(
+            html.contains("&#60;script&#62;alert(&#39;probe&#39;)&#60;/script&#62;"),
+            "{path}"
+        );
+        assert!(
+            html.contains("&#60;script&#62;alert(&#39;name&#39;)&#60;/script&#62;"),
+            "{path}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn cross_site_posts_are_refused_and_own_forms_work() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    app.heartbeat(&runner.failing("default OCI runtime \"crun\" not found: invalid argument"))
+        .await;
+    let cookie = login(&app).await;
+    let html = page(&app, "/admin", &cookie).await;
+    assert!(html.contains(
+        "cannot run a container with podman: default OCI runtime &#34;crun&#34; not found: invalid argument"
+    ));
+    let csrf = csrf_of(&html);
+    let action = app.url(&format!("/admin/runners/{}/cordon", runner.id));
+
+    // A cross-site form carries the cookie (a browser would not, being SameSite=Strict) but
+    // cannot know the CSRF token.
+    let r = no_redirects()
+        .post(&action)
+        .header(COOKIE, &cookie)
+        .form(&[("back", "/admin")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(code_of(r, StatusCode::FORBIDDEN).await, "forbidden");
+    let r = no_redirects()
+        .post(&action)
+        .header(COOKIE, &cookie)
+        .header(ORIGIN, "https://evil.example")
+        .form(&[("csrf", csrf.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::FORBIDDEN);
+    assert_eq!(app.runner(&runner.id).await["cordoned"], false);
+
+    let r = no_redirects()
+        .post(&action)
+        .header(COOKIE, &cookie)
+        .form(&[("csrf", csrf.as_str()), ("back", "https://evil.example")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    assert_eq!(
+        r.headers()[LOCATION],
+        "/admin",
+        "only page paths are followed back to"
+    );
+    assert_eq!(app.runner(&runner.id).await["status"], "cordoned");
+    let html = page(&app, &format!("/admin/runners/{}", runner.id), &cookie).await;
+    assert!(html.contains("Uncordon"));
+    assert!(html.contains("Revoke"));
+}
+
+#[tokio::test]
+async fn the_job_page_tells_the_story() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    let job = app.enqueue("linux").await;
+    let lease = app.grant(&runner).await;
+    app.call(&lease, "abandon", Some(json!({"reason": "disk_full"})))
+        .await;
+    let cookie = login(&app).await;
+    let html = page(&app, &format!("/admin/jobs/{job}"), &cookie).await;
+    assert!(html.contains("enqueued by the forge"));
+    assert!(html.contains("returned to the queue without using an attempt"));
+    assert!(html.contains("abandoned: disk_full"));
+    assert!(html.contains("0 of 3"));
+    let fleet = page(&app, "/admin", &cookie).await;
+    assert!(fleet.contains("1 queued"));
+}

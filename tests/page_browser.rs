@@ -1,0 +1,201 @@
+//! The health page in a real headless Chromium, driven over WebDriver: log in, find the runner
+//! whose probe failed and its message, cordon it in two clicks (button, confirmation), see its
+//! status change, and take a screenshot that is not blank.
+//!
+//! Needs Debian's `chromium` and `chromium-driver`; without them the test says so and skips,
+//! unless `LEASEGATE_REQUIRE_CHROMIUM=1` (set by `.ci/run`).
+
+mod common;
+
+use common::*;
+use fantoccini::{ClientBuilder, Locator};
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+const CHROMIUM: &str = "/usr/bin/chromium";
+const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
+
+fn browser_available() -> bool {
+    let present = Path::new(CHROMIUM).exists() && Path::new(CHROMEDRIVER).exists();
+    if !present {
+        assert!(
+            std::env::var("LEASEGATE_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
+            "LEASEGATE_REQUIRE_CHROMIUM=1 but {CHROMIUM} or {CHROMEDRIVER} is missing"
+        );
+        eprintln!(
+            "skipped: Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        );
+    }
+    present
+}
+
+async fn start_chromedriver() -> (tokio::process::Child, String) {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let child = tokio::process::Command::new(CHROMEDRIVER)
+        .arg(format!("--port={port}"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start chromedriver");
+    let url = format!("http://127.0.0.1:{port}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if reqwest::get(format!("{url}/status"))
+            .await
+            .is_ok_and(|r| r.status().is_success())
+        {
+            return (child, url);
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("chromedriver did not start");
+}
+
+/// Not blank: many colours, and a fair share of pixels that are not the background.
+fn assert_not_blank(png_bytes: &[u8]) {
+    let decoder = png::Decoder::new(std::io::Cursor::new(png_bytes));
+    let mut reader = decoder.read_info().unwrap();
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).unwrap();
+    let bytes = &buf[..info.buffer_size()];
+    let channels = info.color_type.samples();
+    let pixels: Vec<&[u8]> = bytes.chunks(channels).collect();
+    // A pixel of the page background, below the header bar.
+    let background = pixels[info.width as usize * 60 + 5];
+    let distinct: std::collections::HashSet<&[u8]> = pixels.iter().copied().collect();
+    let differing = pixels.iter().filter(|p| **p != background).count();
+    assert!(
+        distinct.len() > 20,
+        "only {} colours: blank?",
+        distinct.len()
+    );
+    assert!(
+        differing * 50 > pixels.len(),
+        "almost every pixel is the background"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_the_broken_runner_and_cordons_it() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let broken = app.register("linux", "broken-runner").await;
+    let healthy = app.register("linux", "healthy-runner").await;
+    app.heartbeat(&broken.failing("default OCI runtime \"crun\" not found: invalid argument"))
+        .await;
+    app.heartbeat(&healthy.healthy()).await;
+
+    let (_driver, driver_url) = start_chromedriver().await;
+    let profile = tempfile::tempdir().unwrap();
+    let caps = serde_json::json!({
+        "goog:chromeOptions": {
+            "binary": CHROMIUM,
+            "args": ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                     "--disable-component-update", "--disable-sync", "--no-first-run", "--disable-dev-shm-usage",
+                     "--window-size=1400,1000", format!("--user-data-dir={}", profile.path().display())]
+        }
+    });
+    let caps = caps.as_object().unwrap().clone();
+    let connector = hyper_util::client::legacy::connect::HttpConnector::new();
+    let browser = ClientBuilder::new(connector)
+        .capabilities(caps)
+        .connect(&driver_url)
+        .await
+        .expect("a browser session");
+
+    browser.goto(&app.url("/admin")).await.unwrap();
+    assert!(
+        browser
+            .current_url()
+            .await
+            .unwrap()
+            .path()
+            .ends_with("/admin/login"),
+        "not sent to login"
+    );
+    browser
+        .find(Locator::Css("#token"))
+        .await
+        .unwrap()
+        .send_keys(ADMIN)
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("button[type=submit]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser
+        .wait()
+        .for_element(Locator::Css("table.runners"))
+        .await
+        .unwrap();
+
+    let row_css = format!("tr[data-runner='{}']", broken.id);
+    let row = browser.find(Locator::Css(&row_css)).await.unwrap();
+    assert_eq!(
+        row.attr("data-status").await.unwrap().as_deref(),
+        Some("probe_failed")
+    );
+    let text = row.text().await.unwrap();
+    assert!(
+        text.contains("cannot run a container with podman: default OCI runtime \"crun\" not found: invalid argument"),
+        "{text}"
+    );
+    // What needs attention comes first.
+    let first = browser
+        .find(Locator::Css("table.runners tbody tr"))
+        .await
+        .unwrap();
+    assert_eq!(
+        first.attr("data-runner").await.unwrap().as_deref(),
+        Some(broken.id.as_str())
+    );
+
+    // Two clicks: the button, then the confirmation.
+    row.find(Locator::Css("button.action"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    browser.accept_alert().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(row) = browser.find(Locator::Css(&row_css)).await
+            && row.attr("data-status").await.ok().flatten().as_deref() == Some("cordoned")
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the status did not change to cordoned"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(app.runner(&broken.id).await["status"], "cordoned");
+    // The runtime's words stay in view after the cordon.
+    let text = browser.find(Locator::Css(&row_css)).await.unwrap().text().await.unwrap();
+    assert!(text.contains("default OCI runtime \"crun\" not found"), "{text}");
+
+    let shot = browser.screenshot().await.unwrap();
+    assert_not_blank(&shot);
+    std::fs::create_dir_all(env!("CARGO_TARGET_TMPDIR")).ok();
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("health-page.png"),
+        &shot,
+    )
+    .unwrap();
+    browser.close().await.unwrap();
+}
