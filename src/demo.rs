@@ -17,6 +17,8 @@ use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, NewJob, NewRunner};
 use anyhow::Context;
 use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -151,10 +153,14 @@ fn attestation(runner: &SimRunner, audience: &str) -> String {
     runner.key.sign_attestation(runner.id.as_str(), &claims)
 }
 
-/// Heartbeats every few seconds and, when healthy, leases, runs and completes jobs.
+/// Heartbeats on the service's schedule (at most every 5 s, so the demo stays lively) and,
+/// when healthy and idle, leases a job and runs it beside the heartbeats.
 async fn simulate(state: AppState, runner: SimRunner) {
+    let runner = Arc::new(runner);
+    let busy = Arc::new(AtomicBool::new(false));
     let started = tokio::time::Instant::now();
     let audience = state.settings().rules.audience.clone();
+    let every = Duration::from_secs(state.settings().heartbeat_interval_s.clamp(1, 5) as u64);
     loop {
         if state.shutdown().is_cancelled() {
             return;
@@ -169,16 +175,23 @@ async fn simulate(state: AppState, runner: SimRunner) {
             .gate()
             .admit(&token, Purpose::Heartbeat, Millis::now())
             .await;
-        let lease_token = attestation(&runner, &audience);
-        if let Ok(admitted) = state
-            .gate()
-            .admit(&lease_token, Purpose::Lease, Millis::now())
-            .await
-            && admitted.verdict.is_ok()
-        {
-            run_one_job(&state, &runner, admitted.pool.name).await;
+        if !busy.load(Ordering::SeqCst) {
+            let lease_token = attestation(&runner, &audience);
+            if let Ok(admitted) = state
+                .gate()
+                .admit(&lease_token, Purpose::Lease, Millis::now())
+                .await
+                && admitted.verdict.is_ok()
+            {
+                busy.store(true, Ordering::SeqCst);
+                let (state, runner, busy) = (state.clone(), runner.clone(), busy.clone());
+                tokio::spawn(async move {
+                    run_one_job(&state, &runner, admitted.pool.name).await;
+                    busy.store(false, Ordering::SeqCst);
+                });
+            }
         }
-        tokio::time::sleep(Duration::from_secs(4)).await;
+        tokio::time::sleep(every).await;
     }
 }
 

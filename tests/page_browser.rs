@@ -186,8 +186,17 @@ async fn an_operator_finds_the_broken_runner_and_cordons_it() {
     }
     assert_eq!(app.runner(&broken.id).await["status"], "cordoned");
     // The runtime's words stay in view after the cordon.
-    let text = browser.find(Locator::Css(&row_css)).await.unwrap().text().await.unwrap();
-    assert!(text.contains("default OCI runtime \"crun\" not found"), "{text}");
+    let text = browser
+        .find(Locator::Css(&row_css))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        text.contains("default OCI runtime \"crun\" not found"),
+        "{text}"
+    );
 
     let shot = browser.screenshot().await.unwrap();
     assert_not_blank(&shot);

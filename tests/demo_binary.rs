@@ -1,0 +1,95 @@
+//! `leasegate demo` as a newcomer runs it: within seconds the page tells the story of a
+//! broken runner, a superseded image and a stale runner, all labelled simulated.
+
+use reqwest::StatusCode;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_shows_the_whole_story_on_the_page() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
+        .arg("demo")
+        .env_remove("DATABASE_URL")
+        .env("LEASEGATE_LISTEN", format!("127.0.0.1:{port}"))
+        .env("LEASEGATE_ADMIN_TOKEN", "demo-admin")
+        .env("LEASEGATE_FORGE_TOKEN", "demo-forge")
+        // Faster staleness than the default, so the test need not wait 45 s.
+        .env("LEASEGATE_HEARTBEAT_INTERVAL_S", "2")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut printed = String::new();
+    while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .unwrap()
+    {
+        printed.push_str(&line);
+        printed.push('\n');
+        if line.starts_with("forge token") {
+            break;
+        }
+    }
+    assert!(
+        printed.contains(&format!(
+            "http://127.0.0.1:{port}/admin/login?token=demo-admin"
+        )),
+        "{printed}"
+    );
+
+    let client = reqwest::Client::new();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut seen = String::new();
+    while Instant::now() < deadline {
+        let r = client
+            .get(format!("http://127.0.0.1:{port}/admin"))
+            .bearer_auth("demo-admin")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        seen = r.text().await.unwrap();
+        let story = [
+            "data-status=\"probe_failed\"",
+            "default OCI runtime &#34;crun&#34; not found",
+            "superseded",
+            "data-status=\"stale\"",
+            "simulated",
+        ];
+        if story.iter().all(|s| seen.contains(s)) {
+            let mut runners = 0;
+            for line in seen.lines().filter(|l| l.contains("class=\"runner\"")) {
+                runners += 1;
+                assert!(line.contains("data-runner"), "{line}");
+            }
+            assert_eq!(runners, 5);
+            assert_eq!(
+                seen.matches("<span class=\"badge\">simulated</span>")
+                    .count(),
+                5,
+                "every simulated runner is labelled"
+            );
+            let pid = child.id().unwrap().to_string();
+            std::process::Command::new("kill")
+                .args(["-TERM", &pid])
+                .status()
+                .unwrap();
+            let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(status.success());
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    panic!("the demo did not tell the whole story in time: {seen}");
+}
