@@ -2,9 +2,13 @@
 //! signal. Cheap to clone; every handler gets one.
 
 use crate::domain::attestation::AttestationRules;
+use crate::domain::ids::RunnerId;
+use crate::domain::runner::Runner;
 use crate::domain::runner::StatusRules;
+use crate::domain::time::Millis;
 use crate::gate::Gate;
-use crate::store::DynStore;
+use crate::metrics::Metrics;
+use crate::store::{DynStore, StoreResult};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
@@ -44,6 +48,7 @@ struct Inner {
     settings: Settings,
     secrets: Secrets,
     gate: Gate,
+    metrics: Arc<Metrics>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
     shutdown: CancellationToken,
 }
@@ -55,19 +60,23 @@ impl AppState {
         secrets: Secrets,
         shutdown: CancellationToken,
     ) -> Self {
+        let metrics = Arc::new(Metrics::default());
         let gate = Gate {
             store: store.clone(),
             rules: settings.rules.clone(),
             probe_max_age_s: settings.probe_max_age_s,
+            metrics: metrics.clone(),
+        };
+        let inner = Inner {
+            store,
+            settings,
+            secrets,
+            gate,
+            metrics,
+            shutdown,
         };
         AppState {
-            inner: Arc::new(Inner {
-                store,
-                settings,
-                secrets,
-                gate,
-                shutdown,
-            }),
+            inner: Arc::new(inner),
         }
     }
 
@@ -85,6 +94,22 @@ impl AppState {
 
     pub fn gate(&self) -> &Gate {
         &self.inner.gate
+    }
+
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.inner.metrics
+    }
+
+    /// Revokes a runner, ending its live leases, and counts the jobs that went back.
+    pub async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>> {
+        let Some((runner, ended)) = self.store().revoke_runner(id, now).await? else {
+            return Ok(None);
+        };
+        for e in &ended {
+            self.metrics().lease_ended(e, "runner_revoked");
+        }
+        tracing::info!(runner_id = %id, leases_ended = ended.len(), "runner revoked");
+        Ok(Some(runner))
     }
 
     pub fn shutdown(&self) -> &CancellationToken {

@@ -85,11 +85,40 @@ pub struct Gate {
     pub store: DynStore,
     pub rules: AttestationRules,
     pub probe_max_age_s: i64,
+    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
 }
 
 impl Gate {
-    /// Rules 1–13 on `token`, recording what the protocol says to record.
+    /// Rules 1–13 on `token`, recording what the protocol says to record, and counting the
+    /// outcome.
     pub async fn admit(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        now: Millis,
+    ) -> Result<Admitted, AdmitError> {
+        let result = self.judge_and_record(token, purpose, now).await;
+        match &result {
+            Ok(admitted) => {
+                // Every log line of this request names the runner and its pool.
+                let span = tracing::Span::current();
+                span.record("runner_id", tracing::field::display(&admitted.runner.id));
+                span.record("pool", tracing::field::display(&admitted.pool.name));
+                self.metrics.attestation("accepted");
+                if let (Err(refusal), Purpose::Lease | Purpose::GateCheck) =
+                    (&admitted.verdict, purpose)
+                {
+                    self.metrics
+                        .refused(admitted.pool.name.as_str(), refusal.code());
+                }
+            }
+            Err(AdmitError::Store(_)) => {}
+            Err(e) => self.metrics.attestation(e.code()),
+        }
+        result
+    }
+
+    async fn judge_and_record(
         &self,
         token: &str,
         purpose: Purpose,

@@ -20,6 +20,7 @@ pub mod demo;
 pub mod domain;
 pub mod gate;
 pub mod http;
+pub mod metrics;
 pub mod secrets;
 pub mod server;
 pub mod store;

@@ -13,7 +13,12 @@ fn init_tracing(format: LogFormat) {
         .with_writer(std::io::stderr);
     match format {
         LogFormat::Human => builder.init(),
-        LogFormat::Json => builder.json().flatten_event(true).init(),
+        LogFormat::Json => builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .init(),
     }
 }
 

@@ -123,7 +123,11 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
 /// Serves `state` on `listener` until `shutdown` is cancelled, then drains and returns.
 pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
     let shutdown = state.shutdown().clone();
-    let sweeper = tokio::spawn(crate::sweeper::run(state.store().clone(), shutdown.clone()));
+    let sweeper = tokio::spawn(crate::sweeper::run(
+        state.store().clone(),
+        state.metrics().clone(),
+        shutdown.clone(),
+    ));
     let app = crate::http::router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })

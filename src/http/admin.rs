@@ -298,11 +298,9 @@ async fn revoke(
 ) -> Result<Json<Value>, ApiError> {
     let id = RunnerId(id);
     state
-        .store()
         .revoke_runner(&id, Millis::now())
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
-    tracing::info!(runner_id = %id, "runner revoked");
     Ok(Json(runner_detail(&state, &id).await?))
 }
 

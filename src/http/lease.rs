@@ -94,6 +94,8 @@ async fn lease(
             now: Millis::now(),
         };
         if let Some((lease, job)) = state.store().claim_job(&claim).await? {
+            state.metrics().granted(pool.as_str());
+            record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
             tracing::info!(runner_id = %runner_id, pool = %pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
             return Ok(Json(json!({
                 "lease_id": lease.id,
@@ -115,6 +117,17 @@ async fn lease(
     }
 }
 
+/// Puts the job and lease ids on the request's span, so every log line of it carries them.
+fn record_ids(job_id: Option<&str>, lease_id: Option<&str>) {
+    let span = tracing::Span::current();
+    if let Some(j) = job_id {
+        span.record("job_id", j);
+    }
+    if let Some(l) = lease_id {
+        span.record("lease_id", l);
+    }
+}
+
 async fn run_call(
     state: &AppState,
     id: String,
@@ -126,6 +139,16 @@ async fn run_call(
         .store()
         .lease_call(&lease_id, &hash_token(token), &call, Millis::now())
         .await?;
+    let metrics = state.metrics();
+    match call {
+        LeaseCall::Start { .. } => metrics.attempt_used(lease.pool.as_str()),
+        LeaseCall::Abandon { .. } => metrics.returned(lease.pool.as_str(), "abandoned"),
+        LeaseCall::Extend { .. } | LeaseCall::Complete { .. } => {}
+    }
+    let span = tracing::Span::current();
+    span.record("runner_id", tracing::field::display(&lease.runner_id));
+    span.record("pool", tracing::field::display(&lease.pool));
+    record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
     tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
     Ok(Json(views::lease(&lease, &job)))
 }

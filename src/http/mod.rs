@@ -15,6 +15,9 @@ pub mod views;
 use crate::app::AppState;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
+use axum::extract::{MatchedPath, Request, State};
+use axum::middleware::Next;
+use axum::response::Response;
 use problem::ApiError;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
@@ -35,6 +38,44 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::map_response(
             problem::problem_for_framework_errors,
         ))
-        .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            observe_latency,
+        ))
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(state)
+}
+
+/// The span every request runs in. Handlers fill in the runner, pool, job and lease they
+/// learn, so that each log line of a request says whose it was.
+fn request_span(req: &Request) -> tracing::Span {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or("unmatched", MatchedPath::as_str);
+    tracing::info_span!(
+        "request",
+        method = %req.method(),
+        route,
+        runner_id = tracing::field::Empty,
+        pool = tracing::field::Empty,
+        job_id = tracing::field::Empty,
+        lease_id = tracing::field::Empty,
+    )
+}
+
+/// Request latency per route template (never per id: the cardinality stays low).
+async fn observe_latency(State(state): State<AppState>, req: Request, next: Next) -> Response {
+    let route = req
+        .extensions()
+        .get::<MatchedPath>()
+        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
+    let method = req.method().to_string();
+    let started = std::time::Instant::now();
+    let response = next.run(req).await;
+    let seconds = started.elapsed().as_secs_f64();
+    state
+        .metrics()
+        .observe_request(&method, &route, response.status().as_u16(), seconds);
+    response
 }

@@ -2,15 +2,23 @@
 
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::domain::time::Millis;
+use crate::domain::verdict::RunnerStatus;
+use crate::metrics::{Metrics, PoolStatusLabels};
 use axum::Router;
 use axum::extract::State;
+use axum::http::HeaderValue;
 use axum::http::StatusCode;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use std::collections::BTreeMap;
 
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
 }
 
 async fn livez() -> &'static str {
@@ -39,4 +47,51 @@ async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError>
 
 fn unavailable(detail: &str) -> ApiError {
     ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "unavailable", detail).retry_after(5)
+}
+
+/// The Prometheus exposition. State gauges (queue depth, runners by status) are read from the
+/// store now, so every replica reports the same fleet.
+async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+    let now = Millis::now();
+    let store = state.store();
+    let m = state.metrics();
+    let pools = store.list_pools().await?;
+    let runners = store.list_runners(None).await?;
+    let depths = store.queue_depths().await?;
+    m.queue_depth.clear();
+    m.oldest_queued_age.clear();
+    m.runners.clear();
+    for pool in &pools {
+        let label = Metrics::pool(pool.name.as_str());
+        let depth = depths.get(&pool.name).copied().unwrap_or_default();
+        m.queue_depth.get_or_create(&label).set(depth.queued);
+        let age = depth
+            .oldest_queued_at
+            .map_or(0.0, |t| (now.0 - t.0).max(0) as f64 / 1000.0);
+        m.oldest_queued_age.get_or_create(&label).set(age);
+        let mut counts: BTreeMap<&'static str, i64> =
+            RunnerStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        for r in runners.iter().filter(|r| r.pool == pool.name) {
+            *counts
+                .entry(
+                    r.observe(pool, now, state.settings().status_rules())
+                        .status
+                        .as_str(),
+                )
+                .or_default() += 1;
+        }
+        for (status, n) in counts {
+            let labels = PoolStatusLabels {
+                pool: pool.name.to_string(),
+                status: status.to_string(),
+            };
+            m.runners.get_or_create(&labels).set(n);
+        }
+    }
+    let mut response = m.render().into_response();
+    response.headers_mut().insert(
+        CONTENT_TYPE,
+        HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
+    );
+    Ok(response)
 }

@@ -239,10 +239,22 @@ pub struct RunnerHistory {
 }
 
 /// What one sweep did.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
     pub leases_expired: u64,
     pub jtis_purged: u64,
+    /// What became of the jobs of the leases that ended.
+    pub ended: Vec<EndedLease>,
+}
+
+/// A live lease ended by expiry or revocation, and what became of its job.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EndedLease {
+    pub pool: PoolName,
+    /// Ended before `start`: the job went back to the queue without using an attempt.
+    pub before_start: bool,
+    /// The job's state afterwards (`queued` or, when attempts ran out, `failed`).
+    pub job_state: crate::domain::job::JobState,
 }
 
 #[async_trait]
@@ -293,7 +305,11 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> StoreResult<Option<Runner>>;
     /// Revokes the runner and ends its live leases as an expiry would.
-    async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>>;
+    async fn revoke_runner(
+        &self,
+        id: &RunnerId,
+        now: Millis,
+    ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>>;
 
     /// Whether `jti` was already accepted from this runner (a read; rule 5 without a write).
     async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool>;

@@ -173,9 +173,9 @@ macro_rules! impl_sql_store {
         }
 
         /// Ends a live lease by expiry or revocation; `false` when it moved on meanwhile.
-        async fn end_lease(tx: &mut Tx, lease: &Lease, cause: EndCause, now: Millis) -> StoreResult<bool> {
+        async fn end_lease(tx: &mut Tx, lease: &Lease, cause: EndCause, now: Millis) -> StoreResult<Option<EndedLease>> {
             let Some(job) = load_job(tx, &lease.job_id).await? else {
-                return Ok(false);
+                return Ok(None);
             };
             let snapshot = Snapshot {
                 lease_state: lease.state,
@@ -185,7 +185,12 @@ macro_rules! impl_sql_store {
                 returns: job.returns,
             };
             let t = lease_rules::end(cause, snapshot, now);
-            write_transition(tx, lease, &job, &t, now).await
+            let written = write_transition(tx, lease, &job, &t, now).await?;
+            Ok(written.then(|| EndedLease {
+                pool: lease.pool.clone(),
+                before_start: lease.state == LeaseState::Leased,
+                job_state: t.job_state,
+            }))
         }
 
         async fn fetch_runner(exec: &mut <$db as sqlx::Database>::Connection, id: &RunnerId) -> StoreResult<Option<Runner>> {
@@ -419,7 +424,7 @@ macro_rules! impl_sql_store {
                 Ok(runner)
             }
 
-            async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>> {
+            async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
                 let mut tx = self.begin().await?;
                 sqlx::query("UPDATE runners SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2")
                     .bind(now.0)
@@ -433,16 +438,15 @@ macro_rules! impl_sql_store {
                 .bind(id.as_str())
                 .fetch_all(&mut *tx)
                 .await?;
-                let mut pools = Vec::new();
+                let mut ended = Vec::new();
                 for row in &live {
                     let lease = row.lease()?;
-                    if end_lease(&mut tx, &lease, EndCause::RunnerRevoked, now).await? {
-                        pools.push(lease.pool.clone());
-                    }
+                    ended.extend(end_lease(&mut tx, &lease, EndCause::RunnerRevoked, now).await?);
                 }
                 let runner = fetch_runner(&mut tx, id).await?;
+                let pools: Vec<PoolName> = ended.iter().map(|e| e.pool.clone()).collect();
                 self.commit_requeues(tx, &pools).await?;
-                Ok(runner)
+                Ok(runner.map(|r| (r, ended)))
             }
 
             async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool> {
@@ -804,9 +808,10 @@ macro_rules! impl_sql_store {
                     let mut pools = Vec::new();
                     for row in &rows {
                         let lease = row.lease()?;
-                        if end_lease(&mut tx, &lease, EndCause::Expired, now).await? {
+                        if let Some(ended) = end_lease(&mut tx, &lease, EndCause::Expired, now).await? {
                             report.leases_expired += 1;
-                            pools.push(lease.pool.clone());
+                            pools.push(ended.pool.clone());
+                            report.ended.push(ended);
                         }
                     }
                     let progressed = !pools.is_empty();

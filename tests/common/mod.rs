@@ -428,7 +428,8 @@ impl TestApp {
 
     /// Runs the sweeper once as if it were `secs_ahead` seconds from now.
     pub async fn sweep_ahead(&self, secs_ahead: i64) {
-        leasegate::sweeper::sweep_once(self.state.store(), Millis::now().plus_secs(secs_ahead))
+        let (store, metrics) = (self.state.store(), self.state.metrics());
+        leasegate::sweeper::sweep_once(store, metrics, Millis::now().plus_secs(secs_ahead))
             .await
             .unwrap();
     }

@@ -385,7 +385,7 @@ async fn runner_action(
     let done = match action.as_str() {
         "cordon" => store.set_cordoned(&id, true, now).await?,
         "uncordon" => store.set_cordoned(&id, false, now).await?,
-        "revoke" => store.revoke_runner(&id, now).await?,
+        "revoke" => state.revoke_runner(&id, now).await?,
         _ => return Err(ApiError::not_found("action")),
     };
     done.ok_or_else(|| ApiError::not_found("runner"))?;

@@ -1,0 +1,216 @@
+//! Prometheus metrics, in the text format on `GET /metrics`.
+//!
+//! One registry per running service (not a process-wide global), so tests that start several
+//! services in one process each see their own numbers. Labels are low-cardinality only: pool,
+//! code, status, result, route — never a runner, job or lease id. Counters are bumped where
+//! the thing happens; gauges of state (queue depth, runners by status) are computed from the
+//! store when scraped, so every replica reports the same truth.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabel {
+    pub pool: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolCodeLabels {
+    pub pool: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabel {
+    pub result: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolReasonLabels {
+    pub pool: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStatusLabels {
+    pub pool: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub method: String,
+    pub route: String,
+    pub status: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub leases_granted: Family<PoolLabel, Counter>,
+    pub lease_refusals: Family<PoolCodeLabels, Counter>,
+    pub attestations: Family<ResultLabel, Counter>,
+    pub jobs_returned: Family<PoolReasonLabels, Counter>,
+    pub attempts_used: Family<PoolLabel, Counter>,
+    pub expiry_requeues: Family<PoolLabel, Counter>,
+    pub queue_depth: Family<PoolLabel, Gauge>,
+    pub oldest_queued_age: Family<PoolLabel, Gauge<f64, AtomicU64>>,
+    pub runners: Family<PoolStatusLabels, Gauge>,
+    pub requests: Family<RouteLabels, Histogram>,
+}
+
+fn latency_histogram() -> Histogram {
+    Histogram::new([
+        0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    ])
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let m = Metrics {
+            registry: Registry::with_prefix("leasegate"),
+            leases_granted: Family::default(),
+            lease_refusals: Family::default(),
+            attestations: Family::default(),
+            jobs_returned: Family::default(),
+            attempts_used: Family::default(),
+            expiry_requeues: Family::default(),
+            queue_depth: Family::default(),
+            oldest_queued_age: Family::default(),
+            runners: Family::default(),
+            requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
+        };
+        m.registered()
+    }
+}
+
+impl Metrics {
+    /// Registers every family under its name and help text.
+    fn registered(mut self) -> Self {
+        let r = &mut self.registry;
+        r.register(
+            "leases_granted",
+            "Leases granted",
+            self.leases_granted.clone(),
+        );
+        r.register(
+            "lease_refusals",
+            "Leases and gate checks refused under rules 7-13, by code",
+            self.lease_refusals.clone(),
+        );
+        r.register(
+            "attestations",
+            "Attestations presented, by result (accepted or the rejection code)",
+            self.attestations.clone(),
+        );
+        r.register(
+            "jobs_returned",
+            "Jobs returned to the queue without using an attempt, by reason",
+            self.jobs_returned.clone(),
+        );
+        r.register(
+            "attempts_used",
+            "Attempts used (lease starts)",
+            self.attempts_used.clone(),
+        );
+        r.register(
+            "lease_expiry_requeues",
+            "Jobs requeued because a started lease expired",
+            self.expiry_requeues.clone(),
+        );
+        r.register(
+            "queued_jobs",
+            "Jobs waiting in the queue",
+            self.queue_depth.clone(),
+        );
+        r.register(
+            "oldest_queued_job_age_seconds",
+            "Age of the oldest queued job",
+            self.oldest_queued_age.clone(),
+        );
+        r.register("runners", "Runners by status", self.runners.clone());
+        r.register(
+            "http_request_duration_seconds",
+            "HTTP request latency by route",
+            self.requests.clone(),
+        );
+        self
+    }
+}
+
+impl Metrics {
+    pub fn pool(pool: &str) -> PoolLabel {
+        PoolLabel {
+            pool: pool.to_string(),
+        }
+    }
+
+    pub fn granted(&self, pool: &str) {
+        self.leases_granted.get_or_create(&Self::pool(pool)).inc();
+    }
+
+    pub fn refused(&self, pool: &str, code: &str) {
+        let labels = PoolCodeLabels {
+            pool: pool.to_string(),
+            code: code.to_string(),
+        };
+        self.lease_refusals.get_or_create(&labels).inc();
+    }
+
+    pub fn attestation(&self, result: &str) {
+        self.attestations
+            .get_or_create(&ResultLabel {
+                result: result.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn returned(&self, pool: &str, reason: &str) {
+        let labels = PoolReasonLabels {
+            pool: pool.to_string(),
+            reason: reason.to_string(),
+        };
+        self.jobs_returned.get_or_create(&labels).inc();
+    }
+
+    pub fn attempt_used(&self, pool: &str) {
+        self.attempts_used.get_or_create(&Self::pool(pool)).inc();
+    }
+
+    pub fn expiry_requeued(&self, pool: &str) {
+        self.expiry_requeues.get_or_create(&Self::pool(pool)).inc();
+    }
+
+    /// A lease ended by expiry (`lease_expired`) or revocation (`runner_revoked`).
+    pub fn lease_ended(&self, ended: &crate::store::EndedLease, reason: &str) {
+        let pool = ended.pool.as_str();
+        if ended.before_start {
+            self.returned(pool, reason);
+        } else if ended.job_state == crate::domain::job::JobState::Queued
+            && reason == "lease_expired"
+        {
+            self.expiry_requeued(pool);
+        }
+    }
+
+    pub fn observe_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+        let labels = RouteLabels {
+            method: method.to_string(),
+            route: route.to_string(),
+            status: status.to_string(),
+        };
+        self.requests.get_or_create(&labels).observe(seconds);
+    }
+
+    /// The text exposition.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String");
+        out
+    }
+}
