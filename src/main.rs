@@ -19,7 +19,19 @@ fn init_tracing(format: LogFormat) {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors. Usage errors exit 64 (EX_USAGE) rather than
+            // clap's 2, which `leasegate runner lease` uses for "no job".
+            return if e.use_stderr() {
+                std::process::ExitCode::from(leasegate::agent::exit::USAGE)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => {
             init_tracing(args.log_format);
@@ -28,6 +40,10 @@ async fn main() -> std::process::ExitCode {
         Command::Demo(args) => {
             init_tracing(args.log_format);
             leasegate::demo::run(args).await
+        }
+        Command::Runner(args) => {
+            init_tracing(args.log_format);
+            return leasegate::agent::commands::run(args).await.into();
         }
     };
     match result {
