@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use leasegate::config::{Cli, Command, LogFormat};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 fn init_tracing(format: LogFormat) {
@@ -10,7 +11,9 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only on a terminal: journald and log files would keep the escape codes.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder.json().flatten_event(true).init(),

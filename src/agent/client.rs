@@ -123,6 +123,16 @@ pub enum Action {
     Unknown,
 }
 
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::None => "none",
+            Action::Recycle => "recycle",
+            Action::Unknown => "unknown",
+        }
+    }
+}
+
 /// `POST /api/v1/runners/heartbeat` answer.
 #[derive(Clone, Debug, Deserialize)]
 pub struct HeartbeatAnswer {
@@ -263,7 +273,11 @@ impl AgentClient {
     }
 
     /// Asks for a lease, waiting up to `wait_s` (0–30) for a job. `None`: no job came.
-    pub async fn lease(&self, attestation: &str, wait_s: u64) -> Result<Option<Lease>, ClientError> {
+    pub async fn lease(
+        &self,
+        attestation: &str,
+        wait_s: u64,
+    ) -> Result<Option<Lease>, ClientError> {
         let body = json!({"attestation": attestation, "wait_s": wait_s});
         let timeout = REQUEST_TIMEOUT + Duration::from_secs(wait_s);
         let r = self
@@ -276,7 +290,11 @@ impl AgentClient {
     }
 
     /// The first step is about to run: this is where the job's attempt is used.
-    pub async fn start(&self, lease_id: &str, token: &LeaseToken) -> Result<LeaseView, ClientError> {
+    pub async fn start(
+        &self,
+        lease_id: &str,
+        token: &LeaseToken,
+    ) -> Result<LeaseView, ClientError> {
         self.lease_call(lease_id, token, "start", None).await
     }
 
@@ -300,7 +318,8 @@ impl AgentClient {
         message: Option<&str>,
     ) -> Result<LeaseView, ClientError> {
         let body = json!({"outcome": outcome.as_str(), "exit_code": exit_code, "message": message});
-        self.lease_call(lease_id, token, "complete", Some(body)).await
+        self.lease_call(lease_id, token, "complete", Some(body))
+            .await
     }
 
     /// Gives the job back before `start`, without using an attempt.
@@ -312,7 +331,8 @@ impl AgentClient {
         message: Option<&str>,
     ) -> Result<LeaseView, ClientError> {
         let body = json!({"reason": reason, "message": message});
-        self.lease_call(lease_id, token, "abandon", Some(body)).await
+        self.lease_call(lease_id, token, "abandon", Some(body))
+            .await
     }
 
     async fn lease_call(
@@ -369,13 +389,10 @@ impl AgentClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let text = r
-            .text()
-            .await
-            .map_err(|source| ClientError::Unreachable {
-                url: url.clone(),
-                source,
-            })?;
+        let text = r.text().await.map_err(|source| ClientError::Unreachable {
+            url: url.clone(),
+            source,
+        })?;
         let unexpected = |text: &str| ClientError::Unexpected {
             url: url.clone(),
             status: status.as_u16(),
@@ -383,7 +400,8 @@ impl AgentClient {
         };
         let raw: Value = serde_json::from_str(&text).map_err(|_| unexpected(&text))?;
         if status.is_success() {
-            let mut typed: T = serde_json::from_value(raw.clone()).map_err(|_| unexpected(&text))?;
+            let mut typed: T =
+                serde_json::from_value(raw.clone()).map_err(|_| unexpected(&text))?;
             typed.set_raw(raw);
             return Ok(typed);
         }

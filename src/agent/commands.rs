@@ -30,7 +30,11 @@ pub async fn run(args: RunnerArgs) -> Exit {
         }
         RunnerCommand::Extend(a) => {
             let ttl = a.ttl_s;
-            lease_call(&a.lease, |c, id, t| async move { c.extend(&id, &t, ttl).await }).await
+            lease_call(
+                &a.lease,
+                |c, id, t| async move { c.extend(&id, &t, ttl).await },
+            )
+            .await
         }
         RunnerCommand::Complete(a) => {
             let (outcome, code, message) = (a.outcome, a.exit_code, a.message);
@@ -160,7 +164,9 @@ async fn preflight(a: PreflightArgs) -> Outcome {
     if let Some((key, state, client)) = reporting {
         match heartbeat::post(&client, &key, &state, &report).await {
             Ok(answer) => heartbeat::log_answer(&report, &answer),
-            Err(e) => tracing::warn!(error = %e, "the probe's result was not reported to the service"),
+            Err(e) => {
+                tracing::warn!(error = %e, "the probe's result was not reported to the service")
+            }
         }
     }
     Ok(if report.ok() { Exit::Ok } else { Exit::Failed })

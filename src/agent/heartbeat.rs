@@ -93,11 +93,11 @@ pub fn log_answer(report: &ProbeReport, answer: &HeartbeatAnswer) {
     tracing::info!(
         runner_id = %answer.runner_id,
         status = %answer.status,
-        action = ?answer.action,
-        image_current = ?answer.image_current,
-        image_id = report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
+        action = %answer.action.as_str(),
+        image_current = %answer.image_current.map_or("unknown", |c| if c { "true" } else { "false" }),
+        image_id = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
         next_heartbeat_s = answer.next_heartbeat_s,
-        detail = answer.detail.as_deref().unwrap_or(""),
+        detail = %answer.detail.as_deref().unwrap_or("-"),
         "heartbeat: {}",
         report.summary(),
     );
@@ -130,7 +130,7 @@ pub async fn run(
                 if answer.action == Action::Recycle {
                     tracing::warn!(
                         runner_id = %answer.runner_id,
-                        running = report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
+                        running = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
                         expected = %answer.expected_image_ids.join(" or "),
                         "the service asks to recycle this runner onto its pool's current image; exiting with status {}",
                         Exit::Recycle as u8

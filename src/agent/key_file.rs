@@ -13,7 +13,9 @@ use std::path::{Path, PathBuf};
 
 #[derive(Debug, thiserror::Error)]
 pub enum KeyFileError {
-    #[error("{0} already exists; refusing to overwrite a runner key (move it aside to make a new one)")]
+    #[error(
+        "{0} already exists; refusing to overwrite a runner key (move it aside to make a new one)"
+    )]
     Exists(PathBuf),
     #[error(
         "{path} is readable or writable by group or others (mode {mode:04o}); a key that others could read must be rotated (or, if it never left this machine, `chmod 600 {path}`)"

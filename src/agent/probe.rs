@@ -202,8 +202,12 @@ async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), P
         return Ok(());
     };
     let template = "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
-    let inspect = invoke_raw(spec, "image inspect", &["image", "inspect", "--format", template, image_ref])
-        .await?;
+    let inspect = invoke_raw(
+        spec,
+        "image inspect",
+        &["image", "inspect", "--format", template, image_ref],
+    )
+    .await?;
     if !inspect.status.success() {
         if is_image_missing(&inspect.stderr) {
             return Err(ProbeFailure {
@@ -229,7 +233,14 @@ async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), P
             let created = invoke(
                 spec,
                 "create",
-                &["create", "--pull=never", "--label", label, image_ref, "true"],
+                &[
+                    "create",
+                    "--pull=never",
+                    "--label",
+                    label,
+                    image_ref,
+                    "true",
+                ],
             )
             .await?;
             let id = first_line(&created.stdout).unwrap_or_default().to_string();
@@ -245,7 +256,15 @@ async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), P
             invoke(
                 spec,
                 "run",
-                &["run", "--rm", "--pull=never", "--label", label, image_ref, "true"],
+                &[
+                    "run",
+                    "--rm",
+                    "--pull=never",
+                    "--label",
+                    label,
+                    image_ref,
+                    "true",
+                ],
             )
             .await?;
         }
@@ -312,7 +331,10 @@ fn spawn_failure(rt: &Runtime, e: &std::io::Error) -> ProbeFailure {
             format!("{} is not installed (not found on PATH)", rt.name)
         }
         std::io::ErrorKind::PermissionDenied => {
-            format!("{} is not executable (permission denied)", rt.program.display())
+            format!(
+                "{} is not executable (permission denied)",
+                rt.program.display()
+            )
         }
         _ => format!("{} could not be started: {e}", rt.program.display()),
     };
@@ -341,10 +363,15 @@ fn runtime_failure(rt: &Runtime, step: &str, out: &Output) -> ProbeFailure {
 /// The last non-empty line of `stderr`, trimmed, with a leading `Error: ` (podman) or
 /// `ERROR: ` removed.
 pub fn last_error_line(stderr: &str) -> Option<String> {
-    let line = stderr.lines().rev().map(str::trim).find(|l| !l.is_empty())?;
-    let line = ["Error: ", "ERROR: "]
+    let line = stderr
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| !l.is_empty())?;
+    let line = ["Error:", "ERROR:"]
         .iter()
-        .find_map(|p| line.strip_prefix(p))
+        .filter_map(|p| line.strip_prefix(p))
+        .find(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
         .unwrap_or(line)
         .trim();
     (!line.is_empty()).then(|| line.to_string())
@@ -443,6 +470,7 @@ mod tests {
         );
         assert_eq!(last_error_line("\n  \n"), None);
         assert_eq!(last_error_line("Error: "), None);
+        assert_eq!(last_error_line("Errors: 3").as_deref(), Some("Errors: 3"));
     }
 
     #[test]
@@ -459,15 +487,24 @@ mod tests {
     #[test]
     fn inspect_output_gives_id_and_the_matching_repo_digest() {
         let other = "sha256:1111111111111111111111111111111111111111111111111111111111111111";
-        let out = format!("{HEX} mirror.example/ci/runner@{other} registry.example/ci/runner@{DIGEST}\n");
+        let out =
+            format!("{HEX} mirror.example/ci/runner@{other} registry.example/ci/runner@{DIGEST}\n");
         let facts = parse_inspect("registry.example/ci/runner:stable", &out).unwrap();
         assert_eq!(facts.id, Some(format!("sha256:{HEX}")));
         assert_eq!(facts.digest.as_deref(), Some(DIGEST));
 
         let facts = parse_inspect("unrelated:1", &out).unwrap();
-        assert_eq!(facts.digest.as_deref(), Some(other), "the first when none matches");
+        assert_eq!(
+            facts.digest.as_deref(),
+            Some(other),
+            "the first when none matches"
+        );
 
-        let facts = parse_inspect("alpine", &format!("sha256:{HEX} docker.io/library/alpine@{DIGEST}")).unwrap();
+        let facts = parse_inspect(
+            "alpine",
+            &format!("sha256:{HEX} docker.io/library/alpine@{DIGEST}"),
+        )
+        .unwrap();
         assert_eq!(facts.digest.as_deref(), Some(DIGEST));
 
         let facts = parse_inspect("local/x:1", &format!("{HEX}\n")).unwrap();
@@ -479,8 +516,14 @@ mod tests {
 
     #[test]
     fn repositories_ignore_tags_digests_and_keep_ports() {
-        assert_eq!(repository_of("registry:5000/ci/runner:stable"), "registry:5000/ci/runner");
-        assert_eq!(repository_of("registry:5000/ci/runner"), "registry:5000/ci/runner");
+        assert_eq!(
+            repository_of("registry:5000/ci/runner:stable"),
+            "registry:5000/ci/runner"
+        );
+        assert_eq!(
+            repository_of("registry:5000/ci/runner"),
+            "registry:5000/ci/runner"
+        );
         assert_eq!(repository_of(&format!("alpine@{DIGEST}")), "alpine");
         assert!(repo_matches("docker.io/library/alpine", "alpine"));
         assert!(!repo_matches("docker.io/library/xalpine", "alpine"));
@@ -489,7 +532,10 @@ mod tests {
     #[test]
     fn runtimes_by_name_or_path() {
         let rt = Runtime::new("podman");
-        assert_eq!((rt.name(), rt.is_path(), rt.flavour), ("podman", false, Flavour::Podman));
+        assert_eq!(
+            (rt.name(), rt.is_path(), rt.flavour),
+            ("podman", false, Flavour::Podman)
+        );
         let rt = Runtime::new("/opt/bin/docker-wrapper");
         assert_eq!(
             (rt.name(), rt.is_path(), rt.flavour),
