@@ -152,10 +152,18 @@ async fn preflight_overhead() {
     if !podman_available() {
         return;
     }
-    const RUNS: usize = 10;
+    let runs: usize = std::env::var("LEASEGATE_BENCH_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
     fn median(mut v: Vec<Duration>) -> Duration {
         v.sort();
-        (v[v.len() / 2 - 1] + v[v.len() / 2]) / 2
+        let n = v.len();
+        if n % 2 == 1 {
+            v[n / 2]
+        } else {
+            (v[n / 2 - 1] + v[n / 2]) / 2
+        }
     }
     fn time(mut f: impl FnMut()) -> Duration {
         let t = Instant::now();
@@ -164,12 +172,12 @@ async fn preflight_overhead() {
     }
     let bin = env!("CARGO_BIN_EXE_leasegate");
     let ok = |cmd: &mut std::process::Command| {
-        let s = cmd
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(s.success());
+        let out = cmd.stdin(std::process::Stdio::null()).output().unwrap();
+        assert!(
+            out.status.success(),
+            "{cmd:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     };
     let image = LocalImage::build();
     // One warm-up each, then interleaved runs so that drift on the machine hits both alike.
@@ -181,8 +189,9 @@ async fn preflight_overhead() {
             "leasegate runner preflight --runtime podman --image IMG",
             vec![],
         ),
+        ("leasegate --version (the binary's own start-up)", vec![]),
     ];
-    for round in 0..=RUNS {
+    for round in 0..=runs {
         let d = [
             time(|| ok(std::process::Command::new("podman").arg("info"))),
             time(|| {
@@ -207,6 +216,7 @@ async fn preflight_overhead() {
                     &image.tag,
                 ]))
             }),
+            time(|| ok(std::process::Command::new(bin).arg("--version"))),
         ];
         if round > 0 {
             for (case, d) in cases.iter_mut().zip(d) {
@@ -217,7 +227,7 @@ async fn preflight_overhead() {
     let medians: Vec<(&str, Duration)> = cases.into_iter().map(|(n, v)| (n, median(v))).collect();
     for (name, m) in &medians {
         println!(
-            "{name}: median of {RUNS}: {:.1} ms",
+            "{name}: median of {runs}: {:.1} ms",
             m.as_secs_f64() * 1000.0
         );
     }
