@@ -15,7 +15,7 @@ use std::time::Duration;
 const FAKE_ID: &str = "sha256:5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
 
 /// A runtime to probe and the image it runs: real podman with a local image when podman is
-/// installed, else a fake runtime (skipped with a reason, or failed under
+/// installed, else a fake runtime (said so in the output; a missing podman fails instead under
 /// `LEASEGATE_REQUIRE_PODMAN=1`).
 struct Probed {
     runtime: String,
@@ -29,7 +29,7 @@ struct Probed {
 impl Probed {
     fn new() -> Probed {
         let dir = tempfile::tempdir().unwrap();
-        if podman_available() {
+        if podman_installed() {
             let image = LocalImage::build();
             Probed {
                 runtime: "podman".into(),
@@ -40,6 +40,7 @@ impl Probed {
                 _dir: dir,
             }
         } else {
+            println!("podman not installed: using a fake runtime");
             let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
             Probed {
                 runtime: rt.to_string_lossy().into_owned(),

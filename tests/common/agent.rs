@@ -124,19 +124,25 @@ pub fn calls(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Is podman here? When it is not, prints the skip reason and returns false, unless
-/// `LEASEGATE_REQUIRE_PODMAN=1`, in which case a missing podman fails the test.
-pub fn podman_available() -> bool {
+/// Is podman here? A missing podman fails the test under `LEASEGATE_REQUIRE_PODMAN=1`.
+pub fn podman_installed() -> bool {
     let ok = std::process::Command::new("podman")
         .arg("--version")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|s| s.success());
+    if !ok && std::env::var("LEASEGATE_REQUIRE_PODMAN").as_deref() == Ok("1") {
+        panic!("podman is required (LEASEGATE_REQUIRE_PODMAN=1) but not installed");
+    }
+    ok
+}
+
+/// For tests that need podman: when it is not installed, prints the skip reason and returns
+/// false (or fails, under `LEASEGATE_REQUIRE_PODMAN=1`).
+pub fn podman_available() -> bool {
+    let ok = podman_installed();
     if !ok {
-        if std::env::var("LEASEGATE_REQUIRE_PODMAN").as_deref() == Ok("1") {
-            panic!("podman is required (LEASEGATE_REQUIRE_PODMAN=1) but not installed");
-        }
         println!("skipped: podman not installed");
     }
     ok
