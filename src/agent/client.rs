@@ -46,8 +46,9 @@ impl Problem {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
+    /// A request that cannot be sent: a bad server URL, a lease ID that is not an ID.
     #[error("{0}")]
-    BadServerUrl(String),
+    Invalid(String),
     #[error("could not reach {url}: {source}")]
     Unreachable {
         url: String,
@@ -224,9 +225,9 @@ impl AgentClient {
     /// A client of the service at `server` (`http://` or `https://`, no path needed).
     pub fn new(server: &str) -> Result<Self, ClientError> {
         let url = reqwest::Url::parse(server)
-            .map_err(|e| ClientError::BadServerUrl(format!("server URL {server:?}: {e}")))?;
+            .map_err(|e| ClientError::Invalid(format!("server URL {server:?}: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
-            return Err(ClientError::BadServerUrl(format!(
+            return Err(ClientError::Invalid(format!(
                 "server URL {server:?}: must be http:// or https://"
             )));
         }
@@ -234,7 +235,7 @@ impl AgentClient {
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!("leasegate-runner/", env!("CARGO_PKG_VERSION")))
             .build()
-            .map_err(|e| ClientError::BadServerUrl(format!("HTTP client: {e}")))?;
+            .map_err(|e| ClientError::Invalid(format!("HTTP client: {e}")))?;
         Ok(AgentClient {
             http,
             base: server.trim_end_matches('/').to_string(),
@@ -348,7 +349,7 @@ impl AgentClient {
                 .chars()
                 .all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
         {
-            return Err(ClientError::BadServerUrl(format!(
+            return Err(ClientError::Invalid(format!(
                 "lease ID {lease_id:?}: letters, digits, '-' and '_' only"
             )));
         }
