@@ -22,6 +22,8 @@ pub enum Command {
     Serve(ServeArgs),
     /// Run the service on a temporary database with simulated runners and a trickle of jobs.
     Demo(ServeArgs),
+    /// The runner agent: key, registration, preflight probe, heartbeats and lease calls.
+    Runner(crate::agent::cli::RunnerArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]

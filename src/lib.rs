@@ -10,7 +10,8 @@
 //! - [`store`]: the `Store` trait and its engines; the only place SQL lives.
 //! - [`http`]: axum routers, one module per party, and the problem+json error.
 //! - [`server`], [`sweeper`]: starting, stopping, and housekeeping.
-//! - [`agent`]: the runner side (keys and signing).
+//! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
+//!   the `leasegate runner` commands.
 #![forbid(unsafe_code)]
 
 pub mod agent;

@@ -3,6 +3,7 @@
 
 use clap::Parser;
 use leasegate::config::{Cli, Command, LogFormat};
+use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 fn init_tracing(format: LogFormat) {
@@ -10,7 +11,9 @@ fn init_tracing(format: LogFormat) {
         .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+        .with_writer(std::io::stderr)
+        // Colour only on a terminal: journald and log files would keep the escape codes.
+        .with_ansi(std::io::stderr().is_terminal());
     match format {
         LogFormat::Human => builder.init(),
         LogFormat::Json => builder
@@ -24,7 +27,19 @@ fn init_tracing(format: LogFormat) {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            // --help and --version are not errors. Usage errors exit 64 (EX_USAGE) rather than
+            // clap's 2, which `leasegate runner lease` uses for "no job".
+            return if e.use_stderr() {
+                std::process::ExitCode::from(leasegate::agent::exit::USAGE)
+            } else {
+                std::process::ExitCode::SUCCESS
+            };
+        }
+    };
     let result = match cli.command {
         Command::Serve(args) => {
             init_tracing(args.log_format);
@@ -33,6 +48,10 @@ async fn main() -> std::process::ExitCode {
         Command::Demo(args) => {
             init_tracing(args.log_format);
             leasegate::demo::run(args).await
+        }
+        Command::Runner(args) => {
+            init_tracing(args.log_format);
+            return leasegate::agent::commands::run(args).await.into();
         }
     };
     match result {

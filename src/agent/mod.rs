@@ -1,4 +1,20 @@
-//! The runner side of the protocol: keys, signed attestations, and (later) the probe and the
-//! client. Other Rust runners can use this module as a library.
+//! The runner side of the protocol: the reference runner agent behind `leasegate runner …`, and
+//! a library for Rust runners that want the gate without writing a client.
+//!
+//! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs.
+//! - [`attestation`]: a probe report as signed claims.
+//! - [`client`]: `AgentClient`, the HTTP API with typed answers.
+//! - [`heartbeat`]: the heartbeat loop and its backoff.
+//! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it.
+//! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses.
 
+pub mod attestation;
+pub mod cli;
+pub mod client;
+pub mod commands;
+pub mod exit;
+pub mod heartbeat;
+pub mod key_file;
 pub mod keys;
+pub mod probe;
+pub mod state;

@@ -3,6 +3,7 @@
 //! assert against a real listener.
 #![allow(dead_code, unused_macros, unused_imports)]
 
+pub mod agent;
 pub mod pg;
 pub mod proxy;
 

@@ -1,0 +1,149 @@
+//! Turning a probe report into a signed attestation, exactly as PROTOCOL.md's claim table says.
+//!
+//! Why a fresh one every time: the service accepts each `jti` once and only within
+//! `attestation_max_age` of `iat`, so an attestation is signed for one request and thrown away.
+
+use super::keys::RunnerKey;
+use super::probe::ProbeReport;
+use super::state::RunnerState;
+use serde_json::{Map, Value, json};
+
+/// How long a signed attestation is valid (`exp - iat`). Short, because it is used at once;
+/// well under the service's default cap of 300 s.
+pub const LIFETIME_S: i64 = 60;
+
+/// The claims for `report`, issued at `now_s` (seconds since the epoch).
+pub fn claims(state: &RunnerState, report: &ProbeReport, now_s: i64) -> Value {
+    let mut probe = Map::new();
+    probe.insert("ok".into(), json!(report.ok()));
+    probe.insert("runtime".into(), json!(report.runtime));
+    if let Some(v) = &report.runtime_version {
+        probe.insert("runtime_version".into(), json!(v));
+    }
+    // Milliseconds matter: the quarantine after an abandon is lifted only by a probe checked
+    // *after* it, at sub-second precision.
+    probe.insert(
+        "checked_at".into(),
+        json!(report.checked_at_ms as f64 / 1000.0),
+    );
+    if let Err(failure) = &report.outcome {
+        probe.insert("error".into(), json!(failure.message));
+        if let Some(code) = failure.exit_code {
+            probe.insert("exit_code".into(), json!(code));
+        }
+    }
+
+    let mut claims = json!({
+        "iss": state.runner_id,
+        "sub": state.runner_id,
+        "aud": state.audience,
+        "iat": now_s,
+        "exp": now_s + LIFETIME_S,
+        "jti": uuid::Uuid::now_v7().to_string(),
+        "probe": probe,
+        "agent": {
+            "name": "leasegate",
+            "version": env!("CARGO_PKG_VERSION"),
+            "hostname": hostname(),
+        },
+    });
+    if let Some(image) = &report.image {
+        let mut obj = Map::new();
+        if let Some(id) = &image.id {
+            obj.insert("id".into(), json!(id));
+        }
+        if let Some(d) = &image.digest {
+            obj.insert("digest".into(), json!(d));
+        }
+        obj.insert("ref".into(), json!(image.reference));
+        claims["image"] = Value::Object(obj);
+    }
+    claims
+}
+
+/// A signed attestation of `report`, issued now.
+pub fn sign(key: &RunnerKey, state: &RunnerState, report: &ProbeReport) -> String {
+    let now_s = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or_default();
+    key.sign_attestation(&state.runner_id, &claims(state, report, now_s))
+}
+
+/// The machine's host name, for operators telling runners apart; empty when unknown.
+pub fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .or_else(|_| std::fs::read_to_string("/etc/hostname"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::agent::probe::{Depth, ImageFacts, ProbeFailure};
+
+    fn state() -> RunnerState {
+        RunnerState {
+            runner_id: "0190-runner".into(),
+            name: "build-01".into(),
+            pool: "linux".into(),
+            server: "http://x".into(),
+            audience: "gate".into(),
+            heartbeat_interval_s: 15,
+            attestation_max_age_s: 60,
+            probe_max_age_s: 300,
+            registered_at: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_probe_carries_the_runtimes_words_and_exit_code() {
+        let report = ProbeReport {
+            runtime: "podman".into(),
+            runtime_version: None,
+            checked_at_ms: 1_700_000_000_123,
+            outcome: Err(ProbeFailure {
+                message: "default OCI runtime \"crun\" not found: invalid argument".into(),
+                exit_code: Some(125),
+            }),
+            image: None,
+            depth: Depth::Info,
+        };
+        let c = claims(&state(), &report, 1_700_000_001);
+        assert_eq!(c["iss"], "0190-runner");
+        assert_eq!(c["sub"], "0190-runner");
+        assert_eq!(c["aud"], "gate");
+        assert_eq!(c["exp"], 1_700_000_061);
+        assert_eq!(c["probe"]["ok"], false);
+        assert_eq!(c["probe"]["exit_code"], 125);
+        assert_eq!(c["probe"]["checked_at"], 1_700_000_000.123);
+        assert!(c.get("image").is_none());
+        assert!(c["jti"].as_str().unwrap().len() >= 16);
+    }
+
+    #[test]
+    fn a_passing_probe_reports_the_image() {
+        let id = format!("sha256:{}", "a".repeat(64));
+        let report = ProbeReport {
+            runtime: "podman".into(),
+            runtime_version: Some("4.3.1".into()),
+            checked_at_ms: 1_700_000_000_000,
+            outcome: Ok(()),
+            image: Some(ImageFacts {
+                reference: "ci/runner:1".into(),
+                id: Some(id.clone()),
+                digest: None,
+            }),
+            depth: Depth::Info,
+        };
+        let c = claims(&state(), &report, 1_700_000_000);
+        assert_eq!(c["probe"]["ok"], true);
+        assert!(c["probe"].get("error").is_none());
+        assert_eq!(c["image"], json!({"id": id, "ref": "ci/runner:1"}));
+        assert_ne!(
+            claims(&state(), &report, 1)["jti"],
+            claims(&state(), &report, 1)["jti"]
+        );
+    }
+}

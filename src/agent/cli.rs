@@ -1,0 +1,243 @@
+//! The `leasegate runner …` command line (clap derive). Every flag is documented and, where a
+//! systemd environment file would set it, readable from a `LEASEGATE_*` variable.
+//!
+//! Secrets (the registration token, the lease token) are better given through the environment
+//! than as flags, which other users can see in `ps`.
+
+use super::client::Outcome;
+use super::probe::{Depth, Runtime};
+use crate::config::LogFormat;
+use clap::{Args, Subcommand};
+use std::path::PathBuf;
+
+#[derive(Args, Debug)]
+pub struct RunnerArgs {
+    #[command(subcommand)]
+    pub command: RunnerCommand,
+
+    /// Log format on stderr.
+    #[arg(long, env = "LEASEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human, global = true)]
+    pub log_format: LogFormat,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RunnerCommand {
+    /// Make a new Ed25519 key (PKCS#8 PEM, mode 0600) and print its public JWK.
+    Keygen(KeygenArgs),
+    /// Register this runner's public key with a registration token from an operator.
+    Register(RegisterArgs),
+    /// Probe the container runtime; made for a systemd `ExecStartPre=`. Never pulls.
+    Preflight(PreflightArgs),
+    /// Probe and post signed heartbeats on the service's schedule.
+    Heartbeat(HeartbeatArgs),
+    /// Probe, then ask for a lease; print the lease JSON (exit 0), or exit 2 when no job came.
+    Lease(LeaseArgs),
+    /// Start a leased job: the job's attempt is used here.
+    Start(LeaseCallArgs),
+    /// Keep a lease alive.
+    Extend(ExtendArgs),
+    /// Report how a started job ended.
+    Complete(CompleteArgs),
+    /// Give a job back before it started, without using an attempt.
+    Abandon(AbandonArgs),
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct KeyArg {
+    /// The runner's private key (PKCS#8 PEM). It must not be readable by group or others.
+    #[arg(long, env = "LEASEGATE_RUNNER_KEY")]
+    pub key: PathBuf,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct StateArg {
+    /// The runner's state file (JSON), written by `register`.
+    #[arg(long, env = "LEASEGATE_RUNNER_STATE")]
+    pub state: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct KeygenArgs {
+    /// Where to write the new key. An existing file is never overwritten.
+    #[arg(long, env = "LEASEGATE_RUNNER_KEY")]
+    pub key: PathBuf,
+}
+
+#[derive(Args, Debug)]
+pub struct RegisterArgs {
+    /// The service's base URL, e.g. `https://leasegate.example`.
+    #[arg(long, env = "LEASEGATE_SERVER")]
+    pub server: String,
+
+    /// The single-use registration token an operator created for the pool.
+    #[arg(long, env = "LEASEGATE_REGISTRATION_TOKEN", hide_env_values = true)]
+    pub registration_token: String,
+
+    /// The runner's name, unique in its pool.
+    #[arg(long, env = "LEASEGATE_RUNNER_NAME")]
+    pub name: String,
+
+    /// A label shown to operators, `key=value`; may be repeated.
+    #[arg(long = "label", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+
+    #[command(flatten)]
+    pub key: KeyArg,
+
+    /// Where to write the state file. An existing file is never overwritten, and the token
+    /// is not spent when it exists.
+    #[arg(long, env = "LEASEGATE_RUNNER_STATE")]
+    pub state: PathBuf,
+}
+
+fn parse_label(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?}: expected key=value")),
+    }
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct ProbeArgs {
+    /// The container runtime: `podman`, `docker`, or a path to one. A file name containing
+    /// `docker` is spoken to in docker's dialect, anything else in podman's.
+    #[arg(long, env = "LEASEGATE_RUNTIME")]
+    pub runtime: Runtime,
+
+    /// The image reference the runner runs; its local image ID is reported. Never pulled.
+    #[arg(long, env = "LEASEGATE_IMAGE")]
+    pub image: Option<String>,
+
+    /// How far to probe: `info`, `create` (create and remove a container) or `run` (start one;
+    /// the image must contain `true`). `create` and `run` need `--image`.
+    #[arg(long, env = "LEASEGATE_PROBE_DEPTH", value_enum, default_value_t = Depth::Info)]
+    pub depth: Depth,
+
+    /// The bound on each runtime command, in seconds.
+    #[arg(long, env = "LEASEGATE_PROBE_TIMEOUT_S", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub timeout_s: u64,
+}
+
+#[derive(Args, Debug)]
+pub struct PreflightArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    /// Also post the result as a signed heartbeat to this service (needs `--key` and
+    /// `--state`). The exit status still reflects the probe alone.
+    #[arg(long, env = "LEASEGATE_SERVER")]
+    pub server: Option<String>,
+
+    /// The runner's private key, to sign the report.
+    #[arg(long, env = "LEASEGATE_RUNNER_KEY")]
+    pub key: Option<PathBuf>,
+
+    /// The runner's state file, for its ID and audience.
+    #[arg(long, env = "LEASEGATE_RUNNER_STATE")]
+    pub state: Option<PathBuf>,
+}
+
+/// The runner's identity and where to reach the service.
+#[derive(Args, Debug, Clone)]
+pub struct ConnArgs {
+    /// The service's base URL; by default the one in the state file.
+    #[arg(long, env = "LEASEGATE_SERVER")]
+    pub server: Option<String>,
+
+    #[command(flatten)]
+    pub key: KeyArg,
+
+    #[command(flatten)]
+    pub state: StateArg,
+}
+
+#[derive(Args, Debug)]
+pub struct HeartbeatArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// Post one heartbeat and exit: 0 accepted, 1 the probe failed, 3 recycle, 4 revoked,
+    /// 5 not delivered.
+    #[arg(long)]
+    pub once: bool,
+}
+
+#[derive(Args, Debug)]
+pub struct LeaseArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// How long the service may hold the request waiting for a job (0–30 s).
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=30))]
+    pub wait_s: u64,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct LeaseCallArgs {
+    /// The service's base URL; by default the one in `--state`.
+    #[arg(long, env = "LEASEGATE_SERVER")]
+    pub server: Option<String>,
+
+    /// The runner's state file, for the service's URL when `--server` is not given.
+    #[arg(long, env = "LEASEGATE_RUNNER_STATE")]
+    pub state: Option<PathBuf>,
+
+    /// The lease's ID, from `lease`'s output.
+    #[arg(long)]
+    pub lease_id: String,
+
+    /// The lease token, from `lease`'s output.
+    #[arg(long, env = "LEASEGATE_LEASE_TOKEN", hide_env_values = true)]
+    pub lease_token: String,
+}
+
+#[derive(Args, Debug)]
+pub struct ExtendArgs {
+    #[command(flatten)]
+    pub lease: LeaseCallArgs,
+
+    /// Keep the lease for this many seconds from now (1–3600); the service's lease TTL when
+    /// omitted.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub ttl_s: Option<u64>,
+}
+
+#[derive(Args, Debug)]
+pub struct CompleteArgs {
+    #[command(flatten)]
+    pub lease: LeaseCallArgs,
+
+    /// `succeeded` and `failed` are final; `errored` (infrastructure failure) requeues the job
+    /// while attempts remain.
+    #[arg(long, value_enum)]
+    pub outcome: Outcome,
+
+    /// The job's exit status.
+    #[arg(long, allow_negative_numbers = true)]
+    pub exit_code: Option<i64>,
+
+    /// A short message for the job's story.
+    #[arg(long)]
+    pub message: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct AbandonArgs {
+    #[command(flatten)]
+    pub lease: LeaseCallArgs,
+
+    /// Why the job is given back (a short word, e.g. `preflight_failed`).
+    #[arg(long)]
+    pub reason: Option<String>,
+
+    /// A short message for the job's story.
+    #[arg(long)]
+    pub message: Option<String>,
+}

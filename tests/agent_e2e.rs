@@ -1,0 +1,548 @@
+//! The runner agent end to end: the real service (`spawn_app()`), the real `leasegate` binary
+//! as the runner, and, when podman is here, the real podman with a real local image (built
+//! without network); otherwise a fake runtime printing a fixed image ID.
+
+mod common;
+
+use common::agent::*;
+use common::*;
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+const FAKE_ID: &str = "sha256:5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed5eed";
+
+/// A runtime to probe and the image it runs: real podman with a local image when podman is
+/// installed, else a fake runtime (said so in the output; a missing podman fails instead under
+/// `LEASEGATE_REQUIRE_PODMAN=1`).
+struct Probed {
+    runtime: String,
+    image_ref: String,
+    image_id: String,
+    real_podman: bool,
+    _image: Option<LocalImage>,
+    _dir: tempfile::TempDir,
+}
+
+impl Probed {
+    fn new() -> Probed {
+        let dir = tempfile::tempdir().unwrap();
+        if podman_installed() {
+            let image = LocalImage::build();
+            Probed {
+                runtime: "podman".into(),
+                image_ref: image.tag.clone(),
+                image_id: image.id.clone(),
+                real_podman: true,
+                _image: Some(image),
+                _dir: dir,
+            }
+        } else {
+            println!("podman not installed: using a fake runtime");
+            let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
+            Probed {
+                runtime: rt.to_string_lossy().into_owned(),
+                image_ref: "localhost/ci/runner:1".into(),
+                image_id: FAKE_ID.into(),
+                real_podman: false,
+                _image: None,
+                _dir: dir,
+            }
+        }
+    }
+
+    fn probe_args(&self) -> Vec<String> {
+        vec![
+            "--runtime".into(),
+            self.runtime.clone(),
+            "--image".into(),
+            self.image_ref.clone(),
+        ]
+    }
+}
+
+/// A runner made with the agent's own commands: `keygen`, then `register`.
+struct Agent {
+    dir: tempfile::TempDir,
+    runner_id: String,
+    server: String,
+}
+
+impl Agent {
+    fn key(&self) -> PathBuf {
+        self.dir.path().join("runner.key")
+    }
+
+    fn state(&self) -> PathBuf {
+        self.dir.path().join("state/runner.json")
+    }
+
+    /// `leasegate runner <cmd> --key … --state … <args>`.
+    fn cmd(&self, cmd: &str, args: &[String]) -> tokio::process::Command {
+        let mut all: Vec<String> = vec![
+            cmd.into(),
+            "--key".into(),
+            self.key().display().to_string(),
+            "--state".into(),
+            self.state().display().to_string(),
+        ];
+        all.extend_from_slice(args);
+        runner(&all.iter().map(String::as_str).collect::<Vec<_>>())
+    }
+
+    async fn register(app: &TestApp, pool: &str, name: &str) -> Agent {
+        let dir = tempfile::tempdir().unwrap();
+        let key = dir.path().join("runner.key");
+        let ran = run(runner(&["keygen", "--key", key.to_str().unwrap()])).await;
+        assert_eq!(ran.code, 0, "{ran:?}");
+        let jwk = ran.stdout_json();
+        assert_eq!(
+            (jwk["kty"].as_str(), jwk["crv"].as_str()),
+            (Some("OKP"), Some("Ed25519"))
+        );
+
+        let token = app.registration_token(pool).await;
+        let state = dir.path().join("state/runner.json");
+        let mut cmd = runner(&[
+            "register",
+            "--server",
+            &app.base,
+            "--name",
+            name,
+            "--label",
+            "os=linux",
+            "--label",
+            "runtime=podman",
+            "--key",
+            key.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+        ]);
+        cmd.env("LEASEGATE_REGISTRATION_TOKEN", &token);
+        let ran = run(cmd).await;
+        assert_eq!(ran.code, 0, "{ran:?}");
+        let answer = ran.stdout_json();
+        let runner_id = answer["runner_id"].as_str().unwrap().to_string();
+        Agent {
+            dir,
+            runner_id,
+            server: app.base.clone(),
+        }
+    }
+}
+
+fn strings(v: &[&str]) -> Vec<String> {
+    v.iter().map(|s| s.to_string()).collect()
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keygen_register_and_one_heartbeat_show_the_runner_healthy_on_its_real_image() {
+    let app = spawn_app().await;
+    let probed = Probed::new();
+    app.pool("linux", &[&probed.image_id]).await;
+    let agent = Agent::register(&app, "linux", "build-01").await;
+
+    assert_eq!(mode(&agent.key()), 0o600);
+    assert_eq!(mode(&agent.state()), 0o600);
+    let state: Value =
+        serde_json::from_str(&std::fs::read_to_string(agent.state()).unwrap()).unwrap();
+    assert_eq!(state["runner_id"], agent.runner_id.as_str());
+    assert_eq!(state["pool"], "linux");
+    assert_eq!(state["audience"], "leasegate");
+    assert_eq!(state["heartbeat_interval_s"], 15);
+    assert_eq!(state["attestation_max_age_s"], 60);
+    assert_eq!(state["probe_max_age_s"], 300);
+    assert_eq!(state["server"], agent.server.as_str());
+
+    let mut args = probed.probe_args();
+    args.push("--once".into());
+    let ran = run(agent.cmd("heartbeat", &args)).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let log: Vec<&str> = ran.stderr_lines();
+    assert_eq!(log.len(), 1, "one line per heartbeat: {log:?}");
+    assert!(
+        log[0].contains("INFO") && log[0].contains("status=healthy"),
+        "{log:?}"
+    );
+
+    let runner = app.runner(&agent.runner_id).await;
+    assert_eq!(runner["status"], "healthy", "{runner}");
+    assert_eq!(runner["image_id"], probed.image_id.as_str());
+    assert_eq!(runner["image_ref"], probed.image_ref.as_str());
+    assert_eq!(runner["image_current"], true);
+    assert_eq!(
+        runner["labels"],
+        json!({"os": "linux", "runtime": "podman"})
+    );
+    assert_eq!(runner["runtime"], "podman");
+    if probed.real_podman {
+        let (_, version, _) = podman(&["version", "--format", "{{.Client.Version}}"]);
+        assert_eq!(runner["runtime_version"], version.as_str());
+    }
+    assert_eq!(runner["attestations"][0]["probe_ok"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_failure_reaches_the_operator_as_probe_failed_in_the_runtimes_words() {
+    let app = spawn_app().await;
+    let probed = Probed::new();
+    app.pool("linux", &[&probed.image_id]).await;
+    let agent = Agent::register(&app, "linux", "build-02").await;
+
+    // A runtime that lacks its OCI runtime: real podman with a containers.conf naming a
+    // missing one, or a fake that says what podman says.
+    let conf = agent.dir.path().join("containers.conf");
+    std::fs::write(&conf, "[engine]\nruntime = \"crun-missing\"\n").unwrap();
+    let fake_dir = tempfile::tempdir().unwrap();
+    let runtime = if probed.real_podman {
+        "podman".to_string()
+    } else {
+        let failing = "echo 'Error: default OCI runtime \"crun-missing\" not found: invalid argument' >&2; exit 125";
+        fake_runtime(fake_dir.path(), "podman", FAKE_ID, &[("info", failing)])
+            .display()
+            .to_string()
+    };
+    let expected = r#"cannot run a container with podman: default OCI runtime "crun-missing" not found: invalid argument"#;
+
+    // The runner unit's ExecStartPre: fails with podman's words and reports to the service.
+    let mut cmd = runner(&[
+        "preflight",
+        "--runtime",
+        &runtime,
+        "--image",
+        &probed.image_ref,
+        "--server",
+        &agent.server,
+        "--key",
+        agent.key().to_str().unwrap(),
+        "--state",
+        agent.state().to_str().unwrap(),
+    ]);
+    cmd.env("CONTAINERS_CONF", &conf);
+    let ran = run(cmd).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(ran.stderr_lines()[0], expected, "{ran:?}");
+    assert!(
+        ran.stderr.contains("status=probe_failed"),
+        "reported: {ran:?}"
+    );
+
+    let runner = app.runner(&agent.runner_id).await;
+    assert_eq!(runner["status"], "probe_failed", "{runner}");
+    assert_eq!(runner["code"], "probe_failed");
+    assert_eq!(runner["detail"], expected);
+    assert_eq!(
+        runner["probe_error"],
+        r#"default OCI runtime "crun-missing" not found: invalid argument"#
+    );
+    assert_eq!(runner["attestations"][0]["probe_ok"], false);
+
+    // The heartbeat says the same, and a one-shot heartbeat of a failed probe exits 1.
+    let mut cmd = agent.cmd(
+        "heartbeat",
+        &strings(&[
+            "--runtime",
+            &runtime,
+            "--image",
+            &probed.image_ref,
+            "--once",
+        ]),
+    );
+    cmd.env("CONTAINERS_CONF", &conf);
+    let ran = run(cmd).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert!(ran.stderr.contains("status=probe_failed"), "{ran:?}");
+    assert!(ran.stderr.contains("crun-missing"), "{ran:?}");
+    assert_eq!(app.runner(&agent.runner_id).await["status"], "probe_failed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keygen_never_overwrites_and_a_key_others_can_read_is_refused() {
+    let app = spawn_app().await;
+    app.pool("linux", &[FAKE_ID]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let key = dir.path().join("runner.key");
+    let key_s = key.to_str().unwrap();
+
+    let first = run(runner(&["keygen", "--key", key_s])).await;
+    assert_eq!(first.code, 0);
+    let pem = std::fs::read(&key).unwrap();
+    let again = run(runner(&["keygen", "--key", key_s])).await;
+    assert_eq!(again.code, 5, "{again:?}");
+    assert!(again.stderr.contains("refusing to overwrite"), "{again:?}");
+    assert_eq!(again.stdout, "");
+    assert_eq!(std::fs::read(&key).unwrap(), pem, "the key is untouched");
+
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let token = app.registration_token("linux").await;
+    let state = dir.path().join("runner.json");
+    let register = || {
+        runner(&[
+            "register",
+            "--server",
+            &app.base,
+            "--registration-token",
+            &token,
+            "--name",
+            "build-03",
+            "--key",
+            key_s,
+            "--state",
+            state.to_str().unwrap(),
+        ])
+    };
+    let ran = run(register()).await;
+    assert_eq!(ran.code, 5, "{ran:?}");
+    assert!(ran.stderr.contains("mode 0644"), "{ran:?}");
+    assert!(!state.exists());
+
+    // The token was not spent by the refusal.
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let ran = run(register()).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert!(state.exists());
+
+    // A used token is the service's refusal, shown as its problem JSON.
+    std::fs::remove_file(&state).unwrap();
+    let ran = run(register()).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    let problem: Value = serde_json::from_str(ran.stderr.trim()).unwrap();
+    assert_eq!(problem["code"], "registration_token_invalid");
+    assert!(!state.exists());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_exits_3_when_the_service_says_recycle() {
+    let app = spawn_app().await;
+    let probed = Probed::new();
+    // The pool has moved on to another image; `report` never refuses, but still says recycle.
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_B], "image_policy": "report"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let agent = Agent::register(&app, "linux", "build-04").await;
+
+    // Not --once: the loop itself must stop on recycle.
+    let ran = run(agent.cmd("heartbeat", &probed.probe_args())).await;
+    assert_eq!(ran.code, 3, "{ran:?}");
+    assert!(ran.stderr.contains("action=recycle"), "{ran:?}");
+    assert!(
+        ran.stderr.contains(IMAGE_B),
+        "names the expected image: {ran:?}"
+    );
+    let runner = app.runner(&agent.runner_id).await;
+    assert_eq!(runner["image_current"], false);
+    assert_eq!(runner["image_id"], probed.image_id.as_str());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_exits_4_when_the_runner_is_revoked() {
+    let app = spawn_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
+    app.pool("linux", &[FAKE_ID]).await;
+    let agent = Agent::register(&app, "linux", "build-05").await;
+    let r = app
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/revoke", agent.runner_id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+
+    let ran = run(agent.cmd("heartbeat", &strings(&["--runtime", rt.to_str().unwrap()]))).await;
+    assert_eq!(ran.code, 4, "{ran:?}");
+    assert!(ran.stderr.contains("runner_revoked"), "{ran:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_backs_off_while_the_service_is_unreachable_and_stops_on_sigterm() {
+    let app = spawn_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
+    app.pool("linux", &[FAKE_ID]).await;
+    let agent = Agent::register(&app, "linux", "build-06").await;
+    // A port nobody listens on.
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    let rt_s = rt.to_str().unwrap();
+
+    let ran = run(agent.cmd(
+        "heartbeat",
+        &strings(&["--runtime", rt_s, "--server", &closed, "--once"]),
+    ))
+    .await;
+    assert_eq!(ran.code, 5, "--once does not retry: {ran:?}");
+
+    let mut cmd = agent.cmd(
+        "heartbeat",
+        &strings(&["--runtime", rt_s, "--server", &closed]),
+    );
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    // 1 s, 2 s, then waiting for 4 s: three attempts, two announced retries, in 3.5 s.
+    tokio::time::sleep(Duration::from_millis(3500)).await;
+    std::process::Command::new("kill")
+        .args(["-TERM", &child.id().unwrap().to_string()])
+        .status()
+        .unwrap();
+    let out = tokio::time::timeout(Duration::from_secs(10), child.wait_with_output())
+        .await
+        .expect("exits on SIGTERM")
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "SIGTERM is a clean stop");
+    let log = String::from_utf8_lossy(&out.stderr);
+    let delays: Vec<u64> = log
+        .lines()
+        .filter_map(|l| l.split("retry_in_ms=").nth(1))
+        .map(|rest| {
+            rest.split(|c: char| !c.is_ascii_digit())
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    assert!(delays.len() >= 2, "{log}");
+    assert!((800..=1200).contains(&delays[0]), "1 s ± 20 %: {delays:?}");
+    assert!((1600..=2400).contains(&delays[1]), "2 s ± 20 %: {delays:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lease_start_complete_and_abandon_print_the_services_json() {
+    let app = spawn_app().await;
+    let probed = Probed::new();
+    app.pool("linux", &[&probed.image_id]).await;
+    let agent = Agent::register(&app, "linux", "build-07").await;
+    let lease = |extra: &[&str]| {
+        let mut args = probed.probe_args();
+        args.extend(strings(extra));
+        agent.cmd("lease", &args)
+    };
+    let call = |action: &str, lease_id: &str, token: &str, extra: &[&str]| {
+        let mut args = strings(&[
+            action,
+            "--state",
+            agent.state().to_str().unwrap(),
+            "--lease-id",
+            lease_id,
+        ]);
+        args.extend(strings(extra));
+        let mut cmd = runner(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        cmd.env("LEASEGATE_LEASE_TOKEN", token);
+        cmd
+    };
+
+    // No job: exit 2, nothing on stdout.
+    let ran = run(lease(&["--wait-s", "1"])).await;
+    assert_eq!(ran.code, 2, "{ran:?}");
+    assert_eq!(ran.stdout, "");
+
+    // A job: the lease JSON on stdout.
+    let job = app.enqueue("linux").await;
+    let ran = run(lease(&[])).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let granted = ran.stdout_json();
+    assert_eq!(granted["job"]["id"], job.as_str());
+    assert_eq!(granted["job"]["payload"], json!({"script": "make test"}));
+    let lease_id = granted["lease_id"].as_str().unwrap();
+    let token = granted["lease_token"].as_str().unwrap();
+    assert!(!ran.stderr.contains(token), "the lease token is not logged");
+
+    let ran = run(call("start", lease_id, token, &[])).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stdout_json()["state"], "running");
+    let ran = run(call("extend", lease_id, token, &["--ttl-s", "600"])).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let ran = run(call(
+        "complete",
+        lease_id,
+        token,
+        &[
+            "--outcome",
+            "succeeded",
+            "--exit-code",
+            "0",
+            "--message",
+            "all green",
+        ],
+    ))
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stdout_json()["state"], "completed");
+    let story = app.job(&job).await;
+    assert_eq!(story["state"], "succeeded");
+    assert_eq!(story["attempts"], 1);
+
+    // A second complete is the service's refusal: its problem JSON on stderr, exit 1.
+    let ran = run(call("complete", lease_id, token, &["--outcome", "failed"])).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(ran.stdout, "");
+    let problem: Value = serde_json::from_str(ran.stderr.trim()).unwrap();
+    assert_eq!(problem["code"], "lease_finished");
+
+    // Abandon before start: back to the queue at no cost; the runner is quarantined until a
+    // probe newer than the abandon, which the next `lease` brings by probing afresh.
+    let job2 = app
+        .enqueue_with(json!({"pool": "linux", "idempotency_key": "second"}))
+        .await;
+    let granted = run(lease(&[])).await.stdout_json();
+    let (id2, token2) = (
+        granted["lease_id"].as_str().unwrap().to_string(),
+        granted["lease_token"].as_str().unwrap().to_string(),
+    );
+    let ran = run(call(
+        "abandon",
+        &id2,
+        &token2,
+        &["--reason", "preflight_failed"],
+    ))
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(ran.stdout_json()["state"], "abandoned");
+    let ran = run(lease(&[])).await;
+    assert_eq!(ran.code, 0, "a fresh probe lifts the quarantine: {ran:?}");
+    assert_eq!(ran.stdout_json()["job"]["id"], job2.as_str());
+    assert_eq!(app.job(&job2).await["attempts"], 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_with_a_failing_probe_is_refused_and_no_job_is_touched() {
+    let app = spawn_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let failing =
+        "echo 'Error: default OCI runtime \"crun\" not found: invalid argument' >&2; exit 125";
+    let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[("info", failing)]);
+    app.pool("linux", &[FAKE_ID]).await;
+    let agent = Agent::register(&app, "linux", "build-08").await;
+    let job = app.enqueue("linux").await;
+
+    let ran = run(agent.cmd(
+        "lease",
+        &strings(&["--runtime", rt.to_str().unwrap(), "--image", "ci/runner:1"]),
+    ))
+    .await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(ran.stdout, "");
+    let problem: Value = serde_json::from_str(ran.stderr.trim()).unwrap();
+    assert_eq!(problem["code"], "probe_failed");
+    assert_eq!(
+        problem["detail"],
+        r#"cannot run a container with podman: default OCI runtime "crun" not found: invalid argument"#
+    );
+    let story = app.job(&job).await;
+    assert_eq!(story["state"], "queued");
+    assert_eq!(story["returns"], 0);
+}

@@ -1,0 +1,236 @@
+//! `leasegate runner preflight` against what a real runtime cannot be made to do here: fake
+//! runtimes (shell scripts given as `--runtime /path`) that hang, fail with several lines of
+//! stderr, lack the image or refuse to start a container; and the real docker client with no
+//! daemon, and a runtime that is not installed at all.
+
+mod common;
+
+use common::agent::*;
+use std::time::{Duration, Instant};
+
+const ID: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
+
+fn preflight(runtime: &std::path::Path, extra: &[&str]) -> tokio::process::Command {
+    let mut args = vec!["preflight", "--runtime", runtime.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    runner(&args)
+}
+
+#[tokio::test]
+async fn a_hung_runtime_fails_after_the_timeout_with_its_own_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = script(dir.path(), "fakepod", "exec sleep 60");
+    let started = Instant::now();
+    let ran = run(preflight(&rt, &["--timeout-s", "1"])).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        ["cannot run a container with fakepod: fakepod info did not answer within 1 s"]
+    );
+    assert_eq!(ran.stdout, "");
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "the hang was cut short"
+    );
+}
+
+#[tokio::test]
+async fn exit_125_with_several_stderr_lines_quotes_the_last_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let info = r#"echo 'time="2026-11-30T11:00:00Z" level=warning msg="RunRoot is pointing to a path (/run/user/1000/containers) which is not writable. Most likely podman will fail."' >&2
+echo 'Error: default OCI runtime "crun" not found: invalid argument' >&2
+echo >&2
+exit 125"#;
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[("info", info)]);
+    let ran = run(preflight(&rt, &[])).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        [
+            r#"cannot run a container with fakepod: default OCI runtime "crun" not found: invalid argument"#
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_missing_image_is_named_and_never_pulled() {
+    let dir = tempfile::tempdir().unwrap();
+    let image = "echo 'Error: inspecting object: registry.example/ci/runner:2: image not known' >&2; exit 125";
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[("image", image)]);
+    let ran = run(preflight(
+        &rt,
+        &[
+            "--image",
+            "registry.example/ci/runner:2",
+            "--depth",
+            "create",
+        ],
+    ))
+    .await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        [
+            "cannot run a container with fakepod: image registry.example/ci/runner:2 is not present locally (preflight never pulls)"
+        ]
+    );
+    let calls = calls(dir.path());
+    assert!(
+        calls
+            .iter()
+            .all(|c| !c.starts_with("pull") && !c.starts_with("create")),
+        "{calls:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_healthy_runtime_at_depth_create_creates_and_removes_a_container_without_pulling() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[]);
+    let ran = run(preflight(
+        &rt,
+        &[
+            "--image",
+            "registry.example/ci/runner:1",
+            "--depth",
+            "create",
+        ],
+    ))
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(
+        ran.stdout,
+        format!("fakepod 9.9.9-fake ok (created and removed a container); image {ID}\n")
+    );
+    let calls = calls(dir.path());
+    assert_eq!(calls.len(), 4, "{calls:?}");
+    assert!(calls[0].starts_with("info --format"));
+    assert!(calls[1].starts_with("image inspect --format"));
+    assert!(calls[1].ends_with("registry.example/ci/runner:1"));
+    assert!(calls[2].starts_with("create --pull=never "), "{calls:?}");
+    assert!(calls[2].ends_with("registry.example/ci/runner:1 true"));
+    assert_eq!(calls[3], "rm c0ffee0000");
+}
+
+#[tokio::test]
+async fn a_container_start_refused_with_exit_126_is_a_failure_in_the_runtimes_words() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = "echo 'Error: crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted: OCI permission denied' >&2; exit 126";
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[("run", refused)]);
+    let ran = run(preflight(
+        &rt,
+        &["--image", "ci/runner:1", "--depth", "run"],
+    ))
+    .await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        [
+            "cannot run a container with fakepod: crun: setrlimit `RLIMIT_NOFILE`: Operation not permitted: OCI permission denied"
+        ]
+    );
+    assert!(calls(dir.path())[2].starts_with("run --rm --pull=never "));
+}
+
+#[tokio::test]
+async fn a_failure_without_stderr_names_the_step_and_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[("create", "exit 3")]);
+    let ran = run(preflight(
+        &rt,
+        &["--image", "ci/runner:1", "--depth", "create"],
+    ))
+    .await;
+    assert_eq!(ran.code, 1);
+    assert_eq!(
+        ran.stderr_lines(),
+        ["cannot run a container with fakepod: fakepod create failed with exit status 3"]
+    );
+}
+
+#[tokio::test]
+async fn a_runtime_that_is_not_installed_says_so() {
+    let empty = tempfile::tempdir().unwrap();
+    let mut cmd = runner(&["preflight", "--runtime", "docker"]);
+    cmd.env("PATH", empty.path());
+    let ran = run(cmd).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        ["cannot run a container with docker: docker is not installed (not found on PATH)"]
+    );
+
+    let missing = empty.path().join("bin/podman");
+    let ran = run(preflight(&missing, &[])).await;
+    assert_eq!(ran.code, 1);
+    assert_eq!(
+        ran.stderr_lines(),
+        [format!(
+            "cannot run a container with podman: {} is not installed (no such file)",
+            missing.display()
+        )]
+    );
+}
+
+#[tokio::test]
+async fn the_real_docker_client_without_a_daemon_is_quoted_in_its_own_words() {
+    if std::process::Command::new("docker")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        println!("skipped: no docker client on PATH");
+        return;
+    }
+    // A socket nobody listens on: the client's answer is the same on every machine.
+    let dir = tempfile::tempdir().unwrap();
+    let host = format!("unix://{}", dir.path().join("docker.sock").display());
+    let direct = std::process::Command::new("docker")
+        .arg("info")
+        .env("DOCKER_HOST", &host)
+        .output()
+        .unwrap();
+    assert!(!direct.status.success(), "docker info cannot succeed here");
+    let last = String::from_utf8_lossy(&direct.stderr)
+        .lines()
+        .rev()
+        .find(|l| !l.trim().is_empty())
+        .unwrap()
+        .trim()
+        .to_string();
+    assert!(
+        last.contains("Cannot connect to the Docker daemon"),
+        "{last}"
+    );
+
+    let mut cmd = runner(&["preflight", "--runtime", "docker"]);
+    cmd.env("DOCKER_HOST", &host);
+    let ran = run(cmd).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        [format!("cannot run a container with docker: {last}")]
+    );
+    assert_eq!(
+        last,
+        format!("Cannot connect to the Docker daemon at {host}. Is the docker daemon running?")
+    );
+}
+
+#[tokio::test]
+async fn depth_create_without_an_image_and_bad_flags_are_refused_before_probing() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "fakepod", ID, &[]);
+    let ran = run(preflight(&rt, &["--depth", "create"])).await;
+    assert_eq!(ran.code, 5);
+    assert!(
+        ran.stderr.contains("--depth create needs --image"),
+        "{ran:?}"
+    );
+    let ran = run(preflight(&rt, &["--timeout-s", "0"])).await;
+    assert_eq!(ran.code, 64, "usage errors are EX_USAGE, not 2: {ran:?}");
+    let ran = run(preflight(&rt, &["--server", "http://127.0.0.1:9"])).await;
+    assert_eq!(ran.code, 5);
+    assert!(ran.stderr.contains("--server needs --key and --state"));
+    assert!(calls(dir.path()).is_empty(), "nothing was probed");
+}
