@@ -24,6 +24,8 @@ pub enum Command {
     Demo(ServeArgs),
     /// The runner agent: key, registration, preflight probe, heartbeats and lease calls.
     Runner(crate::agent::cli::RunnerArgs),
+    /// Measure the service against the engine's own limits (see docs/BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]

@@ -16,6 +16,7 @@
 
 pub mod agent;
 pub mod app;
+pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod domain;

@@ -7,8 +7,13 @@ use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
 fn init_tracing(format: LogFormat) {
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("info,tower_http=warn,sqlx=warn"));
+    init_tracing_with(format, "info,tower_http=warn,sqlx=warn");
+}
+
+/// Logging to stderr, filtered by `RUST_LOG` or else `default_filter`.
+fn init_tracing_with(format: LogFormat, default_filter: &str) {
+    let filter =
+        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
@@ -48,6 +53,11 @@ async fn main() -> std::process::ExitCode {
         Command::Demo(args) => {
             init_tracing(args.log_format);
             leasegate::demo::run(args).await
+        }
+        Command::Bench(args) => {
+            // The service runs in-process: its per-request info lines would be measured too.
+            init_tracing_with(LogFormat::Human, "warn");
+            leasegate::bench::run(args).await.map(|_| ())
         }
         Command::Runner(args) => {
             init_tracing(args.log_format);

@@ -5,6 +5,7 @@
 //! `domain`; the engines only load, fence and write, each in one transaction.
 
 pub mod postgres;
+pub mod raw_claims;
 mod rows;
 mod signal;
 mod sql_store;

@@ -1,0 +1,316 @@
+//! The simulated fleet a bench run drives: a pool, healthy and broken runners with real keys
+//! registered through the API, and a queue of jobs; one method per phase.
+
+use super::BenchArgs;
+use super::load::{self, Drive, OpReport};
+use crate::agent::attestation;
+use crate::agent::keys::RunnerKey;
+use crate::agent::probe::{Depth, ImageFacts, ProbeFailure, ProbeReport};
+use crate::agent::state::RunnerState;
+use crate::domain::time::Millis;
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use std::sync::Arc;
+
+/// The image every healthy bench runner runs and the pool expects.
+pub const IMAGE: &str = "sha256:0b5e7c1a2f3d4e5f60718293a4b5c6d7e8f90a1b2c3d4e5f60718293a4b5c6d7";
+
+pub struct SimRunner {
+    key: RunnerKey,
+    state: RunnerState,
+    healthy: bool,
+}
+
+impl SimRunner {
+    pub fn runner_id(&self) -> &str {
+        &self.state.runner_id
+    }
+
+    /// A fresh attestation, probe checked now.
+    pub fn attest(&self) -> String {
+        let report = ProbeReport {
+            runtime: "podman".into(),
+            runtime_version: Some("4.3.1".into()),
+            checked_at_ms: Millis::now().0,
+            outcome: if self.healthy {
+                Ok(())
+            } else {
+                Err(ProbeFailure {
+                    message: "default OCI runtime \"crun\" not found: invalid argument".into(),
+                    exit_code: Some(125),
+                })
+            },
+            image: Some(ImageFacts {
+                reference: "bench/runner:stable".into(),
+                id: Some(IMAGE.into()),
+                digest: None,
+            }),
+            depth: Depth::Info,
+        };
+        attestation::sign(&self.key, &self.state, &report)
+    }
+}
+
+pub struct Fleet {
+    pub base: String,
+    pub forge: String,
+    pub pool: String,
+    pub healthy: Arc<Vec<SimRunner>>,
+    pub broken: Arc<Vec<SimRunner>>,
+}
+
+async fn check(r: reqwest::Result<reqwest::Response>, what: &str) -> anyhow::Result<Value> {
+    let r = r?;
+    let status = r.status();
+    let body = r.text().await?;
+    anyhow::ensure!(status.is_success(), "{what}: {status} {body}");
+    Ok(serde_json::from_str(&body).unwrap_or(Value::Null))
+}
+
+impl Fleet {
+    /// A new pool named for this run, its runners, and `args.jobs` queued jobs.
+    pub async fn create(
+        client: &Client,
+        base: &str,
+        admin: &str,
+        forge: &str,
+        args: &BenchArgs,
+    ) -> anyhow::Result<Fleet> {
+        let pool = format!("bench-{}", &uuid::Uuid::now_v7().simple().to_string()[20..]);
+        let put = client
+            .put(format!("{base}/api/v1/admin/pools/{pool}"))
+            .bearer_auth(admin)
+            .json(&json!({"expected_image_ids": [IMAGE], "image_ref": "bench/runner:stable"}))
+            .send()
+            .await;
+        check(put, "create the bench pool").await?;
+        let mut healthy = Vec::new();
+        let mut broken = Vec::new();
+        for i in 0..args.runners + args.broken {
+            let runner = register(
+                client,
+                base,
+                admin,
+                &pool,
+                &format!("bench-{i}"),
+                i < args.runners,
+            )
+            .await?;
+            if runner.healthy {
+                healthy.push(runner)
+            } else {
+                broken.push(runner)
+            }
+        }
+        let fleet = Fleet {
+            base: base.into(),
+            forge: forge.into(),
+            pool,
+            healthy: Arc::new(healthy),
+            broken: Arc::new(broken),
+        };
+        fleet.enqueue(client, args.jobs, args.concurrency).await?;
+        Ok(fleet)
+    }
+
+    /// Enqueues `n` jobs into the fleet's pool.
+    pub async fn enqueue(
+        &self,
+        client: &Client,
+        n: usize,
+        concurrency: usize,
+    ) -> anyhow::Result<()> {
+        enqueue_jobs(client, &self.base, &self.forge, &self.pool, n, concurrency).await
+    }
+
+    pub fn sample_attestation(&self) -> (String, String) {
+        let r = self
+            .healthy
+            .first()
+            .or(self.broken.first())
+            .expect("a bench runner");
+        (r.attest(), r.key.public_x())
+    }
+
+    pub async fn grants(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
+        let (client, url, runners) = (
+            client.clone(),
+            format!("{}/api/v1/lease", self.base),
+            self.healthy.clone(),
+        );
+        load::run("grants", drive, progress, move |w, n| {
+            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
+            async move {
+                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+                let body = json!({"attestation": runner.attest()});
+                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::OK)
+            }
+        })
+        .await
+    }
+
+    /// Lease, start and complete: one full cycle per operation.
+    pub async fn cycles(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
+        let (client, base, runners) = (client.clone(), self.base.clone(), self.healthy.clone());
+        load::run("cycles", drive, progress, move |w, n| {
+            let (client, base, runners) = (client.clone(), base.clone(), runners.clone());
+            async move {
+                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+                let body = json!({"attestation": runner.attest()});
+                let Ok(r) = client
+                    .post(format!("{base}/api/v1/lease"))
+                    .json(&body)
+                    .send()
+                    .await
+                else {
+                    return false;
+                };
+                if r.status() != StatusCode::OK {
+                    return false;
+                }
+                let Ok(lease) = r.json::<Value>().await else {
+                    return false;
+                };
+                let (id, token) = (
+                    lease["lease_id"].as_str().unwrap_or(""),
+                    lease["lease_token"].as_str().unwrap_or(""),
+                );
+                for (call, body) in [
+                    ("start", json!({})),
+                    ("complete", json!({"outcome": "succeeded"})),
+                ] {
+                    let url = format!("{base}/api/v1/leases/{id}/{call}");
+                    match client.post(url).bearer_auth(token).json(&body).send().await {
+                        Ok(r) if r.status() == StatusCode::OK => {}
+                        _ => return false,
+                    }
+                }
+                true
+            }
+        })
+        .await
+    }
+
+    pub async fn heartbeats(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
+        let (client, url, runners) = (
+            client.clone(),
+            format!("{}/api/v1/runners/heartbeat", self.base),
+            self.healthy.clone(),
+        );
+        load::run("heartbeats", drive, progress, move |w, n| {
+            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
+            async move {
+                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+                let body = json!({"attestation": runner.attest()});
+                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::OK)
+            }
+        })
+        .await
+    }
+
+    /// Leases from broken runners: each one must be refused (409).
+    pub async fn refusals(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
+        let (client, url, runners) = (
+            client.clone(),
+            format!("{}/api/v1/lease", self.base),
+            self.broken.clone(),
+        );
+        load::run("refusals", drive, progress, move |w, n| {
+            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
+            async move {
+                if runners.is_empty() {
+                    return false;
+                }
+                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+                let body = json!({"attestation": runner.attest()});
+                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::CONFLICT)
+            }
+        })
+        .await
+    }
+}
+
+/// Enqueues `n` jobs into `pool` through the forge API, `concurrency` at a time.
+pub async fn enqueue_jobs(
+    client: &Client,
+    base: &str,
+    forge: &str,
+    pool: &str,
+    n: usize,
+    concurrency: usize,
+) -> anyhow::Result<()> {
+    let next = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency.max(1) {
+        let (client, next) = (client.clone(), next.clone());
+        let (url, forge, pool) = (
+            format!("{base}/api/v1/jobs"),
+            forge.to_string(),
+            pool.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            while next.fetch_add(1, std::sync::atomic::Ordering::Relaxed) < n {
+                let r = client
+                    .post(&url)
+                    .bearer_auth(&forge)
+                    .json(&json!({"pool": pool, "payload": {}}))
+                    .send()
+                    .await;
+                check(r, "enqueue").await?;
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    Ok(())
+}
+
+/// Registers one runner through the API with a fresh key and registration token.
+pub async fn register(
+    client: &Client,
+    base: &str,
+    admin: &str,
+    pool: &str,
+    name: &str,
+    healthy: bool,
+) -> anyhow::Result<SimRunner> {
+    let token = client
+        .post(format!(
+            "{base}/api/v1/admin/pools/{pool}/registration-tokens"
+        ))
+        .bearer_auth(admin)
+        .json(&json!({}))
+        .send()
+        .await;
+    let token = check(token, "create a registration token").await?;
+    let key = RunnerKey::generate();
+    let body = json!({"registration_token": token["token"], "name": name, "public_key": key.public_jwk(),
+                      "labels": {"simulated": "true", "bench": "true"}});
+    let reg = check(
+        client
+            .post(format!("{base}/api/v1/runners"))
+            .json(&body)
+            .send()
+            .await,
+        "register",
+    )
+    .await?;
+    let state = RunnerState {
+        runner_id: reg["runner_id"].as_str().unwrap_or_default().into(),
+        name: name.into(),
+        pool: pool.into(),
+        server: base.into(),
+        audience: reg["audience"].as_str().unwrap_or("leasegate").into(),
+        heartbeat_interval_s: 15,
+        attestation_max_age_s: 60,
+        probe_max_age_s: 300,
+        registered_at: None,
+    };
+    Ok(SimRunner {
+        key,
+        state,
+        healthy,
+    })
+}

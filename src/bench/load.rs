@@ -1,0 +1,126 @@
+//! Driving one kind of request at a set concurrency (or a fixed rate) for a set time, and
+//! recording what came back: throughput, latency percentiles, errors.
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Mutex;
+
+/// What one operation's run measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct OpReport {
+    pub op: String,
+    pub ok: u64,
+    pub errors: u64,
+    pub seconds: f64,
+    pub per_second: f64,
+    pub p50_ms: f64,
+    pub p90_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+/// How hard to push.
+#[derive(Clone, Copy, Debug)]
+pub struct Drive {
+    pub concurrency: usize,
+    pub duration: Duration,
+    /// Requests per second across all workers; `None` for as fast as they go.
+    pub rate: Option<f64>,
+}
+
+/// Runs `op(worker, n)` from `drive.concurrency` workers until the time is up. `op` answers
+/// whether the request did what was asked; its latency is recorded either way.
+pub async fn run<F, Fut>(name: &str, drive: Drive, progress: bool, op: F) -> OpReport
+where
+    F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = bool> + Send,
+{
+    let op = Arc::new(op);
+    let hist = Arc::new(Mutex::new(
+        Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds"),
+    ));
+    let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let stop = Arc::new(AtomicBool::new(false));
+    let bar = progress.then(|| {
+        let bar = ProgressBar::new(drive.duration.as_secs().max(1));
+        bar.set_style(
+            ProgressStyle::with_template("{prefix:>12} [{bar:30}] {pos}/{len} s {msg}")
+                .expect("valid template")
+                .progress_chars("=> "),
+        );
+        bar.set_prefix(name.to_string());
+        bar
+    });
+    let started = Instant::now();
+    // With a fixed rate each worker paces itself to its share.
+    let interval = drive
+        .rate
+        .map(|r| Duration::from_secs_f64(drive.concurrency as f64 / r.max(0.001)));
+    let mut workers = Vec::new();
+    for w in 0..drive.concurrency {
+        let (op, hist, ok, errors, stop) = (
+            op.clone(),
+            hist.clone(),
+            ok.clone(),
+            errors.clone(),
+            stop.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut local =
+                Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).expect("valid bounds");
+            let mut n = 0u64;
+            let mut next = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                if let Some(i) = interval {
+                    tokio::time::sleep_until(next.into()).await;
+                    next += i;
+                }
+                let t = Instant::now();
+                let good = op(w, n).await;
+                local.saturating_record(t.elapsed().as_micros() as u64);
+                if good {
+                    ok.fetch_add(1, Ordering::Relaxed)
+                } else {
+                    errors.fetch_add(1, Ordering::Relaxed)
+                };
+                n += 1;
+            }
+            hist.lock().await.add(&local).ok();
+        }));
+    }
+    while started.elapsed() < drive.duration {
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        if let Some(bar) = &bar {
+            bar.set_position(started.elapsed().as_secs());
+            let rate = ok.load(Ordering::Relaxed) as f64 / started.elapsed().as_secs_f64();
+            bar.set_message(format!("{rate:.0}/s"));
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    for w in workers {
+        w.await.ok();
+    }
+    let seconds = started.elapsed().as_secs_f64();
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+    let h = hist.lock().await;
+    let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
+    let ok = ok.load(Ordering::Relaxed);
+    OpReport {
+        op: name.to_string(),
+        ok,
+        errors: errors.load(Ordering::Relaxed),
+        seconds,
+        per_second: ok as f64 / seconds,
+        p50_ms: ms(0.5),
+        p90_ms: ms(0.9),
+        p99_ms: ms(0.99),
+        max_ms: h.max() as f64 / 1000.0,
+    }
+}

@@ -1,0 +1,311 @@
+//! `leasegate bench`: the load generator behind `docs/BENCHMARKS.md`.
+//!
+//! It starts the service in-process (or targets `--server`), registers real runners with real
+//! keys, enqueues jobs, and drives one kind of request per phase: grants, full lease cycles,
+//! heartbeats, refused leases. In the same run it measures the limits the service is judged
+//! against: raw signature verifications per second with the same crypto backend, and the same
+//! claim transaction executed directly on the engine. Timings on a shared machine are noisy, so
+//! it reports ratios measured in one run rather than absolute thresholds.
+
+mod fleet;
+mod limits;
+mod load;
+
+use crate::config::{LogFormat, ServeArgs};
+use clap::Args;
+use load::{Drive, OpReport};
+use serde::Serialize;
+use std::path::PathBuf;
+use std::time::Duration;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Args, Debug, Clone)]
+pub struct BenchArgs {
+    /// Engine for the in-process service: `sqlite://PATH` (default: a temporary file) or
+    /// `postgres://…` (a database the bench may fill).
+    #[arg(long, env = "LEASEGATE_BENCH_DATABASE_URL")]
+    pub database_url: Option<String>,
+
+    /// Target a running service instead of starting one (needs the admin and forge tokens;
+    /// the raw-claim limit is measured only when `--database-url` names its database).
+    #[arg(long)]
+    pub server: Option<String>,
+
+    /// Admin token of `--server`.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN", hide_env_values = true)]
+    pub admin_token: Option<String>,
+
+    /// Forge token of `--server`.
+    #[arg(long, env = "LEASEGATE_FORGE_TOKEN", hide_env_values = true)]
+    pub forge_token: Option<String>,
+
+    /// Healthy simulated runners.
+    #[arg(long, default_value_t = 100)]
+    pub runners: usize,
+
+    /// Broken runners (their probe failed), whose leases are refused.
+    #[arg(long, default_value_t = 10)]
+    pub broken: usize,
+
+    /// Jobs queued before the grant phases.
+    #[arg(long, default_value_t = 20_000)]
+    pub jobs: usize,
+
+    /// Concurrent clients per phase.
+    #[arg(long, default_value_t = 32)]
+    pub concurrency: usize,
+
+    /// Seconds per phase.
+    #[arg(long, default_value_t = 5)]
+    pub duration_s: u64,
+
+    /// A fixed request rate per phase (requests per second) instead of as fast as possible.
+    #[arg(long)]
+    pub rate: Option<f64>,
+
+    /// Phases to run, comma-separated: grants, cycles, heartbeats, refusals.
+    #[arg(
+        long,
+        default_value = "grants,cycles,heartbeats,refusals",
+        value_delimiter = ','
+    )]
+    pub phases: Vec<String>,
+
+    /// Write the report as JSON here too.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+
+    /// No progress bars (for logs and tests).
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The limits measured beside the service in the same run.
+#[derive(Clone, Debug, Serialize)]
+pub struct Limits {
+    pub cores: usize,
+    pub verifications_per_second_per_core: f64,
+    pub verifications_per_second_all_cores: f64,
+    /// `None` when the engine was not reachable for a raw run (`--server` alone).
+    pub raw_claims_per_second: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Ratios {
+    /// Grants per second through HTTP ÷ raw claim transactions per second.
+    pub grants_vs_raw_claims: Option<f64>,
+    /// Heartbeats per second ÷ (raw verifications per second × cores).
+    pub heartbeats_vs_verifications: Option<f64>,
+    /// Refused leases per second ÷ (raw verifications per second × cores).
+    pub refusals_vs_verifications: Option<f64>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub engine: String,
+    pub concurrency: usize,
+    pub runners: usize,
+    pub jobs: usize,
+    pub ops: Vec<OpReport>,
+    pub limits: Limits,
+    pub ratios: Ratios,
+}
+
+/// The service under test: started here, or somewhere else.
+struct Target {
+    base: String,
+    admin: String,
+    forge: String,
+    database_url: Option<String>,
+    shutdown: Option<CancellationToken>,
+    _dir: Option<TempDir>,
+}
+
+struct TempDir(PathBuf);
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        std::fs::remove_dir_all(&self.0).ok();
+    }
+}
+
+async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
+    if let Some(base) = &args.server {
+        let admin = args
+            .admin_token
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("--server needs --admin-token"))?;
+        let forge = args
+            .forge_token
+            .clone()
+            .ok_or_else(|| anyhow::anyhow!("--server needs --forge-token"))?;
+        let base = base.trim_end_matches('/').to_string();
+        return Ok(Target {
+            base,
+            admin,
+            forge,
+            database_url: args.database_url.clone(),
+            shutdown: None,
+            _dir: None,
+        });
+    }
+    let dir =
+        TempDir(std::env::temp_dir().join(format!("leasegate-bench-{}", uuid::Uuid::now_v7())));
+    std::fs::create_dir_all(&dir.0)?;
+    let database_url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", dir.0.join("bench.db").display()));
+    let serve = ServeArgs {
+        listen: "127.0.0.1:0".parse()?,
+        database_url: database_url.clone(),
+        admin_token: Some(crate::secrets::generate_token("")),
+        admin_token_file: None,
+        forge_token: Some(crate::secrets::generate_token("")),
+        forge_token_file: None,
+        audience: "leasegate".into(),
+        attestation_max_age_s: 60,
+        probe_max_age_s: 300,
+        lease_ttl_s: 300,
+        heartbeat_interval_s: 15,
+        attestation_max_lifetime_s: 300,
+        clock_skew_s: 30,
+        max_body_bytes: 65536,
+        db_max_connections: (args.concurrency as u32 + 4).max(8),
+        db_acquire_timeout_ms: 10_000,
+        db_statement_timeout_ms: 10_000,
+        log_format: LogFormat::Human,
+    };
+    let shutdown = CancellationToken::new();
+    let state = crate::server::prepare(&serve, shutdown.clone()).await?;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let base = format!("http://{}", listener.local_addr()?);
+    let (admin, forge) = (state.secrets().admin.clone(), state.secrets().forge.clone());
+    tokio::spawn(async move {
+        if let Err(e) = crate::server::run(listener, state).await {
+            eprintln!("bench: the service stopped: {e:#}");
+        }
+    });
+    Ok(Target {
+        base,
+        admin,
+        forge,
+        database_url: Some(database_url),
+        shutdown: Some(shutdown),
+        _dir: Some(dir),
+    })
+}
+
+fn ratio(numerator: Option<&OpReport>, denominator: Option<f64>) -> Option<f64> {
+    match (numerator, denominator) {
+        (Some(op), Some(d)) if d > 0.0 => Some(op.per_second / d),
+        _ => None,
+    }
+}
+
+/// Runs the benchmark and prints (and optionally writes) its report.
+pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
+    let target = start(&args).await?;
+    let engine = match target.database_url.as_deref() {
+        Some(u) if u.starts_with("postgres") => "postgres",
+        Some(_) => "sqlite",
+        None => "unknown",
+    };
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(args.concurrency * 2)
+        .build()?;
+    let fleet =
+        fleet::Fleet::create(&client, &target.base, &target.admin, &target.forge, &args).await?;
+    let drive = Drive {
+        concurrency: args.concurrency,
+        duration: Duration::from_secs(args.duration_s),
+        rate: args.rate,
+    };
+    let mut ops = Vec::new();
+    for phase in &args.phases {
+        let report = match phase.as_str() {
+            "grants" => fleet.grants(&client, drive, !args.quiet).await,
+            "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
+            "heartbeats" => fleet.heartbeats(&client, drive, !args.quiet).await,
+            "refusals" => fleet.refusals(&client, drive, !args.quiet).await,
+            other => {
+                anyhow::bail!("unknown phase {other:?} (grants, cycles, heartbeats, refusals)")
+            }
+        };
+        ops.push(report);
+    }
+
+    let (per_core, cores) = limits::verifications_per_second(&fleet.sample_attestation());
+    let raw_claims = match &target.database_url {
+        Some(url) => Some(limits::raw_claims(url, &fleet, &client, &target, &args).await?),
+        None => None,
+    };
+    let limits = Limits {
+        cores,
+        verifications_per_second_per_core: per_core,
+        verifications_per_second_all_cores: per_core * cores as f64,
+        raw_claims_per_second: raw_claims,
+    };
+    let find = |name: &str| ops.iter().find(|o| o.op == name);
+    let ratios = Ratios {
+        grants_vs_raw_claims: ratio(find("grants"), limits.raw_claims_per_second),
+        heartbeats_vs_verifications: ratio(
+            find("heartbeats"),
+            Some(limits.verifications_per_second_all_cores),
+        ),
+        refusals_vs_verifications: ratio(
+            find("refusals"),
+            Some(limits.verifications_per_second_all_cores),
+        ),
+    };
+    let report = Report {
+        engine: engine.into(),
+        concurrency: args.concurrency,
+        runners: args.runners,
+        jobs: args.jobs,
+        ops,
+        limits,
+        ratios,
+    };
+    print(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
+    }
+    if let Some(s) = target.shutdown {
+        s.cancel();
+    }
+    Ok(report)
+}
+
+fn print(r: &Report) {
+    println!(
+        "leasegate bench: engine {}, {} clients, {} runners",
+        r.engine, r.concurrency, r.runners
+    );
+    println!(
+        "{:<12} {:>9} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8}",
+        "op", "ok", "errors", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms"
+    );
+    for o in &r.ops {
+        println!(
+            "{:<12} {:>9} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
+            o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms
+        );
+    }
+    let l = &r.limits;
+    println!(
+        "limits: {:.0} EdDSA verifications/s per core ({} cores: {:.0}/s); raw claim transactions: {}",
+        l.verifications_per_second_per_core,
+        l.cores,
+        l.verifications_per_second_all_cores,
+        l.raw_claims_per_second
+            .map_or("not measured".into(), |v| format!("{v:.0}/s"))
+    );
+    let show = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.2}x"));
+    println!(
+        "ratios: grants/raw claims {}, heartbeats/verifications {}, refusals/verifications {}",
+        show(r.ratios.grants_vs_raw_claims),
+        show(r.ratios.heartbeats_vs_verifications),
+        show(r.ratios.refusals_vs_verifications)
+    );
+}

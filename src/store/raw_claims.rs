@@ -1,0 +1,146 @@
+//! The claim transaction executed directly on each engine, without HTTP, JWT or the `Store`
+//! trait: the limit `leasegate bench` measures the service against, in the same run.
+//!
+//! It runs the very statements the store's claim runs (`CLAIM_CANDIDATE_SQL`, the job update,
+//! the lease insert) in one transaction per claim, with the engine's durable settings: SQLite
+//! in WAL with `synchronous=NORMAL` and `BEGIN IMMEDIATE` through its C library (rusqlite, no
+//! async hop), PostgreSQL through plain connections with `FOR UPDATE SKIP LOCKED`.
+
+use super::sql_store::CLAIM_CANDIDATE_SQL;
+use std::time::{Duration, Instant};
+
+const CLAIM_UPDATE_PREFIX: &str =
+    "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 WHERE seq = (";
+const LEASE_INSERT: &str = "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, granted_at, expires_at) \
+     VALUES ($1, $2, $3, $4, 'raw', 'leased', 1, $5, $6)";
+
+/// How many claims ran and for how long.
+#[derive(Clone, Copy, Debug)]
+pub struct RawClaims {
+    pub claims: u64,
+    pub elapsed: Duration,
+}
+
+impl RawClaims {
+    pub fn per_second(&self) -> f64 {
+        self.claims as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+fn now_ms() -> i64 {
+    crate::domain::time::Millis::now().0
+}
+
+/// Claims up to `n` jobs of `pool` for `runner_id` on the SQLite file at `path`, one
+/// transaction each, for at most `limit`.
+pub fn sqlite(
+    path: &str,
+    pool: &str,
+    runner_id: &str,
+    n: u64,
+    limit: Duration,
+) -> anyhow::Result<RawClaims> {
+    let conn = rusqlite::Connection::open(path)?;
+    conn.pragma_update(None, "journal_mode", "WAL")?;
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.busy_timeout(Duration::from_secs(5))?;
+    let claim_sql =
+        format!("{CLAIM_UPDATE_PREFIX}{CLAIM_CANDIDATE_SQL}) AND state = 'queued' RETURNING id");
+    let started = Instant::now();
+    let mut claims = 0;
+    while claims < n && started.elapsed() < limit {
+        conn.execute_batch("BEGIN IMMEDIATE")?;
+        let lease_id = uuid::Uuid::now_v7().to_string();
+        let now = now_ms();
+        let job: Option<String> = {
+            let mut stmt = conn.prepare_cached(&claim_sql)?;
+            let mut rows = stmt.query(rusqlite::params![lease_id, now, pool])?;
+            rows.next()?.map(|r| r.get(0)).transpose()?
+        };
+        let Some(job) = job else {
+            conn.execute_batch("ROLLBACK")?;
+            break;
+        };
+        conn.prepare_cached(LEASE_INSERT)?
+            .execute(rusqlite::params![
+                lease_id,
+                job,
+                runner_id,
+                pool,
+                now,
+                now + 300_000
+            ])?;
+        conn.execute_batch("COMMIT")?;
+        claims += 1;
+    }
+    Ok(RawClaims {
+        claims,
+        elapsed: started.elapsed(),
+    })
+}
+
+/// The same on PostgreSQL at `url`, from `concurrency` connections at once.
+pub async fn postgres(
+    url: &str,
+    pool: &str,
+    runner_id: &str,
+    n: u64,
+    concurrency: u32,
+    limit: Duration,
+) -> anyhow::Result<RawClaims> {
+    let db = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(concurrency)
+        .connect(url)
+        .await?;
+    let claim_sql: &'static str = Box::leak(
+        format!("{CLAIM_UPDATE_PREFIX}{CLAIM_CANDIDATE_SQL} FOR UPDATE SKIP LOCKED) AND state = 'queued' RETURNING id")
+            .into_boxed_str(),
+    );
+    let claimed = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for _ in 0..concurrency {
+        let (db, claimed, pool, runner_id) = (
+            db.clone(),
+            claimed.clone(),
+            pool.to_string(),
+            runner_id.to_string(),
+        );
+        tasks.push(tokio::spawn(async move {
+            use std::sync::atomic::Ordering;
+            while claimed.load(Ordering::Relaxed) < n && started.elapsed() < limit {
+                let mut tx = db.begin().await?;
+                let lease_id = uuid::Uuid::now_v7().to_string();
+                let now = now_ms();
+                let job: Option<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(claim_sql))
+                    .bind(&lease_id)
+                    .bind(now)
+                    .bind(&pool)
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some((job,)) = job else { break };
+                sqlx::query(LEASE_INSERT)
+                    .bind(&lease_id)
+                    .bind(&job)
+                    .bind(&runner_id)
+                    .bind(&pool)
+                    .bind(now)
+                    .bind(now + 300_000)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                claimed.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    for t in tasks {
+        t.await??;
+    }
+    let elapsed = started.elapsed();
+    db.close().await;
+    Ok(RawClaims {
+        claims: claimed.load(std::sync::atomic::Ordering::Relaxed),
+        elapsed,
+    })
+}
