@@ -4,6 +4,7 @@
 use crate::domain::attestation::AttestationRules;
 use crate::domain::runner::StatusRules;
 use crate::gate::Gate;
+use crate::registry::Registry;
 use crate::store::DynStore;
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -16,6 +17,10 @@ pub struct Settings {
     pub lease_ttl_s: i64,
     pub heartbeat_interval_s: i64,
     pub max_body_bytes: usize,
+    /// Consecutive failed resolutions after which a registry pool is `resolver_failing`.
+    pub resolver_failure_threshold: i64,
+    /// The share of live runners on a superseded image above which a roll is stalled.
+    pub roll_stalled_share: f64,
 }
 
 impl Settings {
@@ -44,6 +49,8 @@ struct Inner {
     settings: Settings,
     secrets: Secrets,
     gate: Gate,
+    /// Resolves registry pools' image references.
+    registry: Arc<Registry>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
     shutdown: CancellationToken,
 }
@@ -53,6 +60,7 @@ impl AppState {
         store: DynStore,
         settings: Settings,
         secrets: Secrets,
+        registry: Arc<Registry>,
         shutdown: CancellationToken,
     ) -> Self {
         let gate = Gate {
@@ -66,6 +74,7 @@ impl AppState {
                 settings,
                 secrets,
                 gate,
+                registry,
                 shutdown,
             }),
         }
@@ -85,6 +94,10 @@ impl AppState {
 
     pub fn gate(&self) -> &Gate {
         &self.inner.gate
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
     }
 
     pub fn shutdown(&self) -> &CancellationToken {

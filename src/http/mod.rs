@@ -8,6 +8,7 @@ pub mod json;
 pub mod lease;
 pub mod ops;
 pub mod problem;
+pub mod registry_events;
 pub mod runners;
 pub mod views;
 
@@ -26,6 +27,7 @@ pub fn router(state: AppState) -> Router {
         .merge(lease::router())
         .merge(forge::router())
         .merge(admin::router())
+        .merge(registry_events::router())
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body))

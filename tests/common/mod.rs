@@ -98,6 +98,13 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         db_max_connections: 8,
         db_acquire_timeout_ms: 3000,
         db_statement_timeout_ms: 5000,
+        registry_platform: "linux/amd64".into(),
+        registry_auth_file: None,
+        registry_auth: None,
+        insecure_registries: vec![],
+        registry_timeout_s: 10,
+        resolver_failure_threshold: 3,
+        roll_stalled_share: 0.5,
         log_format: LogFormat::Human,
     }
 }
