@@ -11,6 +11,7 @@ use super::pool::{ImagePolicy, Pool};
 use super::runner::{Runner, StatusRules};
 use super::time::Millis;
 use super::verdict::image_current;
+use std::collections::BTreeSet;
 
 /// Default share of live runners on a superseded image above which a roll is stalled.
 pub const DEFAULT_ROLL_STALLED_SHARE: f64 = 0.5;
@@ -48,10 +49,15 @@ pub fn roll_health(
     stalled_share: f64,
 ) -> RollHealth {
     let mut health = RollHealth::default();
+    let mut seen = BTreeSet::new();
     for runner in runners
         .iter()
         .filter(|r| r.pool == pool.name && is_live(r, now, rules))
     {
+        // A runner listed twice (once per live lease it holds) is one runner.
+        if !seen.insert(&runner.id) {
+            continue;
+        }
         health.live += 1;
         let image = &runner
             .latest
@@ -172,6 +178,7 @@ mod tests {
             runner("p", 4, None, Some(5)),        // no image.id: image_unreported, not drift
             runner("q", 5, Some('a'), Some(5)),   // another pool
             runner("p", 6, Some('b'), Some(5)),
+            runner("p", 6, Some('b'), Some(5)), // the same runner, listed twice
         ];
         let h = roll_health(&p, &runners, NOW, RULES, 0.5);
         assert_eq!((h.live, h.drifted, h.roll_stalled), (2, 0, false));

@@ -5,7 +5,9 @@
 //! starts a resolution of each registry pool whose `image_ref` names that repository and tag.
 //! The answer is 202 at once, with the pools being resolved: a registry waits for its
 //! notification endpoint only briefly and retries on a timeout, so the resolutions run in the
-//! background and their outcome shows on the pools. Pulls, deletes, blob events and pushes by
+//! background and their outcome shows on the pools. The registry notifies a manifest push
+//! before it moves the tag, so a resolution that does not yet see the pushed digest under the
+//! tag looks again a few times (`resolver::spawn_resolutions`). Pulls, deletes, blob events and pushes by
 //! digest (which move no tag) resolve nothing. The registry host in the event is not compared:
 //! a pusher may reach the registry under another name than leasegate does, and a resolution
 //! too many is harmless.
@@ -14,6 +16,7 @@ use super::auth::AdminAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::domain::digest::ImageDigest;
 use crate::domain::pool::ImageSource;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver;
@@ -48,22 +51,37 @@ struct Target {
     repository: String,
     #[serde(default)]
     tag: Option<String>,
+    #[serde(default)]
+    digest: Option<String>,
 }
 
-/// The `(repository, tag)` that each tag push in `envelope` moved.
-fn pushed_tags(envelope: &Envelope) -> Vec<(&str, &str)> {
-    let mut pushed: Vec<(&str, &str)> = envelope
+/// One tag push: the repository, the tag, and the digest pushed under it (when it is one).
+#[derive(Debug, PartialEq, Eq)]
+struct TagPush<'a> {
+    repository: &'a str,
+    tag: &'a str,
+    digest: Option<ImageDigest>,
+}
+
+/// The tag pushes of `envelope`, in order.
+fn pushed_tags(envelope: &Envelope) -> Vec<TagPush<'_>> {
+    envelope
         .events
         .iter()
         .filter(|e| e.action == "push" && !e.target.repository.is_empty())
         .filter_map(|e| {
             let tag = e.target.tag.as_deref().filter(|t| !t.is_empty())?;
-            Some((e.target.repository.as_str(), tag))
+            Some(TagPush {
+                repository: e.target.repository.as_str(),
+                tag,
+                digest: e
+                    .target
+                    .digest
+                    .as_deref()
+                    .and_then(|d| ImageDigest::parse(d).ok()),
+            })
         })
-        .collect();
-    pushed.sort();
-    pushed.dedup();
-    pushed
+        .collect()
 }
 
 async fn registry_events(
@@ -85,15 +103,18 @@ async fn registry_events(
             else {
                 continue;
             };
-            let named = pushed.iter().any(|(repository, tag)| {
-                image.repository == *repository && image.moving_tag() == Some(*tag)
-            });
-            if named {
-                pools.push(pool);
+            // The last push of the pool's tag in the envelope is the one the tag ends on.
+            let last = pushed
+                .iter()
+                .rev()
+                .find(|p| image.repository == p.repository && image.moving_tag() == Some(p.tag));
+            if let Some(push) = last {
+                let digest = push.digest.clone();
+                pools.push((pool, digest));
             }
         }
     }
-    let names: Vec<String> = pools.iter().map(|p| p.name.to_string()).collect();
+    let names: Vec<String> = pools.iter().map(|(p, _)| p.name.to_string()).collect();
     tracing::info!(
         events = envelope.events.len(),
         tag_pushes = pushed.len(),
@@ -112,7 +133,7 @@ mod tests {
     fn only_tag_pushes_count() {
         let envelope: Envelope = serde_json::from_value(json!({"events": [
             {"action": "push", "target": {"repository": "ci/runner", "tag": "stable",
-              "digest": "sha256:x", "mediaType": "application/vnd.oci.image.manifest.v1+json"},
+              "digest": "sha256:0fe3c799a0f15af08aae8de219301ea0d02ec887bd9ff650cda30239a4aa6982", "mediaType": "application/vnd.oci.image.manifest.v1+json"},
              "request": {"host": "127.0.0.1:5000"}},
             {"action": "push", "target": {"repository": "ci/runner", "tag": "stable"}},
             {"action": "push", "target": {"repository": "ci/runner", "digest": "sha256:y"}},
@@ -122,6 +143,17 @@ mod tests {
             {"action": "delete", "target": {"repository": "ci/gone", "tag": "v1"}}
         ]}))
         .unwrap();
-        assert_eq!(pushed_tags(&envelope), vec![("ci/runner", "stable")]);
+        let pushes = pushed_tags(&envelope);
+        let summary: Vec<(&str, &str, bool)> = pushes
+            .iter()
+            .map(|p| (p.repository, p.tag, p.digest.is_some()))
+            .collect();
+        assert_eq!(
+            summary,
+            vec![
+                ("ci/runner", "stable", true),
+                ("ci/runner", "stable", false)
+            ]
+        );
     }
 }

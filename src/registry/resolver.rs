@@ -14,6 +14,7 @@
 //! that one slow registry does not hold up the others' pools.
 
 use super::Registry;
+use crate::domain::digest::ImageDigest;
 use crate::domain::pool::{ImageSource, Pool, PoolName, ResolutionOutcome};
 use crate::domain::time::Millis;
 use crate::store::{DynStore, StoreError};
@@ -182,11 +183,46 @@ pub async fn run(store: DynStore, registry: Arc<Registry>, shutdown: Cancellatio
     running.shutdown().await;
 }
 
-/// Starts an attempt for each of `pools` in the background (a registry push notification):
-/// the notification is answered at once, as registries expect.
-pub fn spawn_resolutions(store: &DynStore, registry: &Arc<Registry>, pools: Vec<Pool>) {
-    for pool in pools {
+/// How often, and how far apart, a notified resolution looks again for the pushed digest.
+pub const NOTIFIED_ATTEMPTS: u32 = 10;
+pub const NOTIFIED_RETRY: Duration = Duration::from_millis(500);
+
+/// Starts a resolution of each pool in the background (a registry push notification), so
+/// that the notification is answered at once, as registries expect. A registry notifies a
+/// manifest push before it moves the tag, so a resolution that does not find the pushed
+/// digest yet looks again, up to `NOTIFIED_ATTEMPTS` times `NOTIFIED_RETRY` apart; it stops
+/// at the first failure (recorded as any other) and leaves the rest to the schedule.
+pub fn spawn_resolutions(
+    store: &DynStore,
+    registry: &Arc<Registry>,
+    pools: Vec<(Pool, Option<ImageDigest>)>,
+) {
+    for (pool, pushed) in pools {
         let (store, registry) = (store.clone(), registry.clone());
-        tokio::spawn(async move { background_attempt(&store, &registry, pool).await });
+        tokio::spawn(async move {
+            let name = pool.name.clone();
+            let mut current = pool;
+            for attempt in 1..=NOTIFIED_ATTEMPTS {
+                if attempt > 1 {
+                    tokio::time::sleep(NOTIFIED_RETRY).await;
+                    match store.get_pool(&name).await {
+                        Ok(Some(p)) => current = p,
+                        _ => return,
+                    }
+                }
+                match resolve_loaded(&store, &registry, current.clone()).await {
+                    Ok(resolved) if pushed.is_none() || resolved.resolved_digest == pushed => {
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(ResolvePoolError::Store(e)) => {
+                        tracing::warn!(error = %e, "cannot record a pool resolution");
+                        return;
+                    }
+                    Err(_) => return,
+                }
+            }
+            tracing::info!(pool = %name, "the pushed digest did not show under the tag; left to the schedule");
+        });
     }
 }

@@ -3,6 +3,7 @@
 //! assert against a real listener.
 #![allow(dead_code, unused_macros, unused_imports)]
 
+pub mod oci;
 pub mod pg;
 pub mod proxy;
 
@@ -147,6 +148,15 @@ pub async fn spawn_replica(of: &TestApp) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
     let mut args = test_args(dir.path());
     args.database_url = of.database_url.clone();
+    start_replica(args, dir, None, of.engine).await
+}
+
+/// Another replica on the database `of` runs on, with its configuration adjusted.
+pub async fn spawn_replica_with(of: &TestApp, adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = test_args(dir.path());
+    args.database_url = of.database_url.clone();
+    adjust(&mut args);
     start_replica(args, dir, None, of.engine).await
 }
 
