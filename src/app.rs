@@ -21,6 +21,8 @@ pub struct Settings {
     pub resolver_failure_threshold: i64,
     /// The share of live runners on a superseded image above which a roll is stalled.
     pub roll_stalled_share: f64,
+    /// Whether this replica runs the background registry resolver.
+    pub background_resolver: bool,
 }
 
 impl Settings {

@@ -139,6 +139,16 @@ pub struct ServeArgs {
     )]
     pub insecure_registries: Vec<String>,
 
+    /// Run the background resolver, which resolves every registry pool when it is due. When
+    /// off, registry pools are resolved only on `POST …/resolve` and push notifications.
+    #[arg(
+        long,
+        env = "LEASEGATE_REGISTRY_RESOLVER",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub registry_resolver: bool,
+
     /// The limit on each request to a registry, in seconds.
     #[arg(long, env = "LEASEGATE_REGISTRY_TIMEOUT_S", default_value_t = 30)]
     pub registry_timeout_s: u64,

@@ -30,6 +30,7 @@ impl Settings {
             max_body_bytes: args.max_body_bytes,
             resolver_failure_threshold: args.resolver_failure_threshold,
             roll_stalled_share: args.roll_stalled_share,
+            background_resolver: args.registry_resolver,
         }
     }
 }
@@ -112,13 +113,13 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
 pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<AppState> {
     args.validate()?;
     let secrets = load_secrets(args)?;
+    let registry = Registry::new(args.registry_settings()?).context(
+        "setting up the registry client (LEASEGATE_REGISTRY_AUTH_FILE, LEASEGATE_REGISTRY_AUTH)",
+    )?;
     let store: DynStore = store::open(&args.database_url, &args.pg_settings())
         .await
         .with_context(|| format!("opening the database {}", redact(&args.database_url)))?;
     tracing::info!(engine = store.engine(), "database ready");
-    let registry = Registry::new(args.registry_settings()?).context(
-        "setting up the registry client (LEASEGATE_REGISTRY_AUTH_FILE, LEASEGATE_REGISTRY_AUTH)",
-    )?;
     Ok(AppState::new(
         store,
         Settings::from_args(args),
@@ -132,17 +133,21 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
 pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
     let shutdown = state.shutdown().clone();
     let sweeper = tokio::spawn(crate::sweeper::run(state.store().clone(), shutdown.clone()));
-    let resolver = tokio::spawn(crate::registry::resolver::run(
-        state.store().clone(),
-        state.registry().clone(),
-        shutdown.clone(),
-    ));
+    let resolver = state.settings().background_resolver.then(|| {
+        tokio::spawn(crate::registry::resolver::run(
+            state.store().clone(),
+            state.registry().clone(),
+            shutdown.clone(),
+        ))
+    });
     let app = crate::http::router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     sweeper.await.ok();
-    resolver.await.ok();
+    if let Some(resolver) = resolver {
+        resolver.await.ok();
+    }
     Ok(())
 }
 

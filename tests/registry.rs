@@ -47,7 +47,11 @@ on_both_engines_fn!(
 /// A service on `engine` that reaches `insecure` over plain HTTP.
 async fn app_for(engine: Engine, insecure: &[String]) -> Option<TestApp> {
     let insecure = insecure.to_vec();
-    spawn_app_on_with(engine, move |args| args.insecure_registries = insecure).await
+    spawn_app_on_with(engine, move |args| {
+        args.insecure_registries = insecure;
+        args.registry_resolver = true;
+    })
+    .await
 }
 
 async fn put_registry_pool(app: &TestApp, name: &str, image_ref: &str, grace_s: i64) -> Value {
@@ -463,7 +467,11 @@ async fn an_index_resolves_every_platform_and_names_the_service_platform() {
     let index = LocalIndex::create(&[&amd, &arm]).await;
     index.push(&image_ref).await;
 
-    let app = spawn_app_with(|args| args.insecure_registries = vec![registry.host()]).await;
+    let app = spawn_app_with(|args| {
+        args.insecure_registries = vec![registry.host()];
+        args.registry_resolver = true;
+    })
+    .await;
     put_registry_pool(&app, "multi", &image_ref, 900).await;
     let pool = wait_for_pool(&app, "multi", "resolution", |p| {
         p["resolver_status"] == "ok"
@@ -506,7 +514,11 @@ async fn a_push_notification_resolves_the_pools_of_that_tag() {
     }
     let port = free_port();
     let host = format!("127.0.0.1:{port}");
-    let app = spawn_app_with(|args| args.insecure_registries = vec![host.clone()]).await;
+    let app = spawn_app_with(|args| {
+        args.insecure_registries = vec![host.clone()];
+        args.registry_resolver = true;
+    })
+    .await;
     let registry = TestRegistry::start_on(
         port,
         Some(Notify {
@@ -596,6 +608,7 @@ async fn the_bearer_token_challenge_with_an_auth_file() {
     let app = spawn_app_with(|args| {
         args.insecure_registries = vec![fake.host()];
         args.registry_auth_file = Some(auth_file.clone());
+        args.registry_resolver = true;
     })
     .await;
     put_registry_pool(&app, "private", &fake.image_ref(), 900).await;
@@ -772,6 +785,7 @@ async fn replicas_do_not_stampede_the_registry() {
     let adjust = |args: &mut leasegate::config::ServeArgs| {
         args.insecure_registries = vec![host.clone()];
         args.registry_auth_file = Some(auth_file.clone());
+        args.registry_resolver = true;
     };
     let Some(first) = spawn_app_on_with(Engine::Postgres, adjust).await else {
         return;

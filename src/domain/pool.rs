@@ -289,6 +289,11 @@ impl Pool {
         let same_reference = current.filter(|old| {
             old.image_source == ImageSource::Registry && old.image_ref == spec.image_ref
         });
+        // The schedule follows the spec's interval from the last attempt (a PUT may change it).
+        let next_after_last = current
+            .and_then(|old| old.last_resolution.as_ref())
+            .map(|last| last.at.plus_secs(spec.resolve_interval_s))
+            .or(Some(now));
         let (resolved_digest, resolved_image_id, resolution_failures, next_resolve_at) =
             match (spec.image_source, same_reference) {
                 (ImageSource::Manual, _) => (None, None, 0, None),
@@ -297,16 +302,13 @@ impl Pool {
                     old.resolved_digest.clone(),
                     old.resolved_image_id.clone(),
                     old.resolution_failures,
-                    old.next_resolve_at.or(Some(now)),
+                    next_after_last,
                 ),
                 // A set named by the operator is no longer what the registry said: the next
                 // resolution fetches everything again instead of trusting a HEAD.
-                (ImageSource::Registry, Some(old)) => (
-                    None,
-                    None,
-                    old.resolution_failures,
-                    old.next_resolve_at.or(Some(now)),
-                ),
+                (ImageSource::Registry, Some(old)) => {
+                    (None, None, old.resolution_failures, next_after_last)
+                }
             };
         Pool {
             name,
@@ -696,9 +698,19 @@ mod tests {
             Some(ResolverStatus::NeverResolved)
         );
         // A PUT that changes only the grace keeps everything the resolver found.
-        let regraced = Pool::apply(name, Some(&pool), registry_spec("ci/runner:stable", 0), t1);
+        let regraced = Pool::apply(
+            name.clone(),
+            Some(&pool),
+            registry_spec("ci/runner:stable", 0),
+            t1,
+        );
         assert_eq!(regraced.resolved_digest, pool.resolved_digest);
         assert_eq!(regraced.next_resolve_at, pool.next_resolve_at);
         assert_eq!(regraced.expected_image_ids, pool.expected_image_ids);
+        // A shorter interval brings the next attempt forward, from the last one.
+        let mut faster = registry_spec("ci/runner:stable", 60);
+        faster.resolve_interval_s = 30;
+        let faster = Pool::apply(name, Some(&pool), faster, t1);
+        assert_eq!(faster.next_resolve_at, Some(t0.plus_secs(30)));
     }
 }

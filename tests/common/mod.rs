@@ -103,6 +103,9 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         registry_auth_file: None,
         registry_auth: None,
         insecure_registries: vec![],
+        // Off unless a test asks for it: a registry pool's reference is never resolved behind
+        // a test's back (a reference without a host is on Docker Hub, off this machine).
+        registry_resolver: false,
         registry_timeout_s: 10,
         resolver_failure_threshold: 3,
         roll_stalled_share: 0.5,
