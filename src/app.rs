@@ -8,6 +8,7 @@ use crate::domain::runner::StatusRules;
 use crate::domain::time::Millis;
 use crate::gate::Gate;
 use crate::metrics::Metrics;
+use crate::registry::Registry;
 use crate::store::{DynStore, StoreResult};
 use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
@@ -20,6 +21,12 @@ pub struct Settings {
     pub lease_ttl_s: i64,
     pub heartbeat_interval_s: i64,
     pub max_body_bytes: usize,
+    /// Consecutive failed resolutions after which a registry pool is `resolver_failing`.
+    pub resolver_failure_threshold: i64,
+    /// The share of live runners on a superseded image above which a roll is stalled.
+    pub roll_stalled_share: f64,
+    /// Whether this replica runs the background registry resolver.
+    pub background_resolver: bool,
 }
 
 impl Settings {
@@ -49,6 +56,8 @@ struct Inner {
     secrets: Secrets,
     gate: Gate,
     metrics: Arc<Metrics>,
+    /// Resolves registry pools' image references.
+    registry: Arc<Registry>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
     shutdown: CancellationToken,
 }
@@ -58,6 +67,7 @@ impl AppState {
         store: DynStore,
         settings: Settings,
         secrets: Secrets,
+        registry: Arc<Registry>,
         shutdown: CancellationToken,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
@@ -73,6 +83,7 @@ impl AppState {
             secrets,
             gate,
             metrics,
+            registry,
             shutdown,
         };
         AppState {
@@ -110,6 +121,10 @@ impl AppState {
         }
         tracing::info!(runner_id = %id, leases_ended = ended.len(), "runner revoked");
         Ok(Some(runner))
+    }
+
+    pub fn registry(&self) -> &Arc<Registry> {
+        &self.inner.registry
     }
 
     pub fn shutdown(&self) -> &CancellationToken {

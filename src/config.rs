@@ -115,6 +115,61 @@ pub struct ServeArgs {
     )]
     pub db_statement_timeout_ms: u64,
 
+    /// The platform (`os/architecture[/variant]`) whose config digest is *the* image ID of a
+    /// registry pool whose reference names a multi-platform index. Every platform's digests
+    /// are accepted whatever this says.
+    #[arg(
+        long,
+        env = "LEASEGATE_REGISTRY_PLATFORM",
+        default_value = "linux/amd64"
+    )]
+    pub registry_platform: String,
+
+    /// A containers auth file (podman's `auth.json`) with credentials for registries. Read
+    /// afresh for every resolution.
+    #[arg(long, env = "LEASEGATE_REGISTRY_AUTH_FILE")]
+    pub registry_auth_file: Option<PathBuf>,
+
+    /// The JSON of an auth file given directly (its entries win over the file's).
+    #[arg(long, env = "LEASEGATE_REGISTRY_AUTH", hide_env_values = true)]
+    pub registry_auth: Option<String>,
+
+    /// Registries (`host:port`, comma-separated) reached over plain HTTP instead of TLS.
+    #[arg(
+        long,
+        env = "LEASEGATE_INSECURE_REGISTRIES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub insecure_registries: Vec<String>,
+
+    /// Run the background resolver, which resolves every registry pool when it is due. When
+    /// off, registry pools are resolved only on `POST …/resolve` and push notifications.
+    #[arg(
+        long,
+        env = "LEASEGATE_REGISTRY_RESOLVER",
+        default_value_t = true,
+        action = clap::ArgAction::Set
+    )]
+    pub registry_resolver: bool,
+
+    /// The limit on each request to a registry, in seconds.
+    #[arg(long, env = "LEASEGATE_REGISTRY_TIMEOUT_S", default_value_t = 30)]
+    pub registry_timeout_s: u64,
+
+    /// Consecutive failed resolutions after which a registry pool shows `resolver_failing`.
+    #[arg(
+        long,
+        env = "LEASEGATE_RESOLVER_FAILURE_THRESHOLD",
+        default_value_t = 3
+    )]
+    pub resolver_failure_threshold: i64,
+
+    /// The share of a pool's live runners on a superseded image above which the pool reports
+    /// `roll_stalled`.
+    #[arg(long, env = "LEASEGATE_ROLL_STALLED_SHARE", default_value_t = 0.5)]
+    pub roll_stalled_share: f64,
+
     /// Log format.
     #[arg(long, env = "LEASEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,
@@ -160,6 +215,46 @@ impl ServeArgs {
             !self.audience.is_empty(),
             "LEASEGATE_AUDIENCE must not be empty"
         );
+        anyhow::ensure!(
+            self.resolver_failure_threshold >= 1,
+            "LEASEGATE_RESOLVER_FAILURE_THRESHOLD must be at least 1"
+        );
+        anyhow::ensure!(
+            (0.0..=1.0).contains(&self.roll_stalled_share),
+            "LEASEGATE_ROLL_STALLED_SHARE must be from 0 to 1"
+        );
+        anyhow::ensure!(
+            self.registry_timeout_s >= 1,
+            "LEASEGATE_REGISTRY_TIMEOUT_S must be positive"
+        );
+        self.registry_settings()?;
         Ok(())
+    }
+
+    /// How the service talks to registries; names the variable at fault.
+    pub fn registry_settings(&self) -> anyhow::Result<crate::registry::RegistrySettings> {
+        let platform = crate::registry::resolve::Platform::parse(&self.registry_platform)
+            .map_err(|e| anyhow::anyhow!("LEASEGATE_REGISTRY_PLATFORM: {e}"))?;
+        let insecure: Vec<String> = self
+            .insecure_registries
+            .iter()
+            .map(|h| h.trim().to_string())
+            .filter(|h| !h.is_empty())
+            .collect();
+        for host in &insecure {
+            anyhow::ensure!(
+                !host.contains('/') && !host.contains(char::is_whitespace),
+                "LEASEGATE_INSECURE_REGISTRIES: `{host}` is not host:port"
+            );
+        }
+        Ok(crate::registry::RegistrySettings {
+            platform,
+            insecure,
+            auth: crate::registry::auth::AuthSource {
+                file: self.registry_auth_file.clone(),
+                inline: self.registry_auth.clone().filter(|s| !s.is_empty()),
+            },
+            timeout: std::time::Duration::from_secs(self.registry_timeout_s),
+        })
     }
 }

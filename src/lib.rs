@@ -9,6 +9,8 @@
 //! - [`gate`]: rules 1–13 end to end, recording what the protocol says to record.
 //! - [`store`]: the `Store` trait and its engines; the only place SQL lives.
 //! - [`http`]: axum routers, one module per party, and the problem+json error.
+//! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
+//!   the background resolver.
 //! - [`server`], [`sweeper`]: starting, stopping, and housekeeping.
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
@@ -23,6 +25,7 @@ pub mod domain;
 pub mod gate;
 pub mod http;
 pub mod metrics;
+pub mod registry;
 pub mod secrets;
 pub mod server;
 pub mod store;

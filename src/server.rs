@@ -1,5 +1,5 @@
 //! Starting and stopping the service: configuration to settings, secrets, store, listener,
-//! sweeper, and a graceful shutdown on SIGTERM or Ctrl-C.
+//! sweeper and registry resolver, and a graceful shutdown on SIGTERM or Ctrl-C.
 //!
 //! `run(listener, state, shutdown)` takes its listener and shutdown signal from the caller, so
 //! that tests and `demo` start the real service on port 0 and stop it when they like.
@@ -7,9 +7,11 @@
 use crate::app::{AppState, Secrets, Settings};
 use crate::config::ServeArgs;
 use crate::domain::attestation::AttestationRules;
+use crate::registry::Registry;
 use crate::store::{self, DynStore};
 use anyhow::Context;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -26,6 +28,9 @@ impl Settings {
             lease_ttl_s: args.lease_ttl_s,
             heartbeat_interval_s: args.heartbeat_interval_s,
             max_body_bytes: args.max_body_bytes,
+            resolver_failure_threshold: args.resolver_failure_threshold,
+            roll_stalled_share: args.roll_stalled_share,
+            background_resolver: args.registry_resolver,
         }
     }
 }
@@ -108,6 +113,9 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
 pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<AppState> {
     args.validate()?;
     let secrets = load_secrets(args)?;
+    let registry = Registry::new(args.registry_settings()?).context(
+        "setting up the registry client (LEASEGATE_REGISTRY_AUTH_FILE, LEASEGATE_REGISTRY_AUTH)",
+    )?;
     let store: DynStore = store::open(&args.database_url, &args.pg_settings())
         .await
         .with_context(|| format!("opening the database {}", redact(&args.database_url)))?;
@@ -116,6 +124,7 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
         store,
         Settings::from_args(args),
         secrets,
+        Arc::new(registry),
         shutdown,
     ))
 }
@@ -128,11 +137,21 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         state.metrics().clone(),
         shutdown.clone(),
     ));
+    let resolver = state.settings().background_resolver.then(|| {
+        tokio::spawn(crate::registry::resolver::run(
+            state.store().clone(),
+            state.registry().clone(),
+            shutdown.clone(),
+        ))
+    });
     let app = crate::http::router(state);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { shutdown.cancelled().await })
         .await?;
     sweeper.await.ok();
+    if let Some(resolver) = resolver {
+        resolver.await.ok();
+    }
     Ok(())
 }
 

@@ -11,8 +11,9 @@ mod fleet;
 mod limits;
 mod load;
 
-use crate::config::{LogFormat, ServeArgs};
+use crate::config::ServeArgs;
 use clap::Args;
+use clap::Parser;
 use load::{Drive, OpReport};
 use serde::Serialize;
 use std::path::PathBuf;
@@ -121,6 +122,13 @@ struct Target {
     _dir: Option<TempDir>,
 }
 
+/// `ServeArgs` as `serve` would read them with no flags.
+#[derive(clap::Parser)]
+struct ServeDefaults {
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
 struct TempDir(PathBuf);
 
 impl Drop for TempDir {
@@ -156,26 +164,14 @@ async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
         .database_url
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", dir.0.join("bench.db").display()));
-    let serve = ServeArgs {
-        listen: "127.0.0.1:0".parse()?,
-        database_url: database_url.clone(),
-        admin_token: Some(crate::secrets::generate_token("")),
-        admin_token_file: None,
-        forge_token: Some(crate::secrets::generate_token("")),
-        forge_token_file: None,
-        audience: "leasegate".into(),
-        attestation_max_age_s: 60,
-        probe_max_age_s: 300,
-        lease_ttl_s: 300,
-        heartbeat_interval_s: 15,
-        attestation_max_lifetime_s: 300,
-        clock_skew_s: 30,
-        max_body_bytes: 65536,
-        db_max_connections: (args.concurrency as u32 + 4).max(8),
-        db_acquire_timeout_ms: 10_000,
-        db_statement_timeout_ms: 10_000,
-        log_format: LogFormat::Human,
-    };
+    // The service's own defaults (and LEASEGATE_* settings), with the bench's database,
+    // tokens and listener.
+    let mut serve = ServeDefaults::parse_from(["leasegate"]).serve;
+    serve.listen = "127.0.0.1:0".parse()?;
+    serve.database_url = database_url.clone();
+    serve.admin_token = Some(crate::secrets::generate_token(""));
+    serve.forge_token = Some(crate::secrets::generate_token(""));
+    serve.db_max_connections = (args.concurrency as u32 + 4).max(8);
     let shutdown = CancellationToken::new();
     let state = crate::server::prepare(&serve, shutdown.clone()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -11,6 +11,7 @@ pub mod job;
 pub mod json_object;
 pub mod lease;
 pub mod pool;
+pub mod roll;
 pub mod runner;
 pub mod text;
 pub mod time;

@@ -172,6 +172,45 @@ pub struct Resolution {
     pub error: Option<String>,
 }
 
+/// What one attempt to resolve a pool's `image_ref` against its registry came to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ResolutionOutcome {
+    /// The reference resolved to `image`.
+    Resolved(ResolvedImage),
+    /// The reference still points at `digest`, the one the pool last resolved to (a `HEAD`
+    /// answered it; nothing else was fetched).
+    Unchanged { digest: ImageDigest },
+    /// The attempt failed (network, 5xx, authentication, unknown tag, bad manifest). The
+    /// message is for operators and never carries credentials.
+    Failed { error: String },
+}
+
+/// What a reference resolved to.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ResolvedImage {
+    /// The digest the reference points at: an image manifest, or an image index.
+    pub digest: ImageDigest,
+    /// The config digest (the image ID a runner's `image inspect` reports) of the service's
+    /// platform, when the reference has an image for it.
+    pub image_id: Option<ImageDigest>,
+    /// Everything a runner of this pool may run: the digest, and for every platform its
+    /// manifest digest and config digest.
+    pub accepted: Vec<ImageDigest>,
+}
+
+/// How a registry pool's resolver is doing, as the pool view shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResolverStatus {
+    /// The last resolution succeeded, or fewer than the threshold of attempts failed since.
+    Ok,
+    /// No resolution of the current `image_ref` has succeeded yet.
+    NeverResolved,
+    /// At least the threshold of consecutive attempts failed: the pool gates on its last
+    /// known good set.
+    ResolverFailing,
+}
+
 /// A pool as stored.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Pool {
@@ -185,8 +224,37 @@ pub struct Pool {
     pub drift_grace_s: i64,
     pub resolve_interval_s: i64,
     pub last_resolution: Option<Resolution>,
+    /// Consecutive failed resolutions since the last success (0 for manual pools).
+    pub resolution_failures: i64,
+    /// The digest `image_ref` last resolved to (registry pools), `None` until the first
+    /// success for the current reference.
+    pub resolved_digest: Option<ImageDigest>,
+    /// The config digest of the service's platform in that resolution, when there was one.
+    pub resolved_image_id: Option<ImageDigest>,
+    /// When the next background resolution is due (registry pools only).
+    pub next_resolve_at: Option<Millis>,
     pub created_at: Millis,
     pub updated_at: Millis,
+}
+
+/// The sets after `new` replaces the current set at `now`: when it differs from a non-empty
+/// current set, the current set becomes the previous one, accepted for `grace_s`; otherwise
+/// the previous set and its grace are left as they are (the grace is not restarted).
+fn roll_sets(
+    current: &[ImageDigest],
+    previous: &[ImageDigest],
+    previous_valid_until: Option<Millis>,
+    mut new: Vec<ImageDigest>,
+    grace_s: i64,
+    now: Millis,
+) -> (Vec<ImageDigest>, Vec<ImageDigest>, Option<Millis>) {
+    new.sort();
+    new.dedup();
+    if new.as_slice() != current && !current.is_empty() {
+        (new, current.to_vec(), Some(now.plus_secs(grace_s)))
+    } else {
+        (new, previous.to_vec(), previous_valid_until)
+    }
 }
 
 impl Pool {
@@ -195,33 +263,53 @@ impl Pool {
     /// When the expected set changes, the set it replaces stays accepted for the new spec's
     /// grace. Only the immediately previous set is kept. A registry pool keeps its resolved set
     /// (an admin PUT does not clear what the resolver found) unless the spec names one.
+    ///
+    /// A registry pool whose reference is new (created, switched to `registry`, or given
+    /// another `image_ref`) is due for resolution at once and starts its resolver record
+    /// afresh; a set named in the spec of a registry pool stands until the next resolution.
     pub fn apply(name: PoolName, current: Option<&Pool>, spec: PoolSpec, now: Millis) -> Pool {
-        let mut expected: Vec<ImageDigest> = spec.expected_image_ids;
-        expected.sort();
-        expected.dedup();
-        let keep_resolved = spec.image_source == ImageSource::Registry && expected.is_empty();
+        let keep_resolved =
+            spec.image_source == ImageSource::Registry && spec.expected_image_ids.is_empty();
         let (expected, previous, previous_valid_until) = match current {
             Some(old) if keep_resolved => (
                 old.expected_image_ids.clone(),
                 old.previous_image_ids.clone(),
                 old.previous_valid_until,
             ),
-            Some(old)
-                if old.expected_image_ids != expected && !old.expected_image_ids.is_empty() =>
-            {
-                (
-                    expected,
-                    old.expected_image_ids.clone(),
-                    Some(now.plus_secs(spec.drift_grace_s)),
-                )
-            }
-            Some(old) => (
-                expected,
-                old.previous_image_ids.clone(),
+            Some(old) => roll_sets(
+                &old.expected_image_ids,
+                &old.previous_image_ids,
                 old.previous_valid_until,
+                spec.expected_image_ids,
+                spec.drift_grace_s,
+                now,
             ),
-            None => (expected, Vec::new(), None),
+            None => roll_sets(&[], &[], None, spec.expected_image_ids, 0, now),
         };
+        let same_reference = current.filter(|old| {
+            old.image_source == ImageSource::Registry && old.image_ref == spec.image_ref
+        });
+        // The schedule follows the spec's interval from the last attempt (a PUT may change it).
+        let next_after_last = current
+            .and_then(|old| old.last_resolution.as_ref())
+            .map(|last| last.at.plus_secs(spec.resolve_interval_s))
+            .or(Some(now));
+        let (resolved_digest, resolved_image_id, resolution_failures, next_resolve_at) =
+            match (spec.image_source, same_reference) {
+                (ImageSource::Manual, _) => (None, None, 0, None),
+                (ImageSource::Registry, None) => (None, None, 0, Some(now)),
+                (ImageSource::Registry, Some(old)) if keep_resolved => (
+                    old.resolved_digest.clone(),
+                    old.resolved_image_id.clone(),
+                    old.resolution_failures,
+                    next_after_last,
+                ),
+                // A set named by the operator is no longer what the registry said: the next
+                // resolution fetches everything again instead of trusting a HEAD.
+                (ImageSource::Registry, Some(old)) => {
+                    (None, None, old.resolution_failures, next_after_last)
+                }
+            };
         Pool {
             name,
             image_ref: spec.image_ref,
@@ -233,9 +321,105 @@ impl Pool {
             drift_grace_s: spec.drift_grace_s,
             resolve_interval_s: spec.resolve_interval_s,
             last_resolution: current.and_then(|p| p.last_resolution.clone()),
+            resolution_failures,
+            resolved_digest,
+            resolved_image_id,
+            next_resolve_at,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
         }
+    }
+
+    /// The pool after a resolution of `image_ref` came to `outcome` at `now`; `None` when the
+    /// outcome no longer applies (the pool is not a registry pool any more, its reference
+    /// changed while the attempt ran, or an `Unchanged` no longer matches what it resolved).
+    ///
+    /// A success whose set differs from the current one rolls exactly as an operator's PUT
+    /// does: the current set stays accepted for `drift_grace_s`. A failure leaves every set
+    /// exactly as it was (last known good), and only records the failure and counts it.
+    pub fn apply_resolution(
+        &self,
+        image_ref: &str,
+        outcome: &ResolutionOutcome,
+        now: Millis,
+    ) -> Option<Pool> {
+        if self.image_source != ImageSource::Registry
+            || self.image_ref.as_deref() != Some(image_ref)
+        {
+            return None;
+        }
+        let mut next = self.clone();
+        next.next_resolve_at = Some(now.plus_secs(self.resolve_interval_s));
+        match outcome {
+            ResolutionOutcome::Resolved(image) => {
+                let (expected, previous, until) = roll_sets(
+                    &self.expected_image_ids,
+                    &self.previous_image_ids,
+                    self.previous_valid_until,
+                    image.accepted.clone(),
+                    self.drift_grace_s,
+                    now,
+                );
+                if expected.is_empty() {
+                    return None;
+                }
+                if expected != self.expected_image_ids {
+                    next.updated_at = now;
+                }
+                next.expected_image_ids = expected;
+                next.previous_image_ids = previous;
+                next.previous_valid_until = until;
+                next.resolved_digest = Some(image.digest.clone());
+                next.resolved_image_id = image.image_id.clone();
+                next.resolution_failures = 0;
+                next.last_resolution = Some(Resolution {
+                    at: now,
+                    ok: true,
+                    error: None,
+                });
+            }
+            ResolutionOutcome::Unchanged { digest } => {
+                if self.resolved_digest.as_ref() != Some(digest) {
+                    return None;
+                }
+                next.resolution_failures = 0;
+                next.last_resolution = Some(Resolution {
+                    at: now,
+                    ok: true,
+                    error: None,
+                });
+            }
+            ResolutionOutcome::Failed { error } => {
+                next.resolution_failures = self.resolution_failures.saturating_add(1);
+                next.last_resolution = Some(Resolution {
+                    at: now,
+                    ok: false,
+                    error: Some(error.clone()),
+                });
+            }
+        }
+        Some(next)
+    }
+
+    /// Whether the background resolver should resolve this pool at `now`.
+    pub fn resolution_due(&self, now: Millis) -> bool {
+        self.image_source == ImageSource::Registry
+            && self.next_resolve_at.is_none_or(|at| at <= now)
+    }
+
+    /// The resolver's status, `None` for manual pools. `failure_threshold` consecutive
+    /// failures make it `resolver_failing`, whatever came before.
+    pub fn resolver_status(&self, failure_threshold: i64) -> Option<ResolverStatus> {
+        if self.image_source != ImageSource::Registry {
+            return None;
+        }
+        Some(if self.resolution_failures >= failure_threshold.max(1) {
+            ResolverStatus::ResolverFailing
+        } else if self.resolved_digest.is_none() {
+            ResolverStatus::NeverResolved
+        } else {
+            ResolverStatus::Ok
+        })
     }
 
     /// Whether `image` is in the current expected set.
@@ -328,5 +512,205 @@ mod tests {
         let fourth = Pool::apply(name, Some(&third), spec(vec![digest('c')]), t1.plus_secs(6));
         assert_eq!(fourth.previous_image_ids, vec![digest('b')]);
         assert!(!fourth.accepts(&digest('a'), t1.plus_secs(7)));
+    }
+
+    fn registry_spec(image_ref: &str, grace: i64) -> PoolSpec {
+        PoolSpec {
+            image_ref: Some(image_ref.into()),
+            expected_image_ids: vec![],
+            image_policy: ImagePolicy::Enforce,
+            image_source: ImageSource::Registry,
+            drift_grace_s: grace,
+            resolve_interval_s: 300,
+        }
+    }
+
+    fn resolved(top: char, others: &[char]) -> ResolutionOutcome {
+        let mut accepted: Vec<ImageDigest> = others.iter().map(|c| digest(*c)).collect();
+        accepted.push(digest(top));
+        ResolutionOutcome::Resolved(ResolvedImage {
+            digest: digest(top),
+            image_id: others.first().map(|c| digest(*c)),
+            accepted,
+        })
+    }
+
+    fn failed(error: &str) -> ResolutionOutcome {
+        ResolutionOutcome::Failed {
+            error: error.into(),
+        }
+    }
+
+    #[test]
+    fn a_new_registry_pool_is_due_and_never_resolved() {
+        let t0 = Millis(1_000_000);
+        let pool = Pool::apply(
+            PoolName::parse("p").unwrap(),
+            None,
+            registry_spec("ci/runner:stable", 900),
+            t0,
+        );
+        assert!(!pool.is_resolved());
+        assert!(pool.resolution_due(t0));
+        assert_eq!(pool.resolver_status(3), Some(ResolverStatus::NeverResolved));
+        let manual = Pool::apply(
+            PoolName::parse("m").unwrap(),
+            None,
+            spec(vec![digest('a')]),
+            t0,
+        );
+        assert_eq!(manual.resolver_status(3), None);
+        assert!(!manual.resolution_due(t0));
+        assert_eq!(
+            manual.apply_resolution("ci/runner:stable", &resolved('a', &[]), t0),
+            None,
+            "a manual pool takes no resolution"
+        );
+    }
+
+    #[test]
+    fn a_resolution_rolls_like_a_put_and_a_failure_keeps_the_last_known_good() {
+        let t0 = Millis(1_000_000);
+        let r = "ci/runner:stable";
+        let pool = Pool::apply(
+            PoolName::parse("p").unwrap(),
+            None,
+            registry_spec(r, 60),
+            t0,
+        );
+
+        let first = pool
+            .apply_resolution(r, &resolved('a', &['b']), t0)
+            .unwrap();
+        assert_eq!(first.expected_image_ids, vec![digest('a'), digest('b')]);
+        assert!(first.previous_image_ids.is_empty());
+        assert_eq!(first.previous_valid_until, None);
+        assert_eq!(first.resolved_digest, Some(digest('a')));
+        assert_eq!(first.resolved_image_id, Some(digest('b')));
+        assert_eq!(first.resolver_status(3), Some(ResolverStatus::Ok));
+        assert_eq!(first.next_resolve_at, Some(t0.plus_secs(300)));
+        assert!(!first.resolution_due(t0.plus_secs(299)));
+        assert!(first.resolution_due(t0.plus_secs(300)));
+
+        // The same answer again changes nothing but the record.
+        let t1 = t0.plus_secs(300);
+        let same = first
+            .apply_resolution(r, &resolved('a', &['b']), t1)
+            .unwrap();
+        assert_eq!(same.expected_image_ids, first.expected_image_ids);
+        assert_eq!(same.previous_valid_until, None);
+        let unchanged = first
+            .apply_resolution(
+                r,
+                &ResolutionOutcome::Unchanged {
+                    digest: digest('a'),
+                },
+                t1,
+            )
+            .unwrap();
+        assert_eq!(unchanged.expected_image_ids, first.expected_image_ids);
+        assert_eq!(unchanged.last_resolution.as_ref().unwrap().at, t1);
+        // An Unchanged about another digest is stale: not applied.
+        assert_eq!(
+            first.apply_resolution(
+                r,
+                &ResolutionOutcome::Unchanged {
+                    digest: digest('c')
+                },
+                t1
+            ),
+            None
+        );
+
+        // The tag moved: the new set is current, the old one accepted for the grace.
+        let t2 = t1.plus_secs(10);
+        let moved = same
+            .apply_resolution(r, &resolved('c', &['d']), t2)
+            .unwrap();
+        assert_eq!(moved.expected_image_ids, vec![digest('c'), digest('d')]);
+        assert_eq!(moved.previous_image_ids, vec![digest('a'), digest('b')]);
+        assert_eq!(moved.previous_valid_until, Some(t2.plus_secs(60)));
+        assert!(moved.accepts(&digest('b'), t2.plus_secs(59)));
+        assert!(!moved.accepts(&digest('b'), t2.plus_secs(60)));
+
+        // Failures: the sets stay exactly as they were, each failure is counted.
+        let mut p = moved.clone();
+        for n in 1..=3 {
+            let at = t2.plus_secs(n * 300);
+            p = p
+                .apply_resolution(r, &failed("registry unreachable"), at)
+                .unwrap();
+            assert_eq!(p.expected_image_ids, moved.expected_image_ids);
+            assert_eq!(p.previous_image_ids, moved.previous_image_ids);
+            assert_eq!(p.previous_valid_until, moved.previous_valid_until);
+            assert_eq!(p.resolved_digest, moved.resolved_digest);
+            assert_eq!(p.resolution_failures, n);
+            let last = p.last_resolution.clone().unwrap();
+            assert_eq!((last.at, last.ok), (at, false));
+            assert_eq!(last.error.as_deref(), Some("registry unreachable"));
+            let expected_status = if n < 3 {
+                ResolverStatus::Ok
+            } else {
+                ResolverStatus::ResolverFailing
+            };
+            assert_eq!(p.resolver_status(3), Some(expected_status));
+        }
+        // One success clears the count.
+        let back = p
+            .apply_resolution(r, &resolved('c', &['d']), t2.plus_secs(2000))
+            .unwrap();
+        assert_eq!(back.resolution_failures, 0);
+        assert_eq!(back.resolver_status(3), Some(ResolverStatus::Ok));
+        assert_eq!(back.previous_valid_until, moved.previous_valid_until);
+    }
+
+    #[test]
+    fn a_resolution_of_a_reference_the_pool_left_is_dropped() {
+        let t0 = Millis(1_000_000);
+        let name = PoolName::parse("p").unwrap();
+        let pool = Pool::apply(
+            name.clone(),
+            None,
+            registry_spec("ci/runner:stable", 60),
+            t0,
+        );
+        let pool = pool
+            .apply_resolution("ci/runner:stable", &resolved('a', &[]), t0)
+            .unwrap();
+        assert_eq!(
+            pool.apply_resolution("ci/runner:next", &resolved('b', &[]), t0),
+            None
+        );
+        // A new reference starts the resolver's record afresh and is due at once; the set it
+        // had stays until the new reference resolves.
+        let t1 = t0.plus_secs(5);
+        let moved = Pool::apply(
+            name.clone(),
+            Some(&pool),
+            registry_spec("ci/runner:next", 60),
+            t1,
+        );
+        assert_eq!(moved.expected_image_ids, vec![digest('a')]);
+        assert_eq!(moved.resolved_digest, None);
+        assert!(moved.resolution_due(t1));
+        assert_eq!(
+            moved.resolver_status(3),
+            Some(ResolverStatus::NeverResolved)
+        );
+        // A PUT that changes only the grace keeps everything the resolver found.
+        let regraced = Pool::apply(
+            name.clone(),
+            Some(&pool),
+            registry_spec("ci/runner:stable", 0),
+            t1,
+        );
+        assert_eq!(regraced.resolved_digest, pool.resolved_digest);
+        assert_eq!(regraced.next_resolve_at, pool.next_resolve_at);
+        assert_eq!(regraced.expected_image_ids, pool.expected_image_ids);
+        // A shorter interval brings the next attempt forward, from the last one.
+        let mut faster = registry_spec("ci/runner:stable", 60);
+        faster.resolve_interval_s = 30;
+        let faster = Pool::apply(name, Some(&pool), faster, t1);
+        assert_eq!(faster.next_resolve_at, Some(t0.plus_secs(30)));
     }
 }

@@ -1,10 +1,11 @@
-//! The operator's API: pools and their image policy, registration tokens, runners (list,
-//! detail, cordon, uncordon, revoke) and the drift report a fleet roller polls.
+//! The operator's API: pools and their image policy (and resolving a registry pool now),
+//! registration tokens, runners (list, detail, cordon, uncordon, revoke) and the drift report
+//! a fleet roller polls, with each pool's roll health.
 
 use super::auth::AdminAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::views;
+use super::views::{self, PoolStanding};
 use crate::app::AppState;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::RunnerId;
@@ -12,8 +13,11 @@ use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, ImagePolicy, ImageSource, Pool, PoolName,
     PoolSpec, PoolSpecError,
 };
+use crate::domain::roll::roll_health;
 use crate::domain::runner::{DriftEntry, Runner, drift_entry};
 use crate::domain::time::Millis;
+use crate::registry::reference::ImageRef;
+use crate::registry::resolver::{self, ResolvePoolError};
 use crate::secrets::{generate_token, hash_token};
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
@@ -36,6 +40,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/admin/runners/{id}/cordon", post(cordon))
         .route("/api/v1/admin/runners/{id}/uncordon", post(uncordon))
         .route("/api/v1/admin/runners/{id}/revoke", post(revoke))
+        .route("/api/v1/admin/pools/{name}/resolve", post(resolve))
         .route("/api/v1/admin/drift", get(drift))
 }
 
@@ -70,28 +75,35 @@ async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<Value, 
         .unwrap_or_default();
     Ok(views::pool(
         pool,
-        &count_by_status(state, &runners, pool, now),
+        &standing(state, &runners, pool, now),
         depth,
     ))
 }
 
-fn count_by_status(
-    state: &AppState,
-    runners: &[Runner],
-    pool: &Pool,
-    now: Millis,
-) -> BTreeMap<&'static str, i64> {
+/// The pool's runners by status, its roll health and its resolver status at `now`.
+fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> PoolStanding {
+    let settings = state.settings();
     let mut counts = BTreeMap::new();
-    for r in runners {
+    for r in runners.iter().filter(|r| r.pool == pool.name) {
         *counts
             .entry(
-                r.observe(pool, now, state.settings().status_rules())
+                r.observe(pool, now, settings.status_rules())
                     .status
                     .as_str(),
             )
             .or_insert(0) += 1;
     }
-    counts
+    PoolStanding {
+        runners_by_status: counts,
+        roll: roll_health(
+            pool,
+            runners,
+            now,
+            settings.status_rules(),
+            settings.roll_stalled_share,
+        ),
+        resolver_status: pool.resolver_status(settings.resolver_failure_threshold),
+    }
 }
 
 async fn put_pool(
@@ -111,6 +123,11 @@ async fn put_pool(
             .resolve_interval_s
             .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
     };
+    if spec.image_source == ImageSource::Registry
+        && let Some(r) = &spec.image_ref
+    {
+        ImageRef::parse(r).map_err(|e| ApiError::bad_request(format!("image_ref: {e}")))?;
+    }
     spec.validate().map_err(|e| match e {
         PoolSpecError::EnforceWithoutImages => {
             ApiError::unprocessable("pool_image_unresolved", e.to_string())
@@ -150,13 +167,12 @@ async fn list_pools(_: AdminAuth, State(state): State<AppState>) -> Result<Json<
     let views: Vec<Value> = pools
         .iter()
         .map(|pool| {
-            let members: Vec<Runner> = runners
-                .iter()
-                .filter(|r| r.pool == pool.name)
-                .cloned()
-                .collect();
-            let counts = count_by_status(&state, &members, pool, now);
-            views::pool(pool, &counts, depths.remove(&pool.name).unwrap_or_default())
+            let standing = standing(&state, &runners, pool, now);
+            views::pool(
+                pool,
+                &standing,
+                depths.remove(&pool.name).unwrap_or_default(),
+            )
         })
         .collect();
     Ok(Json(json!({"pools": views})))
@@ -331,5 +347,49 @@ async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value
             DriftEntry::Current => {}
         }
     }
-    Ok(Json(json!({"drifted": drifted, "skipped": skipped})))
+    let settings = state.settings();
+    let rolls: Vec<Value> = pools
+        .values()
+        .map(|pool| {
+            let h = roll_health(
+                pool,
+                &runners,
+                now,
+                settings.status_rules(),
+                settings.roll_stalled_share,
+            );
+            json!({"pool": pool.name, "roll_stalled": h.roll_stalled, "drifted": h.drifted, "live": h.live})
+        })
+        .collect();
+    Ok(Json(
+        json!({"drifted": drifted, "skipped": skipped, "pools": rolls}),
+    ))
+}
+
+/// `POST /api/v1/admin/pools/{name}/resolve`: one attempt now; 200 with the pool when it is
+/// over, 502 `pool_resolution_failed` (the set unchanged) when it failed.
+async fn resolve(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let name = pool_name(&name)?;
+    let pool = resolver::resolve_pool(state.store(), state.registry(), &name)
+        .await
+        .map_err(resolve_error)?;
+    Ok(Json(pool_view(&state, &pool, Millis::now()).await?))
+}
+
+fn resolve_error(e: ResolvePoolError) -> ApiError {
+    match e {
+        ResolvePoolError::NotFound => ApiError::not_found("pool"),
+        ResolvePoolError::NotRegistry(_) => ApiError::conflict("pool_not_registry", e.to_string()),
+        ResolvePoolError::Failed { error, .. } => ApiError::new(
+            StatusCode::BAD_GATEWAY,
+            "pool_resolution_failed",
+            format!("the pool keeps its image set: {error}"),
+        ),
+        ResolvePoolError::Changed(_) => ApiError::conflict("pool_changed", e.to_string()),
+        ResolvePoolError::Store(s) => s.into(),
+    }
 }

@@ -9,6 +9,7 @@ pub mod lease;
 pub mod ops;
 pub mod page;
 pub mod problem;
+pub mod registry_events;
 pub mod runners;
 pub mod views;
 
@@ -31,6 +32,7 @@ pub fn router(state: AppState) -> Router {
         .merge(forge::router())
         .merge(admin::router())
         .merge(page::router())
+        .merge(registry_events::router())
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body))

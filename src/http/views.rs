@@ -3,7 +3,8 @@
 
 use crate::app::Settings;
 use crate::domain::job::{Job, JobEvent};
-use crate::domain::pool::Pool;
+use crate::domain::pool::{Pool, ResolverStatus};
+use crate::domain::roll::RollHealth;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::{Lease, QueueDepth, RunnerHistory};
@@ -64,11 +65,15 @@ pub fn job(job: &Job, events: &[JobEvent]) -> Value {
     })
 }
 
-pub fn pool(
-    pool: &Pool,
-    runners_by_status: &BTreeMap<&'static str, i64>,
-    depth: QueueDepth,
-) -> Value {
+/// What the pool view adds from outside the pool record: its runners' standing and the
+/// resolver's status under the configured threshold.
+pub struct PoolStanding {
+    pub runners_by_status: BTreeMap<&'static str, i64>,
+    pub roll: RollHealth,
+    pub resolver_status: Option<ResolverStatus>,
+}
+
+pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> Value {
     json!({
         "name": pool.name,
         "image_ref": pool.image_ref,
@@ -80,7 +85,13 @@ pub fn pool(
         "drift_grace_s": pool.drift_grace_s,
         "resolve_interval_s": pool.resolve_interval_s,
         "last_resolution": pool.last_resolution,
-        "runners_by_status": runners_by_status,
+        "resolver_status": standing.resolver_status,
+        "resolution_failures": pool.resolution_failures,
+        "resolved_digest": pool.resolved_digest,
+        "resolved_image_id": pool.resolved_image_id,
+        "next_resolve_at": pool.next_resolve_at,
+        "roll_stalled": standing.roll.roll_stalled,
+        "runners_by_status": standing.runners_by_status,
         "queued_jobs": depth.queued,
         "oldest_queued_at": depth.oldest_queued_at,
         "created_at": pool.created_at,

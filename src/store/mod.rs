@@ -18,7 +18,7 @@ use crate::domain::attestation::RunningImage;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{LeaseCall, LeaseCallError, LeaseState};
-use crate::domain::pool::{Pool, PoolName, PoolSpec};
+use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, RunnerStatus};
@@ -276,7 +276,32 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> StoreResult<(Pool, bool)>;
     async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;
+    /// Every pool, by name, with its resolver record (`resolution_failures`, the last
+    /// resolution, what it resolved to), for views, metrics and the health page.
     async fn list_pools(&self) -> StoreResult<Vec<Pool>>;
+
+    /// Claims the registry pool `name` for a background resolution until `until`, if it is
+    /// due at `now` (`next_resolve_at` passed) and no replica holds an unexpired claim. The
+    /// due check and the claim are one atomic statement, so that replicas never stampede.
+    /// `None` when the pool is not due, is claimed, is not a registry pool, or does not exist.
+    async fn claim_resolution(
+        &self,
+        name: &PoolName,
+        now: Millis,
+        until: Millis,
+    ) -> StoreResult<Option<Pool>>;
+
+    /// Records what resolving `image_ref` came to, in one transaction: the pool as
+    /// `Pool::apply_resolution` makes it (a success rolls the sets with the grace, a failure
+    /// leaves them exactly as they were and is counted), and the claim released. `None` when
+    /// the outcome no longer applies (the pool is gone, manual, or has another `image_ref`).
+    async fn record_resolution(
+        &self,
+        name: &PoolName,
+        image_ref: &str,
+        outcome: &ResolutionOutcome,
+        now: Millis,
+    ) -> StoreResult<Option<Pool>>;
     async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>>;
 
     async fn create_registration_token(

@@ -101,6 +101,10 @@ where
                 }),
                 None => None,
             },
+            resolution_failures: get(self, "resolution_failures")?,
+            resolved_digest: opt_digest(get(self, "resolved_digest")?)?,
+            resolved_image_id: opt_digest(get(self, "resolved_image_id")?)?,
+            next_resolve_at: opt_millis(self, "next_resolve_at")?,
             created_at: millis(self, "created_at")?,
             updated_at: millis(self, "updated_at")?,
         })

@@ -41,7 +41,7 @@ macro_rules! impl_sql_store {
         use $crate::domain::ids::{JobId, LeaseId, RunnerId};
         use $crate::domain::job::{EventKind, Job, JobEvent, JobState};
         use $crate::domain::lease::{self as lease_rules, EndCause, LeaseCall, LeaseState, Snapshot, Transition};
-        use $crate::domain::pool::{Pool, PoolName, PoolSpec};
+        use $crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
         use $crate::domain::runner::Runner;
         use $crate::domain::time::Millis;
         use $crate::store::rows::{Decoders, digests_json, get};
@@ -244,13 +244,16 @@ macro_rules! impl_sql_store {
                 let pool = Pool::apply(name.clone(), current.as_ref(), spec, now);
                 sqlx::query(
                     "INSERT INTO pools (name, image_ref, image_policy, image_source, expected_image_ids, \
-                     previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+                     previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, \
+                     resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, created_at, updated_at) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
                      ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
                      image_policy = excluded.image_policy, image_source = excluded.image_source, \
                      expected_image_ids = excluded.expected_image_ids, previous_image_ids = excluded.previous_image_ids, \
                      previous_valid_until = excluded.previous_valid_until, drift_grace_s = excluded.drift_grace_s, \
-                     resolve_interval_s = excluded.resolve_interval_s, updated_at = excluded.updated_at",
+                     resolve_interval_s = excluded.resolve_interval_s, resolution_failures = excluded.resolution_failures, \
+                     resolved_digest = excluded.resolved_digest, resolved_image_id = excluded.resolved_image_id, \
+                     next_resolve_at = excluded.next_resolve_at, updated_at = excluded.updated_at",
                 )
                 .bind(pool.name.as_str())
                 .bind(pool.image_ref.as_deref())
@@ -261,12 +264,82 @@ macro_rules! impl_sql_store {
                 .bind(pool.previous_valid_until.map(|m| m.0))
                 .bind(pool.drift_grace_s)
                 .bind(pool.resolve_interval_s)
+                .bind(pool.resolution_failures)
+                .bind(pool.resolved_digest.as_ref().map(|d| d.to_string()))
+                .bind(pool.resolved_image_id.as_ref().map(|d| d.to_string()))
+                .bind(pool.next_resolve_at.map(|m| m.0))
                 .bind(pool.created_at.0)
                 .bind(pool.updated_at.0)
                 .execute(&mut *tx)
                 .await?;
                 tx.commit().await?;
                 Ok((pool, current.is_none()))
+            }
+
+            async fn claim_resolution(&self, name: &PoolName, now: Millis, until: Millis) -> StoreResult<Option<Pool>> {
+                // The due check and the claim are one statement: of several replicas that find
+                // the pool due at once, exactly one gets a row back.
+                let row = sqlx::query(
+                    "UPDATE pools SET resolve_claimed_until = $3 \
+                     WHERE name = $1 AND image_source = 'registry' \
+                     AND (next_resolve_at IS NULL OR next_resolve_at <= $2) \
+                     AND (resolve_claimed_until IS NULL OR resolve_claimed_until <= $2) \
+                     RETURNING *",
+                )
+                .bind(name.as_str())
+                .bind(now.0)
+                .bind(until.0)
+                .fetch_optional(self.writer())
+                .await?;
+                row.map(|r| r.pool()).transpose()
+            }
+
+            async fn record_resolution(
+                &self,
+                name: &PoolName,
+                image_ref: &str,
+                outcome: &ResolutionOutcome,
+                now: Millis,
+            ) -> StoreResult<Option<Pool>> {
+                let mut tx = self.begin().await?;
+                let current = sqlx::query(concat!("SELECT * FROM pools WHERE name = $1", $row_lock))
+                    .bind(name.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?
+                    .map(|r| r.pool())
+                    .transpose()?;
+                let next = current.and_then(|pool| pool.apply_resolution(image_ref, outcome, now));
+                let Some(pool) = next else {
+                    sqlx::query("UPDATE pools SET resolve_claimed_until = NULL WHERE name = $1")
+                        .bind(name.as_str())
+                        .execute(&mut *tx)
+                        .await?;
+                    tx.commit().await?;
+                    return Ok(None);
+                };
+                let last = pool.last_resolution.as_ref();
+                sqlx::query(
+                    "UPDATE pools SET expected_image_ids = $2, previous_image_ids = $3, previous_valid_until = $4, \
+                     last_resolution_at = $5, last_resolution_ok = $6, last_resolution_error = $7, \
+                     resolution_failures = $8, resolved_digest = $9, resolved_image_id = $10, \
+                     next_resolve_at = $11, resolve_claimed_until = NULL, updated_at = $12 WHERE name = $1",
+                )
+                .bind(pool.name.as_str())
+                .bind(digests_json(&pool.expected_image_ids))
+                .bind(digests_json(&pool.previous_image_ids))
+                .bind(pool.previous_valid_until.map(|m| m.0))
+                .bind(last.map(|l| l.at.0))
+                .bind(last.map(|l| i64::from(l.ok)))
+                .bind(last.and_then(|l| l.error.as_deref()))
+                .bind(pool.resolution_failures)
+                .bind(pool.resolved_digest.as_ref().map(|d| d.to_string()))
+                .bind(pool.resolved_image_id.as_ref().map(|d| d.to_string()))
+                .bind(pool.next_resolve_at.map(|m| m.0))
+                .bind(pool.updated_at.0)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(Some(pool))
             }
 
             async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {

@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod agent;
+pub mod oci;
 pub mod pg;
 pub mod proxy;
 
@@ -99,6 +100,16 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         db_max_connections: 8,
         db_acquire_timeout_ms: 3000,
         db_statement_timeout_ms: 5000,
+        registry_platform: "linux/amd64".into(),
+        registry_auth_file: None,
+        registry_auth: None,
+        insecure_registries: vec![],
+        // Off unless a test asks for it: a registry pool's reference is never resolved behind
+        // a test's back (a reference without a host is on Docker Hub, off this machine).
+        registry_resolver: false,
+        registry_timeout_s: 10,
+        resolver_failure_threshold: 3,
+        roll_stalled_share: 0.5,
         log_format: LogFormat::Human,
     }
 }
@@ -141,6 +152,15 @@ pub async fn spawn_replica(of: &TestApp) -> TestApp {
     let dir = tempfile::tempdir().unwrap();
     let mut args = test_args(dir.path());
     args.database_url = of.database_url.clone();
+    start_replica(args, dir, None, of.engine).await
+}
+
+/// Another replica on the database `of` runs on, with its configuration adjusted.
+pub async fn spawn_replica_with(of: &TestApp, adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
+    let dir = tempfile::tempdir().unwrap();
+    let mut args = test_args(dir.path());
+    args.database_url = of.database_url.clone();
+    adjust(&mut args);
     start_replica(args, dir, None, of.engine).await
 }
 
