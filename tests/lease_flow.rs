@@ -382,4 +382,23 @@ async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(app) {
     assert_eq!(waiting.await.unwrap().status(), StatusCode::NO_CONTENT);
     assert!(stopping.elapsed() < std::time::Duration::from_secs(3));
 }
+
+async fn a_runner_holding_two_leases_is_listed_once_with_its_newest(app) {
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    app.enqueue("linux").await;
+    app.enqueue("linux").await;
+    let _first = app.grant(&runner).await;
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let second = app.grant(&runner).await;
+
+    let list: Value = app.admin_get("/api/v1/admin/runners").await.json().await.unwrap();
+    let rows = list["runners"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{list}");
+    assert_eq!(rows[0]["current_lease"]["lease_id"], second.lease_id.as_str());
+    let drift: Value = app.admin_get("/api/v1/admin/drift").await.json().await.unwrap();
+    assert_eq!(drift["drifted"].as_array().unwrap().len() + drift["skipped"].as_array().unwrap().len(), 0, "{drift}");
+    let pool: Value = app.admin_get("/api/v1/admin/pools/linux").await.json().await.unwrap();
+    assert_eq!(pool["runners_by_status"]["healthy"], 1, "{pool}");
+}
 }

@@ -7,12 +7,14 @@
 //! `announce_job` (in-process wake-up for SQLite, `NOTIFY` for PostgreSQL). A macro rather than
 //! generics over `sqlx::Database`: the bounds that generic sqlx code needs would drown the SQL.
 
-/// Columns of a runner joined with its live lease, for the runner views.
+/// Columns of a runner joined with its newest live lease, for the runner views. A runner may
+/// hold several live leases (nothing stops it leasing again), but it is one row here.
 macro_rules! runner_select {
     () => {
         "SELECT r.*, l.id AS lease_id, l.job_id AS lease_job_id, l.state AS lease_state, \
          l.expires_at AS lease_expires_at \
-         FROM runners r LEFT JOIN leases l ON l.runner_id = r.id AND l.state IN ('leased', 'running') "
+         FROM runners r LEFT JOIN leases l ON l.id = (SELECT id FROM leases \
+         WHERE runner_id = r.id AND state IN ('leased', 'running') ORDER BY granted_at DESC, id DESC LIMIT 1) "
     };
 }
 pub(crate) use runner_select;
