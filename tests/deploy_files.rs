@@ -33,6 +33,12 @@ fn tool(name: &str, check: &str) -> Option<PathBuf> {
             .find(|p| p.is_file())
     });
     if found.is_none() {
+        // CI installs the tools and sets this, so that nothing skips there.
+        let required = std::env::var("LEASEGATE_REQUIRE_DEPLOY_TOOLS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but `{name}` is missing ({check})"
+        );
         eprintln!("skipped: {check}: `{name}` is not installed here");
     }
     found
