@@ -133,19 +133,16 @@ impl Fleet {
     }
 
     pub async fn grants(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let (client, url, runners) = (
-            client.clone(),
-            format!("{}/api/v1/lease", self.base),
+        let url = format!("{}/api/v1/lease", self.base);
+        attestation_phase(
+            "grants",
+            client,
+            url,
             self.healthy.clone(),
-        );
-        load::run("grants", drive, progress, move |w, n| {
-            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
-            async move {
-                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
-                let body = json!({"attestation": runner.attest()});
-                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::OK)
-            }
-        })
+            StatusCode::OK,
+            drive,
+            progress,
+        )
         .await
     }
 
@@ -192,42 +189,59 @@ impl Fleet {
     }
 
     pub async fn heartbeats(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let (client, url, runners) = (
-            client.clone(),
-            format!("{}/api/v1/runners/heartbeat", self.base),
+        let url = format!("{}/api/v1/runners/heartbeat", self.base);
+        attestation_phase(
+            "heartbeats",
+            client,
+            url,
             self.healthy.clone(),
-        );
-        load::run("heartbeats", drive, progress, move |w, n| {
-            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
-            async move {
-                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
-                let body = json!({"attestation": runner.attest()});
-                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::OK)
-            }
-        })
+            StatusCode::OK,
+            drive,
+            progress,
+        )
         .await
     }
 
     /// Leases from broken runners: each one must be refused (409).
     pub async fn refusals(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let (client, url, runners) = (
-            client.clone(),
-            format!("{}/api/v1/lease", self.base),
+        let url = format!("{}/api/v1/lease", self.base);
+        attestation_phase(
+            "refusals",
+            client,
+            url,
             self.broken.clone(),
-        );
-        load::run("refusals", drive, progress, move |w, n| {
-            let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
-            async move {
-                if runners.is_empty() {
-                    return false;
-                }
-                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
-                let body = json!({"attestation": runner.attest()});
-                matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == StatusCode::CONFLICT)
-            }
-        })
+            StatusCode::CONFLICT,
+            drive,
+            progress,
+        )
         .await
     }
+}
+
+/// One request per operation: a fresh attestation of the next runner posted to `url`, which
+/// succeeded when it answers `expect`.
+async fn attestation_phase(
+    name: &str,
+    client: &Client,
+    url: String,
+    runners: Arc<Vec<SimRunner>>,
+    expect: StatusCode,
+    drive: Drive,
+    progress: bool,
+) -> OpReport {
+    let client = client.clone();
+    load::run(name, drive, progress, move |w, n| {
+        let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
+        async move {
+            if runners.is_empty() {
+                return false;
+            }
+            let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+            let body = json!({"attestation": runner.attest()});
+            matches!(client.post(&url).json(&body).send().await, Ok(r) if r.status() == expect)
+        }
+    })
+    .await
 }
 
 /// Enqueues `n` jobs into `pool` through the forge API, `concurrency` at a time.
