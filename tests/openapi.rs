@@ -441,4 +441,11 @@ async fn real_answers_match_the_documented_schemas() {
         )
     });
     assert!(wrong.is_err(), "a malformed grant validated");
+    // Every key of a view is sent, `null` where there is no value: a missing one fails too.
+    let mut without = detail.clone();
+    without.as_object_mut().unwrap().remove("current_lease");
+    let wrong = std::panic::catch_unwind(|| {
+        check(&doc, "get", "/api/v1/admin/runners/{id}", 200, j, &without)
+    });
+    assert!(wrong.is_err(), "a runner without current_lease validated");
 }

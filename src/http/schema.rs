@@ -7,7 +7,8 @@
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
 
-// These structs describe JSON that `views` builds; they are never constructed.
+// These structs describe JSON that `views` builds; they are never constructed. Every key is
+// always sent, `null` where there is no value: optional fields are required and nullable.
 #![allow(dead_code)]
 
 use serde::Serialize;
@@ -61,10 +62,13 @@ pub struct Heartbeat {
     /// `drifted`, `cordoned` or `quarantined`.
     pub status: String,
     /// The refusal's code when `status` is not `healthy`.
+    #[schema(required = true)]
     pub code: Option<String>,
+    #[schema(required = true)]
     pub detail: Option<String>,
     pub expected_image_ids: Vec<String>,
     /// Null when the pool's policy is `off`, its set is empty, or no image was reported.
+    #[schema(required = true)]
     pub image_current: Option<bool>,
     pub next_heartbeat_s: i64,
     /// `recycle` exactly when `image_current` is false, else `none`.
@@ -121,9 +125,13 @@ pub struct JobEvent {
     /// `enqueued`, `leased`, `started`, `returned`, `requeued`, `completed`, `failed`,
     /// `cancelled`.
     pub kind: String,
+    #[schema(required = true)]
     pub runner_id: Option<String>,
+    #[schema(required = true)]
     pub lease_id: Option<String>,
+    #[schema(required = true)]
     pub reason: Option<String>,
+    #[schema(required = true)]
     pub detail: Option<String>,
 }
 
@@ -138,8 +146,11 @@ pub struct JobView {
     pub attempts: i64,
     pub max_attempts: i64,
     pub returns: i64,
+    #[schema(required = true)]
     pub last_error: Option<String>,
+    #[schema(required = true)]
     pub idempotency_key: Option<String>,
+    #[schema(required = true)]
     pub lease_id: Option<String>,
     pub created_at: String,
     pub updated_at: String,
@@ -152,9 +163,13 @@ pub struct GateDecision {
     /// `allow` or `refuse`.
     #[schema(example = "allow")]
     pub decision: String,
+    #[schema(required = true)]
     pub code: Option<String>,
+    #[schema(required = true)]
     pub detail: Option<String>,
+    #[schema(required = true)]
     pub runner_id: Option<String>,
+    #[schema(required = true)]
     pub pool: Option<String>,
 }
 
@@ -163,6 +178,7 @@ pub struct GateDecision {
 pub struct Resolution {
     pub at: String,
     pub ok: bool,
+    #[schema(required = true)]
     pub error: Option<String>,
 }
 
@@ -170,24 +186,32 @@ pub struct Resolution {
 #[derive(Serialize, ToSchema)]
 pub struct PoolView {
     pub name: String,
+    #[schema(required = true)]
     pub image_ref: Option<String>,
     pub image_policy: crate::domain::pool::ImagePolicy,
     pub image_source: crate::domain::pool::ImageSource,
     pub expected_image_ids: Vec<String>,
     pub previous_image_ids: Vec<String>,
+    #[schema(required = true)]
     pub previous_valid_until: Option<String>,
     pub drift_grace_s: i64,
     pub resolve_interval_s: i64,
+    #[schema(required = true)]
     pub last_resolution: Option<Resolution>,
     /// `ok`, `never_resolved` or `resolver_failing` for registry pools; null for manual ones.
+    #[schema(required = true)]
     pub resolver_status: Option<String>,
     pub resolution_failures: i64,
+    #[schema(required = true)]
     pub resolved_digest: Option<String>,
+    #[schema(required = true)]
     pub resolved_image_id: Option<String>,
+    #[schema(required = true)]
     pub next_resolve_at: Option<String>,
     pub roll_stalled: bool,
     pub runners_by_status: BTreeMap<String, i64>,
     pub queued_jobs: i64,
+    #[schema(required = true)]
     pub oldest_queued_at: Option<String>,
     pub created_at: String,
     pub updated_at: String,
@@ -226,23 +250,38 @@ pub struct RunnerView {
     pub labels: BTreeMap<String, String>,
     /// `revoked`, `unknown`, `stale`, or one of the heartbeat's statuses.
     pub status: String,
+    #[schema(required = true)]
     pub code: Option<String>,
+    #[schema(required = true)]
     pub detail: Option<String>,
+    #[schema(required = true)]
     pub last_attestation_at: Option<String>,
+    #[schema(required = true)]
     pub probe_ok: Option<bool>,
+    #[schema(required = true)]
     pub probe_checked_at: Option<String>,
+    #[schema(required = true)]
     pub probe_error: Option<String>,
+    #[schema(required = true)]
     pub runtime: Option<String>,
+    #[schema(required = true)]
     pub runtime_version: Option<String>,
+    #[schema(required = true)]
     pub image_id: Option<String>,
+    #[schema(required = true)]
     pub image_digest: Option<String>,
+    #[schema(required = true)]
     pub image_ref: Option<String>,
     pub expected_image_ids: Vec<String>,
+    #[schema(required = true)]
     pub image_current: Option<bool>,
     pub cordoned: bool,
+    #[schema(required = true)]
     pub quarantined_at: Option<String>,
+    #[schema(required = true)]
     pub revoked_at: Option<String>,
     pub registered_at: String,
+    #[schema(required = true)]
     pub current_lease: Option<CurrentLease>,
 }
 
@@ -259,10 +298,14 @@ pub struct AttestationRecord {
     pub status: String,
     pub probe_ok: bool,
     pub runtime: String,
+    #[schema(required = true)]
     pub runtime_version: Option<String>,
     pub checked_at: String,
+    #[schema(required = true)]
     pub error: Option<String>,
+    #[schema(required = true)]
     pub image_id: Option<String>,
+    #[schema(required = true)]
     pub image_digest: Option<String>,
 }
 
@@ -270,8 +313,10 @@ pub struct AttestationRecord {
 #[derive(Serialize, ToSchema)]
 pub struct StatusChange {
     pub at: String,
+    #[schema(required = true)]
     pub from: Option<String>,
     pub to: String,
+    #[schema(required = true)]
     pub detail: Option<String>,
 }
 
@@ -291,8 +336,10 @@ pub struct LeaseRecord {
     pub state: String,
     pub attempt: i64,
     pub granted_at: String,
+    #[schema(required = true)]
     pub started_at: Option<String>,
     pub expires_at: String,
+    #[schema(required = true)]
     pub ended_at: Option<String>,
 }
 
