@@ -222,7 +222,7 @@ struct TokenBody {
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/registration-tokens", tag = "admin",
     security(("admin_token" = [])),
     params(("name" = String, Path, description = "The pool name.")),
-    request_body = Option<TokenBody>,
+    request_body(content = Option<TokenBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 201, description = "A single-use registration token.", body = RegistrationToken),
         (status = 400, description = "`bad_request`: a bad pool name or `ttl_s`.", body = Problem, content_type = "application/problem+json"),

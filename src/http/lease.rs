@@ -207,7 +207,7 @@ async fn start(
 #[utoipa::path(post, path = "/api/v1/leases/{id}/extend", tag = "leasing",
     security(("lease_token" = [])),
     params(("id" = String, Path, description = "The lease id.")),
-    request_body = Option<TtlBody>,
+    request_body(content = Option<TtlBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Extended: `expires_at = now + ttl_s`.", body = LeaseView),
         (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
@@ -288,7 +288,7 @@ struct AbandonBody {
 #[utoipa::path(post, path = "/api/v1/leases/{id}/abandon", tag = "leasing",
     security(("lease_token" = [])),
     params(("id" = String, Path, description = "The lease id.")),
-    request_body = Option<AbandonBody>,
+    request_body(content = Option<AbandonBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Abandoned: the job returns to the queue without using an attempt.", body = LeaseView),
         (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),

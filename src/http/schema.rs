@@ -442,7 +442,7 @@ pub struct PoolsResolving {
         page::js,
     ),
     components(schemas(Problem)),
-    modifiers(&SecuritySchemes, &CommonProblems),
+    modifiers(&SecuritySchemes, &CommonProblems, &OptionalBodies),
     tags(
         (name = "runners", description = "Registration and the signed heartbeat."),
         (name = "leasing", description = "The gated lease and the lease-scoped calls."),
@@ -528,6 +528,34 @@ impl Modify for CommonProblems {
                         .responses
                         .entry(status.to_string())
                         .or_insert_with(|| RefOr::T(problem_response(description)));
+                }
+            }
+        }
+    }
+}
+
+/// Optional bodies (`Option<T>` in `request_body`): utoipa describes them as `null` or `T`
+/// and leaves `required` out. A `null` body is a 400 here; what is optional is the body
+/// itself (empty counts as `{}`), so the schema becomes plain `T`, still not required.
+struct OptionalBodies;
+
+impl Modify for OptionalBodies {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        use utoipa::openapi::schema::{Schema, SchemaType, Type};
+        let is_null = |s: &RefOr<Schema>| matches!(s, RefOr::T(Schema::Object(o)) if o.schema_type == SchemaType::Type(Type::Null));
+        for item in openapi.paths.paths.values_mut() {
+            for op in [&mut item.put, &mut item.post].into_iter().flatten() {
+                let Some(body) = op.request_body.as_mut() else {
+                    continue;
+                };
+                for content in body.content.values_mut() {
+                    if let Some(RefOr::T(Schema::OneOf(one))) = &content.schema
+                        && one.items.len() == 2
+                        && let Some(other) = one.items.iter().find(|s| !is_null(s))
+                        && one.items.iter().any(is_null)
+                    {
+                        content.schema = Some(other.clone());
+                    }
                 }
             }
         }
