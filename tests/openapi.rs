@@ -59,6 +59,56 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/admin/assets/app.js"),
 ];
 
+/// The (method, path) of every `.route("path", get(..).post(..))` in the router's sources, so
+/// that `ROUTES` cannot drift from them either.
+fn routes_in_sources() -> BTreeSet<(String, String)> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
+    let mut files = vec![dir.join("page/mod.rs")];
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "rs") {
+            files.push(path);
+        }
+    }
+    let mut routes = BTreeSet::new();
+    for file in files {
+        let source = std::fs::read_to_string(&file).unwrap();
+        for (at, _) in source.match_indices(".route(") {
+            let rest = source[at + ".route(".len()..].trim_start();
+            let path = rest
+                .strip_prefix('"')
+                .and_then(|r| r.split('"').next())
+                .unwrap_or_else(|| panic!("{}: a .route( without a literal path", file.display()));
+            // The method routers: up to the `)` that closes `.route(`.
+            let mut depth = 1;
+            let end = rest
+                .char_indices()
+                .find(|&(_, c)| {
+                    match c {
+                        '(' => depth += 1,
+                        ')' => depth -= 1,
+                        _ => {}
+                    }
+                    depth == 0
+                })
+                .map(|(i, _)| i)
+                .unwrap();
+            let call = &rest[..end];
+            for method in ["get", "post", "put", "delete", "patch"] {
+                let called = call.match_indices(&format!("{method}(")).any(|(i, _)| {
+                    i == 0
+                        || !call.as_bytes()[i - 1].is_ascii_alphanumeric()
+                            && call.as_bytes()[i - 1] != b'_'
+                });
+                if called {
+                    routes.insert((method.to_string(), path.to_string()));
+                }
+            }
+        }
+    }
+    routes
+}
+
 const METHODS: &[&str] = &["get", "put", "post", "delete", "patch", "head", "options"];
 
 async fn document(app: &TestApp) -> Value {
@@ -103,6 +153,13 @@ async fn the_document_is_openapi_3_and_lists_exactly_the_routes() {
         .map(|(m, p)| (m.to_string(), p.to_string()))
         .collect();
     assert_eq!(listed.len(), ROUTES.len(), "ROUTES has a duplicate");
+    let routed = routes_in_sources();
+    let unlisted: Vec<_> = routed.difference(&listed).collect();
+    let stale: Vec<_> = listed.difference(&routed).collect();
+    assert!(
+        unlisted.is_empty() && stale.is_empty(),
+        "ROUTES differs from the .route(..) calls in src/http: not listed {unlisted:?}, no such route {stale:?}"
+    );
     let documented = documented(&doc);
     let missing: Vec<_> = listed.difference(&documented).collect();
     assert!(
