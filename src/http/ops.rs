@@ -1,4 +1,4 @@
-//! Unauthenticated operational endpoints: liveness and readiness.
+//! Unauthenticated operational endpoints: liveness, readiness, metrics and the OpenAPI document.
 
 use super::problem::ApiError;
 use super::schema::Problem;
