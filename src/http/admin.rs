@@ -5,6 +5,9 @@
 use super::auth::AdminAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
+use super::schema::{
+    DriftReport, PoolList, PoolView, Problem, RegistrationToken, RunnerDetail, RunnerList,
+};
 use super::views::{self, PoolStanding};
 use crate::app::AppState;
 use crate::domain::digest::ImageDigest;
@@ -48,11 +51,13 @@ fn pool_name(name: &str) -> Result<PoolName, ApiError> {
     PoolName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct PoolBody {
     #[serde(default)]
     image_ref: Option<String>,
+    /// Full image digests (`sha256:` and 64 hex); for `manual` pools.
     #[serde(default)]
+    #[schema(value_type = Vec<String>)]
     expected_image_ids: Vec<ImageDigest>,
     #[serde(default)]
     image_policy: ImagePolicy,
@@ -106,6 +111,18 @@ fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> P
     }
 }
 
+#[utoipa::path(put, path = "/api/v1/admin/pools/{name}", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name.")),
+    request_body = PoolBody,
+    responses(
+        (status = 201, description = "Created.", body = PoolView),
+        (status = 200, description = "Replaced.", body = PoolView),
+        (status = 400, description = "`bad_request`: a bad name, digest, reference or number.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`pool_image_unresolved`: a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn put_pool(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -145,6 +162,16 @@ async fn put_pool(
     Ok((status, Json(pool_view(&state, &pool, now).await?)))
 }
 
+#[utoipa::path(get, path = "/api/v1/admin/pools/{name}", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name.")),
+    responses(
+        (status = 200, description = "The pool.", body = PoolView),
+        (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn get_pool(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -159,6 +186,13 @@ async fn get_pool(
     Ok(Json(pool_view(&state, &pool, Millis::now()).await?))
 }
 
+#[utoipa::path(get, path = "/api/v1/admin/pools", tag = "admin",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Every pool.", body = PoolList),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn list_pools(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let now = Millis::now();
     let pools = state.store().list_pools().await?;
@@ -178,12 +212,24 @@ async fn list_pools(_: AdminAuth, State(state): State<AppState>) -> Result<Json<
     Ok(Json(json!({"pools": views})))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 struct TokenBody {
+    /// 1 to 2592000 seconds, default 3600.
     #[serde(default)]
     ttl_s: Option<i64>,
 }
 
+#[utoipa::path(post, path = "/api/v1/admin/pools/{name}/registration-tokens", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name.")),
+    request_body(content = Option<TokenBody>, description = "Optional: an empty body counts as `{}`."),
+    responses(
+        (status = 201, description = "A single-use registration token.", body = RegistrationToken),
+        (status = 400, description = "`bad_request`: a bad pool name or `ttl_s`.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn create_registration_token(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -214,8 +260,10 @@ async fn create_registration_token(
     ))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct RunnerFilter {
+    /// Only the runners of this pool.
     #[serde(default)]
     pool: Option<String>,
 }
@@ -231,6 +279,15 @@ async fn pools_by_name(state: &AppState) -> Result<BTreeMap<PoolName, Pool>, Api
         .collect())
 }
 
+#[utoipa::path(get, path = "/api/v1/admin/runners", tag = "admin",
+    security(("admin_token" = [])),
+    params(RunnerFilter),
+    responses(
+        (status = 200, description = "The runners, by pool then name.", body = RunnerList),
+        (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn list_runners(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -272,6 +329,15 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
     Ok(view)
 }
 
+#[utoipa::path(get, path = "/api/v1/admin/runners/{id}", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    responses(
+        (status = 200, description = "The runner and its history.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn get_runner(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -291,6 +357,15 @@ async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json
     Ok(Json(runner_detail(state, &id).await?))
 }
 
+#[utoipa::path(post, path = "/api/v1/admin/runners/{id}/cordon", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    responses(
+        (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn cordon(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -299,6 +374,15 @@ async fn cordon(
     set_cordon(&state, id, true).await
 }
 
+#[utoipa::path(post, path = "/api/v1/admin/runners/{id}/uncordon", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    responses(
+        (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn uncordon(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -307,6 +391,15 @@ async fn uncordon(
     set_cordon(&state, id, false).await
 }
 
+#[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    responses(
+        (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn revoke(
     _: AdminAuth,
     State(state): State<AppState>,
@@ -320,6 +413,13 @@ async fn revoke(
     Ok(Json(runner_detail(&state, &id).await?))
 }
 
+#[utoipa::path(get, path = "/api/v1/admin/drift", tag = "admin",
+    security(("admin_token" = [])),
+    responses(
+        (status = 200, description = "Drifted and skipped runners, and each pool's roll health.", body = DriftReport),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let now = Millis::now();
     let pools = pools_by_name(&state).await?;
@@ -368,6 +468,18 @@ async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value
 
 /// `POST /api/v1/admin/pools/{name}/resolve`: one attempt now; 200 with the pool when it is
 /// over, 502 `pool_resolution_failed` (the set unchanged) when it failed.
+#[utoipa::path(post, path = "/api/v1/admin/pools/{name}/resolve", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name.")),
+    responses(
+        (status = 200, description = "Resolved; the pool.", body = PoolView),
+        (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`pool_not_registry` (a `manual` pool) or `pool_changed` (its `image_ref` changed meanwhile).", body = Problem, content_type = "application/problem+json"),
+        (status = 502, description = "`pool_resolution_failed`: the pool keeps its image set.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn resolve(
     _: AdminAuth,
     State(state): State<AppState>,

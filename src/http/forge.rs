@@ -5,6 +5,7 @@ use super::auth::ForgeAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::runners::AttestationBody;
+use super::schema::{GateDecision, JobSummary, JobView, Problem};
 use super::views;
 use crate::app::AppState;
 use crate::domain::ids::JobId;
@@ -28,17 +29,31 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/gate/check", post(gate_check))
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct EnqueueBody {
     pool: String,
+    /// Any JSON, handed to the runner; default null.
     #[serde(default)]
     payload: Value,
+    /// 1 to 100, default 3.
     #[serde(default)]
+    #[schema(minimum = 1, maximum = 100)]
     max_attempts: Option<i64>,
     #[serde(default)]
     idempotency_key: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/v1/jobs", tag = "forge",
+    security(("forge_token" = [])),
+    request_body = EnqueueBody,
+    responses(
+        (status = 201, description = "Enqueued.", body = JobSummary),
+        (status = 200, description = "The job of this `idempotency_key`, enqueued before.", body = JobSummary),
+        (status = 400, description = "`bad_request`: a bad `max_attempts` or `idempotency_key`, or a malformed body.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`unknown_pool`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn enqueue(
     _: ForgeAuth,
     State(state): State<AppState>,
@@ -91,6 +106,15 @@ fn new_job(body: EnqueueBody) -> Result<NewJob, (ApiError, Option<String>)> {
     })
 }
 
+#[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "forge",
+    security(("forge_token" = [])),
+    params(("id" = String, Path, description = "The job id.")),
+    responses(
+        (status = 200, description = "The job and its story.", body = JobView),
+        (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such job.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn read(
     _: ForgeAuth,
     State(state): State<AppState>,
@@ -104,6 +128,16 @@ async fn read(
     Ok(Json(views::job(&job, &events)))
 }
 
+#[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "forge",
+    security(("forge_token" = [])),
+    params(("id" = String, Path, description = "The job id.")),
+    responses(
+        (status = 200, description = "Cancelled; the job view.", body = JobView),
+        (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such job.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`job_finished`: already succeeded, failed or cancelled.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn cancel(
     _: ForgeAuth,
     State(state): State<AppState>,
@@ -126,6 +160,15 @@ async fn cancel(
 
 /// The lease's judgement without a lease. Rules 1–6 are refusals here too; only a bad forge
 /// token is a 401, and a malformed body a 400.
+#[utoipa::path(post, path = "/api/v1/gate/check", tag = "forge",
+    security(("forge_token" = [])),
+    request_body = AttestationBody,
+    responses(
+        (status = 200, description = "The lease's judgement without a lease: `allow` or `refuse` (rules 1-13).", body = GateDecision),
+        (status = 400, description = "`bad_request`: a malformed body or a bad digest.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn gate_check(
     _: ForgeAuth,
     State(state): State<AppState>,

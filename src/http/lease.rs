@@ -7,6 +7,7 @@
 use super::auth::LeaseBearer;
 use super::json::{JsonBody, OptionalJson};
 use super::problem::ApiError;
+use super::schema::{LeaseGrant, LeaseView, Problem};
 use super::views;
 use crate::app::AppState;
 use crate::domain::ids::LeaseId;
@@ -36,10 +37,13 @@ pub fn router() -> Router<AppState> {
 /// The longest a lease request may wait for a job (PROTOCOL.md).
 const MAX_WAIT_S: u64 = 30;
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct LeaseBody {
+    /// The signed attestation (a JWT).
     attestation: String,
+    /// Seconds to wait for a job, 0 to 30 (default 0).
     #[serde(default)]
+    #[schema(value_type = Option<u64>, minimum = 0, maximum = 30)]
     wait_s: Option<serde_json::Number>,
 }
 
@@ -53,6 +57,16 @@ fn wait_seconds(wait: Option<serde_json::Number>) -> Result<u64, ApiError> {
     }
 }
 
+#[utoipa::path(post, path = "/api/v1/lease", tag = "leasing",
+    request_body = LeaseBody,
+    responses(
+        (status = 200, description = "Granted: the job moves `queued → leased`.", body = LeaseGrant),
+        (status = 204, description = "No job within `wait_s`."),
+        (status = 400, description = "`bad_request`: a bad `wait_s`, a malformed body or a bad digest.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Rules 1-5: `attestation_invalid`, `attestation_expired`, `attestation_replayed`.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "Refused by rules 7-13 (`Retry-After`): `runner_cordoned`, `probe_failed`, `probe_stale`, `pool_image_unresolved`, `image_unreported`, `image_drift`, `runner_quarantined`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn lease(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<LeaseBody>,
@@ -153,9 +167,11 @@ async fn run_call(
     Ok(Json(views::lease(&lease, &job)))
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 struct TtlBody {
+    /// 1 to 3600 seconds; default the lease TTL.
     #[serde(default)]
+    #[schema(value_type = Option<i64>, minimum = 1, maximum = 3600)]
     ttl_s: Option<serde_json::Number>,
 }
 
@@ -169,6 +185,16 @@ fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, Api
     }
 }
 
+#[utoipa::path(post, path = "/api/v1/leases/{id}/start", tag = "leasing",
+    security(("lease_token" = [])),
+    params(("id" = String, Path, description = "The lease id.")),
+    responses(
+        (status = 200, description = "Started: an attempt is used, job `leased → running`.", body = LeaseView),
+        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn start(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -178,6 +204,17 @@ async fn start(
     run_call(&state, id, &token, LeaseCall::Start { ttl_s }).await
 }
 
+#[utoipa::path(post, path = "/api/v1/leases/{id}/extend", tag = "leasing",
+    security(("lease_token" = [])),
+    params(("id" = String, Path, description = "The lease id.")),
+    request_body(content = Option<TtlBody>, description = "Optional: an empty body counts as `{}`."),
+    responses(
+        (status = 200, description = "Extended: `expires_at = now + ttl_s`.", body = LeaseView),
+        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn extend(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -188,15 +225,16 @@ async fn extend(
     run_call(&state, id, &token, LeaseCall::Extend { ttl_s }).await
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
+#[schema(as = Outcome)]
 enum OutcomeBody {
     Succeeded,
     Failed,
     Errored,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct CompleteBody {
     outcome: OutcomeBody,
     #[serde(default)]
@@ -209,6 +247,17 @@ fn clean_message(m: Option<String>) -> Option<String> {
     m.map(|m| crate::domain::text::sanitize(&m, 2048))
 }
 
+#[utoipa::path(post, path = "/api/v1/leases/{id}/complete", tag = "leasing",
+    security(("lease_token" = [])),
+    params(("id" = String, Path, description = "The lease id.")),
+    request_body = CompleteBody,
+    responses(
+        (status = 200, description = "Completed.", body = LeaseView),
+        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_not_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn complete(
     State(state): State<AppState>,
     Path(id): Path<String>,
@@ -228,7 +277,7 @@ async fn complete(
     run_call(&state, id, &token, call).await
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
 struct AbandonBody {
     #[serde(default)]
     reason: Option<String>,
@@ -236,6 +285,17 @@ struct AbandonBody {
     message: Option<String>,
 }
 
+#[utoipa::path(post, path = "/api/v1/leases/{id}/abandon", tag = "leasing",
+    security(("lease_token" = [])),
+    params(("id" = String, Path, description = "The lease id.")),
+    request_body(content = Option<AbandonBody>, description = "Optional: an empty body counts as `{}`."),
+    responses(
+        (status = 200, description = "Abandoned: the job returns to the queue without using an attempt.", body = LeaseView),
+        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`lease_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
+        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn abandon(
     State(state): State<AppState>,
     Path(id): Path<String>,

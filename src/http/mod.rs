@@ -11,6 +11,7 @@ pub mod page;
 pub mod problem;
 pub mod registry_events;
 pub mod runners;
+pub mod schema;
 pub mod views;
 
 use crate::app::AppState;

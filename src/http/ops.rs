@@ -1,6 +1,7 @@
-//! Unauthenticated operational endpoints: liveness and readiness.
+//! Unauthenticated operational endpoints: liveness, readiness, metrics and the OpenAPI document.
 
 use super::problem::ApiError;
+use super::schema::Problem;
 use crate::app::AppState;
 use crate::domain::time::Millis;
 use crate::domain::verdict::RunnerStatus;
@@ -19,13 +20,21 @@ pub fn router() -> Router<AppState> {
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
+        .route("/openapi.json", get(openapi_json))
 }
 
+#[utoipa::path(get, path = "/livez", tag = "operations",
+    responses((status = 200, description = "The process is up: `ok`.", body = String, content_type = "text/plain")))]
 async fn livez() -> &'static str {
     "ok\n"
 }
 
 /// 200 once the database answers; 503 while it does not, or once shutdown began.
+#[utoipa::path(get, path = "/readyz", tag = "operations",
+    responses(
+        (status = 200, description = "The database answers: `ready`.", body = String, content_type = "text/plain"),
+        (status = 503, description = "`unavailable`: the database does not answer in 2 s (`Retry-After: 5`), or shutdown began.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn readyz(State(state): State<AppState>) -> Result<&'static str, ApiError> {
     if state.shutdown().is_cancelled() {
         return Err(ApiError::new(
@@ -51,6 +60,13 @@ fn unavailable(detail: &str) -> ApiError {
 
 /// The Prometheus exposition. State gauges (queue depth, runners by status) are read from the
 /// store now, so every replica reports the same fleet.
+#[utoipa::path(get, path = "/metrics", tag = "operations",
+    responses(
+        (status = 200, description = "The OpenMetrics exposition.", body = String,
+            content_type = "application/openmetrics-text; version=1.0.0; charset=utf-8"),
+        (status = 503, description = "`unavailable`: the database does not answer (`Retry-After: 5`).", body = Problem, content_type = "application/problem+json"),
+        (status = 500, description = "`internal`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
     let now = Millis::now();
     let store = state.store();
@@ -94,4 +110,15 @@ async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     Ok(response)
+}
+
+/// This document: the API as the code declares it (`schema::ApiDoc`), built once.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document.", body = Object, content_type = "application/json")))]
+async fn openapi_json() -> Response {
+    (
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        super::schema::document(),
+    )
+        .into_response()
 }

@@ -15,6 +15,7 @@
 use super::auth::AdminAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
+use super::schema::{PoolsResolving, Problem};
 use crate::app::AppState;
 use crate::domain::digest::ImageDigest;
 use crate::domain::pool::ImageSource;
@@ -31,13 +32,16 @@ pub fn router() -> Router<AppState> {
     Router::new().route("/api/v1/admin/registry-events", post(registry_events))
 }
 
-#[derive(Deserialize)]
+/// A distribution registry's notification envelope.
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = RegistryEnvelope)]
 struct Envelope {
     #[serde(default)]
     events: Vec<Event>,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
+#[schema(as = RegistryEvent)]
 struct Event {
     #[serde(default)]
     action: String,
@@ -45,7 +49,8 @@ struct Event {
     target: Target,
 }
 
-#[derive(Deserialize, Default)]
+#[derive(Deserialize, Default, utoipa::ToSchema)]
+#[schema(as = RegistryEventTarget)]
 struct Target {
     #[serde(default)]
     repository: String,
@@ -84,6 +89,15 @@ fn pushed_tags(envelope: &Envelope) -> Vec<TagPush<'_>> {
         .collect()
 }
 
+#[utoipa::path(post, path = "/api/v1/admin/registry-events", tag = "admin",
+    security(("admin_token" = [])),
+    request_body(content = Envelope, content_type = "application/vnd.docker.distribution.events.v1+json",
+        description = "Accepted whatever the content type."),
+    responses(
+        (status = 202, description = "The registry pools whose tag was pushed, being resolved in the background.", body = PoolsResolving),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn registry_events(
     _: AdminAuth,
     State(state): State<AppState>,

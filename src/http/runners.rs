@@ -2,6 +2,7 @@
 
 use super::json::JsonBody;
 use super::problem::ApiError;
+use super::schema::{Heartbeat, Problem, Registered};
 use crate::app::AppState;
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
@@ -25,14 +26,15 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/runners/heartbeat", post(heartbeat))
 }
 
-#[derive(Deserialize)]
+/// An Ed25519 public key as a JWK.
+#[derive(Deserialize, utoipa::ToSchema)]
 struct Jwk {
     kty: String,
     crv: String,
     x: String,
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct RegisterBody {
     registration_token: String,
     name: String,
@@ -88,6 +90,14 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
     Ok(())
 }
 
+#[utoipa::path(post, path = "/api/v1/runners", tag = "runners",
+    request_body = RegisterBody,
+    responses(
+        (status = 201, description = "Registered.", body = Registered),
+        (status = 400, description = "`bad_request`: a bad name, labels or public key (checked before the token).", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`registration_token_invalid`: unknown, used or expired.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`runner_exists`: the name is taken in the pool.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn register(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<RegisterBody>,
@@ -120,11 +130,20 @@ async fn register(
     ))
 }
 
-#[derive(Deserialize)]
+/// A signed attestation (a JWT, see PROTOCOL.md).
+#[derive(Deserialize, utoipa::ToSchema)]
 pub struct AttestationBody {
     pub attestation: String,
 }
 
+#[utoipa::path(post, path = "/api/v1/runners/heartbeat", tag = "runners",
+    request_body = AttestationBody,
+    responses(
+        (status = 200, description = "Recorded, with the runner's status as a lease would judge it.", body = Heartbeat),
+        (status = 400, description = "`bad_request`: a malformed body or a bad digest.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "Rules 1-5: `attestation_invalid`, `attestation_expired`, `attestation_replayed`.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`runner_revoked`.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn heartbeat(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<AttestationBody>,

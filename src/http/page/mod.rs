@@ -8,6 +8,7 @@ pub mod session;
 pub mod views;
 
 use super::problem::ApiError;
+use super::schema::Problem;
 use crate::app::AppState;
 use crate::domain::ids::{JobId, RunnerId};
 use crate::domain::pool::Pool;
@@ -109,6 +110,13 @@ struct LoginQuery {
 }
 
 /// The login form. `?token=` logs in at once: `leasegate demo` prints such a link.
+#[utoipa::path(get, path = "/admin/login", tag = "page",
+    params(("token" = Option<String>, Query, description = "The admin token: log in at once.")),
+    responses(
+        (status = 200, description = "The login form.", body = String, content_type = "text/html"),
+        (status = 303, description = "Logged in (with `?token=`): to `/admin`, with the session cookie."),
+        (status = 401, description = "A wrong `?token=`: the form again.", body = String, content_type = "text/html"),
+    ))]
 async fn login_form(
     State(state): State<AppState>,
     Query(q): Query<LoginQuery>,
@@ -131,6 +139,12 @@ struct LoginForm {
     token: String,
 }
 
+#[utoipa::path(post, path = "/admin/login", tag = "page",
+    responses(
+        (status = 303, description = "The admin token: the session cookie, to `/admin`."),
+        (status = 401, description = "Anything else: the form again.", body = String, content_type = "text/html"),
+        (status = 403, description = "`forbidden`: a cross-site login.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn login(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -170,6 +184,10 @@ struct CsrfForm {
     back: Option<String>,
 }
 
+#[utoipa::path(post, path = "/admin/logout", tag = "page",
+    responses(
+        (status = 303, description = "The cookie cleared, to `/admin/login`."),
+    ))]
 async fn logout(
     PageViewer(viewer): PageViewer,
     headers: HeaderMap,
@@ -225,6 +243,12 @@ async fn fleet_view(state: &AppState) -> Result<(String, Vec<PoolCard>, Vec<Runn
     Ok((now.rfc3339(), cards, rows))
 }
 
+#[utoipa::path(get, path = "/admin", tag = "page",
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The fleet page.", body = String, content_type = "text/html"),
+        (status = 303, description = "No session: to `/admin/login`."),
+    ))]
 async fn fleet(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
@@ -243,6 +267,12 @@ async fn fleet(
     )
 }
 
+#[utoipa::path(get, path = "/admin/fleet", tag = "page",
+    security((), ("admin_token" = [])),
+    responses(
+        (status = 200, description = "The fleet without the page around it.", body = String, content_type = "text/html"),
+        (status = 401, description = "`unauthorized`: no valid session (no redirect).", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn fleet_fragment(
     State(state): State<AppState>,
     headers: HeaderMap,
@@ -285,6 +315,14 @@ struct RunnerPage {
     leases: Vec<(String, String, i64, &'static str)>,
 }
 
+#[utoipa::path(get, path = "/admin/runners/{id}", tag = "page",
+    security((), ("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    responses(
+        (status = 200, description = "One runner.", body = String, content_type = "text/html"),
+        (status = 303, description = "No session: to `/admin/login`."),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn runner_page(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
@@ -367,6 +405,14 @@ async fn runner_page(
     render(StatusCode::OK, &page)
 }
 
+#[utoipa::path(post, path = "/admin/runners/{id}/{action}", tag = "page",
+    security((), ("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id."), ("action" = String, Path, description = "`cordon`, `uncordon` or `revoke`.")),
+    responses(
+        (status = 303, description = "Done: back to the form's `back` (default `/admin`), or no session: to `/admin/login`."),
+        (status = 403, description = "`forbidden`: a missing or wrong CSRF token, or another site's `Origin`.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such runner or action.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn runner_action(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
@@ -435,6 +481,14 @@ fn describe(kind: &str) -> &'static str {
     }
 }
 
+#[utoipa::path(get, path = "/admin/jobs/{id}", tag = "page",
+    security((), ("admin_token" = [])),
+    params(("id" = String, Path, description = "The job id.")),
+    responses(
+        (status = 200, description = "One job's story.", body = String, content_type = "text/html"),
+        (status = 303, description = "No session: to `/admin/login`."),
+        (status = 404, description = "`not_found`: no such job.", body = Problem, content_type = "application/problem+json"),
+    ))]
 async fn job_page(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
@@ -484,6 +538,10 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     r
 }
 
+#[utoipa::path(get, path = "/admin/assets/app.css", tag = "page",
+    responses(
+        (status = 200, description = "The page's stylesheet.", body = String, content_type = "text/css"),
+    ))]
 async fn css() -> Response {
     asset(
         "text/css; charset=utf-8",
@@ -491,6 +549,10 @@ async fn css() -> Response {
     )
 }
 
+#[utoipa::path(get, path = "/admin/assets/app.js", tag = "page",
+    responses(
+        (status = 200, description = "The page's script.", body = String, content_type = "text/javascript"),
+    ))]
 async fn js() -> Response {
     asset(
         "text/javascript; charset=utf-8",
