@@ -10,27 +10,6 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// Asserts that `r` is a problem with `status` and `code`; returns its body.
-async fn expect_problem(r: Response, case: &str, status: StatusCode, code: &str) -> Value {
-    assert_eq!(r.status(), status, "{case}: status");
-    let content_type = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string());
-    assert_eq!(
-        content_type.as_deref(),
-        Some("application/problem+json"),
-        "{case}: content type"
-    );
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["code"], code, "{case}: {body}");
-    assert_eq!(body["status"], status.as_u16(), "{case}: {body}");
-    for field in ["type", "title", "detail"] {
-        assert!(body.get(field).is_some(), "{case}: problem without {field}");
-    }
-    body
-}
-
 /// The problem's `detail` as a string.
 fn detail(body: &Value) -> &str {
     body["detail"].as_str().unwrap()

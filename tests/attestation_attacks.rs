@@ -12,7 +12,7 @@ use ed25519_dalek::SigningKey;
 use ed25519_dalek::pkcs8::{DecodePrivateKey, EncodePrivateKey};
 use jsonwebtoken::{Algorithm, EncodingKey, Header};
 use leasegate::agent::keys::RunnerKey;
-use reqwest::{Response, StatusCode};
+use reqwest::StatusCode;
 use serde_json::{Value, json};
 
 const TYP: &str = "leasegate-attestation+jwt";
@@ -63,27 +63,6 @@ fn hmac_token(runner: &TestRunner, alg: Algorithm, secret: &[u8]) -> String {
     header.typ = Some(TYP.into());
     header.kid = Some(runner.id.clone());
     jsonwebtoken::encode(&header, &runner.claims(), &EncodingKey::from_secret(secret)).unwrap()
-}
-
-/// Asserts that `r` is a problem with `status` and `code`; returns its body.
-async fn expect_problem(r: Response, case: &str, status: StatusCode, code: &str) -> Value {
-    assert_eq!(r.status(), status, "{case}: status");
-    let content_type = r
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_string());
-    assert_eq!(
-        content_type.as_deref(),
-        Some("application/problem+json"),
-        "{case}: content type"
-    );
-    let body: Value = r.json().await.unwrap();
-    assert_eq!(body["code"], code, "{case}: {body}");
-    assert_eq!(body["status"], status.as_u16(), "{case}: {body}");
-    for field in ["type", "title", "detail"] {
-        assert!(body.get(field).is_some(), "{case}: problem without {field}");
-    }
-    body
 }
 
 /// Posts `token` as a heartbeat and asserts the problem; returns its body.
