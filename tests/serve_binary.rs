@@ -200,3 +200,26 @@ async fn json_logs_on_request_and_bad_settings_fail_clearly() {
         "{stderr}"
     );
 }
+
+#[tokio::test]
+async fn postgres_without_shared_secrets_refuses_to_start_and_writes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = serve(dir.path(), free_port())
+        .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/none")
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(
+            "with PostgreSQL every replica must share the secrets: set LEASEGATE_ADMIN_TOKEN"
+        ),
+        "{stderr}"
+    );
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "nothing may be written"
+    );
+}
