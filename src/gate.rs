@@ -110,10 +110,21 @@ impl Gate {
                 {
                     self.metrics
                         .refused(admitted.pool.name.as_str(), refusal.code());
+                    // Once per refusal, here, for leases and gate checks alike.
+                    tracing::info!(
+                        runner_id = %admitted.runner.id,
+                        pool = %admitted.pool.name,
+                        code = refusal.code(),
+                        purpose = ?purpose,
+                        "refused"
+                    );
                 }
             }
             Err(AdmitError::Store(_)) => {}
-            Err(e) => self.metrics.attestation(e.code()),
+            Err(e) => {
+                self.metrics.attestation(e.code());
+                tracing::info!(code = e.code(), detail = %e, purpose = ?purpose, "attestation rejected");
+            }
         }
         result
     }

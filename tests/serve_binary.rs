@@ -223,3 +223,81 @@ async fn postgres_without_shared_secrets_refuses_to_start_and_writes_nothing() {
         "nothing may be written"
     );
 }
+
+#[tokio::test]
+async fn a_refusal_is_logged_once_with_its_code_and_the_runner() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let base = format!("http://127.0.0.1:{port}");
+    let mut child = serve(dir.path(), port)
+        .env("LEASEGATE_LOG_FORMAT", "json")
+        .env("LEASEGATE_ADMIN_TOKEN", ADMIN)
+        .env("LEASEGATE_FORGE_TOKEN", FORGE)
+        .spawn()
+        .unwrap();
+    wait_ready(&base).await;
+    let client = reqwest::Client::new();
+    client
+        .put(format!("{base}/api/v1/admin/pools/linux"))
+        .bearer_auth(ADMIN)
+        .json(&json!({"expected_image_ids": [IMAGE_A]}))
+        .send()
+        .await
+        .unwrap();
+    let token: serde_json::Value = client
+        .post(format!(
+            "{base}/api/v1/admin/pools/linux/registration-tokens"
+        ))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = leasegate::agent::keys::RunnerKey::generate();
+    let reg: serde_json::Value = client
+        .post(format!("{base}/api/v1/runners"))
+        .json(&json!({"registration_token": token["token"], "name": "r1", "public_key": key.public_jwk()}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let runner = TestRunner {
+        id: reg["runner_id"].as_str().unwrap().into(),
+        pool: "linux".into(),
+        key,
+    };
+    let r = client
+        .post(format!("{base}/api/v1/lease"))
+        .json(&json!({"attestation": runner.failing("default OCI runtime \"crun\" not found: invalid argument")}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::CONFLICT);
+    assert!(sigterm(&mut child).await.success());
+    let mut log = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut log)
+        .await
+        .unwrap();
+    let refusals: Vec<serde_json::Value> = log
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter(|v| v["message"] == "refused")
+        .collect();
+    assert_eq!(refusals.len(), 1, "{log}");
+    assert_eq!(refusals[0]["code"], "probe_failed");
+    assert_eq!(refusals[0]["level"], "INFO");
+    assert_eq!(refusals[0]["runner_id"], runner.id.as_str());
+    assert_eq!(
+        refusals[0]["span"]["route"], "/api/v1/lease",
+        "the request span: {}",
+        refusals[0]
+    );
+}

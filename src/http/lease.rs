@@ -80,7 +80,6 @@ async fn lease(
     let runner_id = admitted.runner.id.clone();
     let pool = admitted.pool.name.clone();
     if let Err(refusal) = &admitted.verdict {
-        tracing::info!(runner_id = %runner_id, pool = %pool, code = refusal.code(), "lease refused");
         return Err(ApiError::conflict(refusal.code(), refusal.detail())
             .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
     }
