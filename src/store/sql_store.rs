@@ -642,6 +642,17 @@ macro_rules! impl_sql_store {
                     .execute(&mut *tx)
                     .await
                     .map_err(StoreError::from)?;
+                    // Trimmed here, per runner and only when a change is written, through the
+                    // (runner_id, id) index: no sweep over every runner's history.
+                    sqlx::query(
+                        "DELETE FROM status_changes WHERE runner_id = $1 AND id <= (SELECT id FROM status_changes \
+                         WHERE runner_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $2)",
+                    )
+                    .bind(rec.runner_id.as_str())
+                    .bind(STATUS_CHANGE_HISTORY)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
                 }
                 if let Some((code, detail)) = &rec.refusal {
                     sqlx::query(
@@ -902,13 +913,6 @@ macro_rules! impl_sql_store {
                     .execute(self.writer())
                     .await?
                     .rows_affected();
-                sqlx::query(
-                    "DELETE FROM status_changes WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER \
-                     (PARTITION BY runner_id ORDER BY id DESC) AS n FROM status_changes) ranked WHERE n > $1)",
-                )
-                .bind(STATUS_CHANGE_HISTORY)
-                .execute(self.writer())
-                .await?;
                 Ok(report)
             }
         }
