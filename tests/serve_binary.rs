@@ -32,6 +32,38 @@ fn serve(dir: &std::path::Path, port: u16) -> tokio::process::Command {
     cmd
 }
 
+/// Registers runner `r1` in pool `linux` of the service at `base`, over HTTP.
+async fn register_runner(client: &reqwest::Client, base: &str, admin: &str) -> TestRunner {
+    let token: serde_json::Value = client
+        .post(format!(
+            "{base}/api/v1/admin/pools/linux/registration-tokens"
+        ))
+        .bearer_auth(admin)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let key = leasegate::agent::keys::RunnerKey::generate();
+    let body =
+        json!({"registration_token": token["token"], "name": "r1", "public_key": key.public_jwk()});
+    let reg: serde_json::Value = client
+        .post(format!("{base}/api/v1/runners"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    TestRunner {
+        id: reg["runner_id"].as_str().unwrap().into(),
+        pool: "linux".into(),
+        key,
+    }
+}
+
 async fn wait_ready(base: &str) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while Instant::now() < deadline {
@@ -90,32 +122,7 @@ async fn first_start_creates_the_database_and_private_secrets_and_sigterm_exits_
     assert_eq!(r.status(), StatusCode::CREATED);
 
     // A waiting long poll is answered at once when SIGTERM arrives.
-    let token: serde_json::Value = client
-        .post(format!(
-            "{base}/api/v1/admin/pools/linux/registration-tokens"
-        ))
-        .bearer_auth(&admin)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = leasegate::agent::keys::RunnerKey::generate();
-    let reg: serde_json::Value = client
-        .post(format!("{base}/api/v1/runners"))
-        .json(&json!({"registration_token": token["token"], "name": "r1", "public_key": key.public_jwk()}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let runner = TestRunner {
-        id: reg["runner_id"].as_str().unwrap().into(),
-        pool: "linux".into(),
-        key,
-    };
+    let runner = register_runner(&client, &base, &admin).await;
     let waiting = {
         let (client, base, att) = (client.clone(), base.clone(), runner.healthy());
         tokio::spawn(async move {
@@ -244,32 +251,7 @@ async fn a_refusal_is_logged_once_with_its_code_and_the_runner() {
         .send()
         .await
         .unwrap();
-    let token: serde_json::Value = client
-        .post(format!(
-            "{base}/api/v1/admin/pools/linux/registration-tokens"
-        ))
-        .bearer_auth(ADMIN)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let key = leasegate::agent::keys::RunnerKey::generate();
-    let reg: serde_json::Value = client
-        .post(format!("{base}/api/v1/runners"))
-        .json(&json!({"registration_token": token["token"], "name": "r1", "public_key": key.public_jwk()}))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
-    let runner = TestRunner {
-        id: reg["runner_id"].as_str().unwrap().into(),
-        pool: "linux".into(),
-        key,
-    };
+    let runner = register_runner(&client, &base, ADMIN).await;
     let r = client
         .post(format!("{base}/api/v1/lease"))
         .json(&json!({"attestation": runner.failing("default OCI runtime \"crun\" not found: invalid argument")}))
