@@ -60,12 +60,14 @@ async fn metrics_follow_grants_refusals_returns_and_expiries(app) {
     let old_probe = runner.attest(json!({"probe": {"checked_at": now_s() - 1}}));
     app.call(&lease, "abandon", None).await;
     // One refusal of each kind rules 7-13 know.
+    // The quarantine first: a later passing probe (image_unreported's, once the clock has
+    // turned a second) lifts it, as the protocol says.
     let refusals = [
+        (old_probe, "runner_quarantined"),
         (runner.attest(json!({"probe": {"ok": false, "error": "crun missing"}})), "probe_failed"),
         (runner.attest(json!({"probe": {"checked_at": now_s() - 301}})), "probe_stale"),
         (runner.attest(json!({"image": {"id": null}})), "image_unreported"),
         (runner.attest(json!({"image": {"id": IMAGE_B}})), "image_drift"),
-        (old_probe, "runner_quarantined"),
     ];
     for (attestation, code) in &refusals {
         assert_eq!(code_of(app.lease(attestation).await, StatusCode::CONFLICT).await, *code);
