@@ -3,14 +3,21 @@
 //! Heartbeat, lease and `gate/check` all pass through `Gate::admit`, which applies rules 1–13
 //! of PROTOCOL.md in order. Nothing is written for a failure of rules 1–6 or a bad digest; an
 //! attestation that passes them is recorded with the verdict it earned, and a refusal (for a
-//! lease or a gate check) is recorded beside it. No job is read here.
+//! lease or a gate check) is recorded beside it. No job is read here, except by a lease's
+//! claim, which is made in the same write round as its attestation's record, and only when the
+//! verdict lets the runner lease.
+//!
+//! The runner and pool the gate judges with come from the store's cache (`gate_runner`,
+//! `gate_pool`); the round re-reads what a claim must not get wrong (revocation, cordon) under
+//! the runner's row lock.
 
 use crate::domain::attestation::{Attestation, AttestationRules, RunningImage};
+use crate::domain::job::Job;
 use crate::domain::pool::Pool;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, Refusal, RunnerStatus, judge};
-use crate::store::{AttestationRecord, DynStore, RecordError, StoreError};
+use crate::store::{AttestationRecord, Claim, DynStore, Lease, Rejection, RoundItem, StoreError};
 use crate::verifier::{INVALID_SIGNATURE_DETAIL, VerifyError, read_header};
 
 /// Why an attestation was not admitted (rules 1–6, or a bad request).
@@ -97,9 +104,32 @@ impl Gate {
         purpose: Purpose,
         now: Millis,
     ) -> Result<Admitted, AdmitError> {
-        let result = self.judge_and_record(token, purpose, now).await;
+        let (admitted, _) = self.admit_with(token, purpose, now, |_| None).await?;
+        Ok(admitted)
+    }
+
+    /// A lease's admission: as `admit`, and when the verdict lets the runner lease, the claim
+    /// that `claim` describes is made in the same round (one transaction with the record).
+    pub async fn admit_and_claim(
+        &self,
+        token: &str,
+        now: Millis,
+        claim: impl FnOnce(&Admitted) -> Claim + Send,
+    ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
+        self.admit_with(token, Purpose::Lease, now, |a| Some(claim(a)))
+            .await
+    }
+
+    async fn admit_with(
+        &self,
+        token: &str,
+        purpose: Purpose,
+        now: Millis,
+        claim: impl FnOnce(&Admitted) -> Option<Claim> + Send,
+    ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
+        let result = self.judge_and_record(token, purpose, now, claim).await;
         match &result {
-            Ok(admitted) => {
+            Ok((admitted, _)) => {
                 // Every log line of this request names the runner and its pool.
                 let span = tracing::Span::current();
                 span.record("runner_id", tracing::field::display(&admitted.runner.id));
@@ -134,11 +164,12 @@ impl Gate {
         token: &str,
         purpose: Purpose,
         now: Millis,
-    ) -> Result<Admitted, AdmitError> {
+        claim: impl FnOnce(&Admitted) -> Option<Claim> + Send,
+    ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
         let unverified = read_header(token)?;
         let runner = self
             .store
-            .get_runner(&unverified.kid)
+            .gate_runner(&unverified.kid)
             .await?
             .ok_or_else(|| AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()))?;
         let attestation = unverified.verify(&runner.public_key_x, &self.rules, now)?;
@@ -158,7 +189,7 @@ impl Gate {
         };
         let pool = self
             .store
-            .get_pool(&runner.pool)
+            .gate_pool(&runner.pool)
             .await?
             .ok_or_else(|| StoreError::Internal(format!("runner {} has no pool", runner.id)))?;
         let state = AttestedState {
@@ -186,20 +217,27 @@ impl Gate {
             status,
             refusal,
         };
-        self.store
-            .record_attestation(&record)
-            .await
-            .map_err(|e| match e {
-                RecordError::Replayed => AdmitError::Replayed,
-                RecordError::Revoked => AdmitError::Revoked,
-                RecordError::Store(s) => AdmitError::Store(s),
-            })?;
-        Ok(Admitted {
+        let admitted = Admitted {
             runner,
             pool,
             attestation,
             image,
             verdict,
-        })
+        };
+        let claim = if admitted.verdict.is_ok() {
+            claim(&admitted)
+        } else {
+            None
+        };
+        let item = RoundItem {
+            attestation: Some(record),
+            claim,
+        };
+        let outcome = self.store.submit(item).await?;
+        match outcome.attestation {
+            Some(Err(Rejection::Replayed)) => Err(AdmitError::Replayed),
+            Some(Err(Rejection::Revoked)) => Err(AdmitError::Revoked),
+            _ => Ok((admitted, outcome.granted)),
+        }
     }
 }

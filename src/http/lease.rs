@@ -11,11 +11,11 @@ use super::schema::{LeaseGrant, LeaseView, Problem};
 use super::views;
 use crate::app::AppState;
 use crate::domain::ids::LeaseId;
+use crate::domain::job::Job;
 use crate::domain::lease::{LeaseCall, Outcome};
 use crate::domain::time::Millis;
-use crate::gate::Purpose;
 use crate::secrets::{generate_token, hash_token};
-use crate::store::Claim;
+use crate::store::{Claim, Lease};
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -73,15 +73,30 @@ async fn lease(
 ) -> Result<Response, ApiError> {
     let wait_s = wait_seconds(body.wait_s)?;
     let now = Millis::now();
-    let admitted = state
+    // The first claim is made in the same round as the attestation's record.
+    let first_token = generate_token("lgl_");
+    let claim_for = |token: &str, runner_id, pool| Claim {
+        runner_id,
+        pool,
+        lease_id: LeaseId::generate(),
+        token_hash: hash_token(token),
+        ttl_s: state.settings().lease_ttl_s,
+        now: Millis::now(),
+    };
+    let (admitted, first_grant) = state
         .gate()
-        .admit(&body.attestation, Purpose::Lease, now)
+        .admit_and_claim(&body.attestation, now, |a| {
+            claim_for(&first_token, a.runner.id.clone(), a.pool.name.clone())
+        })
         .await?;
     let runner_id = admitted.runner.id.clone();
     let pool = admitted.pool.name.clone();
     if let Err(refusal) = &admitted.verdict {
         return Err(ApiError::conflict(refusal.code(), refusal.detail())
             .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
+    }
+    if let Some((lease, job)) = first_grant {
+        return Ok(granted(&state, first_token, lease, job));
     }
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
@@ -92,34 +107,18 @@ async fn lease(
         .recheck_interval()
         .unwrap_or(Duration::from_secs(MAX_WAIT_S + 1));
     loop {
+        if tokio::time::Instant::now() >= deadline {
+            return Ok(StatusCode::NO_CONTENT.into_response());
+        }
         // Registered before the claim, so an enqueue between the claim and the wait still wakes us.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
 
         let token = generate_token("lgl_");
-        let claim = Claim {
-            runner_id: runner_id.clone(),
-            pool: pool.clone(),
-            lease_id: LeaseId::generate(),
-            token_hash: hash_token(&token),
-            ttl_s: state.settings().lease_ttl_s,
-            now: Millis::now(),
-        };
+        let claim = claim_for(&token, runner_id.clone(), pool.clone());
         if let Some((lease, job)) = state.store().claim_job(&claim).await? {
-            state.metrics().granted(pool.as_str());
-            record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
-            tracing::info!(runner_id = %runner_id, pool = %pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
-            return Ok(Json(json!({
-                "lease_id": lease.id,
-                "lease_token": token,
-                "expires_at": lease.expires_at,
-                "job": views::leased_job(&job, &lease),
-            }))
-            .into_response());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Ok(StatusCode::NO_CONTENT.into_response());
+            return Ok(granted(&state, token, lease, job));
         }
         tokio::select! {
             _ = &mut notified => {}
@@ -128,6 +127,20 @@ async fn lease(
             _ = state.shutdown().cancelled() => return Ok(StatusCode::NO_CONTENT.into_response()),
         }
     }
+}
+
+/// The answer to a granted lease, counted and logged.
+fn granted(state: &AppState, token: String, lease: Lease, job: Job) -> Response {
+    state.metrics().granted(lease.pool.as_str());
+    record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
+    tracing::info!(runner_id = %lease.runner_id, pool = %lease.pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
+    Json(json!({
+        "lease_id": lease.id,
+        "lease_token": token,
+        "expires_at": lease.expires_at,
+        "job": views::leased_job(&job, &lease),
+    }))
+    .into_response()
 }
 
 /// Puts the job and lease ids on the request's span, so every log line of it carries them.

@@ -4,13 +4,19 @@
 //! Handlers hold an `Arc<dyn Store>`. Every rule that decides what a write should be comes from
 //! `domain`; the engines only load, fence and write, each in one transaction.
 
+mod fast;
+mod group_commit;
 pub mod postgres;
 pub mod raw_claims;
+pub mod round;
 mod rows;
 mod signal;
+mod sql_round;
 mod sql_store;
 pub mod sqlite;
+pub mod verdict_cache;
 
+pub use round::{Rejection, RoundItem, RoundOutcome, RoundResult};
 pub use signal::JobSignal;
 pub use sql_store::CLAIM_CANDIDATE_SQL;
 
@@ -340,8 +346,42 @@ pub trait Store: Send + Sync + 'static {
     /// Whether `jti` was already accepted from this runner (a read; rule 5 without a write).
     async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool>;
 
-    /// Rules 5 and 6, then records the attestation (and its refusal) in one transaction.
-    async fn record_attestation(&self, record: &AttestationRecord) -> Result<(), RecordError>;
+    /// Writes a round of requests in one transaction (see `round`): for each, rules 5 and 6
+    /// and the record of its attestation, then its claim.
+    async fn write_round(&self, items: &[RoundItem]) -> RoundResult;
+
+    /// One request's round. The service's store gathers concurrent ones into shared rounds
+    /// (group commit); either way the outcome is committed before it is returned.
+    async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome> {
+        let mut outcomes = self.write_round(std::slice::from_ref(&item)).await?;
+        outcomes
+            .pop()
+            .ok_or_else(|| StoreError::Internal("a round answered no outcome".into()))
+    }
+
+    /// Rules 5 and 6, then records the attestation (and its refusal), committed.
+    async fn record_attestation(&self, record: &AttestationRecord) -> Result<(), RecordError> {
+        let item = RoundItem {
+            attestation: Some(record.clone()),
+            claim: None,
+        };
+        match self.submit(item).await?.attestation {
+            Some(Err(Rejection::Replayed)) => Err(RecordError::Replayed),
+            Some(Err(Rejection::Revoked)) => Err(RecordError::Revoked),
+            _ => Ok(()),
+        }
+    }
+
+    /// The runner as the gate judges it: key, pool, cordon, quarantine, revocation. May come
+    /// from a cache kept true by invalidation; views use `get_runner`.
+    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
+        self.get_runner(id).await
+    }
+
+    /// The pool as the gate judges with it (may come from the same cache).
+    async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
+        self.get_pool(name).await
+    }
 
     async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError>;
     async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>>;
@@ -350,7 +390,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Takes the pool's oldest queued job for the runner, atomically; `None` when there is none
     /// (or the runner was revoked or cordoned meanwhile).
-    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>>;
+    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
+        let item = RoundItem {
+            attestation: None,
+            claim: Some(claim.clone()),
+        };
+        Ok(self.submit(item).await?.granted)
+    }
     /// A runner's call on its lease, checked against the token hash and fenced by the lease.
     async fn lease_call(
         &self,
@@ -366,17 +412,20 @@ pub trait Store: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn Store>;
 
-/// Opens the store that `database_url` names, migrated.
+/// Opens the store that `database_url` names, migrated, behind group commit and the gate's
+/// cache (`FastStore`).
 pub async fn open(database_url: &str, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
-    if database_url.starts_with("sqlite:") {
+    let cache = verdict_cache::VerdictCache::default();
+    let (engine, round_workers): (DynStore, usize) = if database_url.starts_with("sqlite:") {
         let store = sqlite::SqliteStore::open(database_url, JobSignal::default()).await?;
-        Ok(Arc::new(store))
+        // One writer: a second round could only wait for the first.
+        (Arc::new(store), 1)
     } else if database_url.starts_with("postgres:") || database_url.starts_with("postgresql:") {
         let signal = JobSignal::with_recheck(postgres::RECHECK_INTERVAL);
-        Ok(Arc::new(
-            postgres::PgStore::open(database_url, pg, signal).await?,
-        ))
+        let store = postgres::PgStore::open(database_url, pg, signal, cache.clone()).await?;
+        (Arc::new(store), pg.round_workers())
     } else {
         anyhow::bail!("DATABASE_URL must start with sqlite:// or postgres://")
-    }
+    };
+    Ok(Arc::new(fast::FastStore::new(engine, cache, round_workers)))
 }

@@ -6,7 +6,9 @@
 //! since a notification can be lost while the listener reconnects, waiters also re-check on a
 //! timer, so a lost notification only delays a waiter, never strands it.
 
+use super::sql_round::impl_write_round;
 use super::sql_store::impl_sql_store;
+use super::verdict_cache::VerdictCache;
 use super::{JobSignal, StoreResult};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
 use std::str::FromStr;
@@ -14,6 +16,9 @@ use std::time::Duration;
 
 /// The channel enqueues are announced on; the payload is the pool name.
 const CHANNEL: &str = "leasegate_jobs";
+
+/// The channel changes to the gate's inputs are announced on (`verdict_cache` keys).
+const CHANGES: &str = "leasegate_changes";
 
 /// How often a long poll re-checks for work even without a notification.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(2);
@@ -24,6 +29,14 @@ pub struct PgSettings {
     pub max_connections: u32,
     pub acquire_timeout: Duration,
     pub statement_timeout: Duration,
+}
+
+impl PgSettings {
+    /// How many group-commit rounds may be written at once: enough to keep the database busy
+    /// while one round waits for its commit, few enough to leave connections for the rest.
+    pub fn round_workers(&self) -> usize {
+        (self.max_connections as usize / 4).clamp(1, 4)
+    }
 }
 
 impl Default for PgSettings {
@@ -51,7 +64,12 @@ impl Drop for PgStore {
 impl PgStore {
     /// Connects, migrates (under PostgreSQL's advisory lock, so replicas may start together)
     /// and starts listening for enqueues on other replicas.
-    pub async fn open(url: &str, settings: &PgSettings, signal: JobSignal) -> anyhow::Result<Self> {
+    pub async fn open(
+        url: &str,
+        settings: &PgSettings,
+        signal: JobSignal,
+        changes: VerdictCache,
+    ) -> anyhow::Result<Self> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)?
             .application_name("leasegate")
@@ -65,7 +83,7 @@ impl PgStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        let listener = tokio::spawn(listen(pool.clone(), signal.clone()));
+        let listener = tokio::spawn(listen(pool.clone(), signal.clone(), changes));
         Ok(PgStore {
             pool,
             signal,
@@ -103,11 +121,25 @@ impl PgStore {
             .await?;
         Ok(())
     }
+
+    /// Tells every replica that a gate input changed; delivered when the transaction commits.
+    async fn announce_change(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
+        key: &str,
+    ) -> StoreResult<()> {
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(CHANGES)
+            .bind(key)
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
 }
 
-/// Feeds notifications from other replicas into the in-process signal, reconnecting with a
-/// capped backoff when the connection drops.
-async fn listen(pool: PgPool, signal: JobSignal) {
+/// Feeds notifications from other replicas into the in-process signal and the gate's cache,
+/// reconnecting with a capped backoff when the connection drops.
+async fn listen(pool: PgPool, signal: JobSignal, changes: VerdictCache) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
@@ -119,7 +151,7 @@ async fn listen(pool: PgPool, signal: JobSignal) {
                 continue;
             }
         };
-        if let Err(e) = listener.listen(CHANNEL).await {
+        if let Err(e) = listener.listen_all([CHANNEL, CHANGES]).await {
             tracing::warn!(error = %e, "LISTEN failed; retrying");
             tokio::time::sleep(backoff).await;
             continue;
@@ -127,15 +159,18 @@ async fn listen(pool: PgPool, signal: JobSignal) {
         backoff = Duration::from_millis(200);
         loop {
             match listener.try_recv().await {
+                Ok(Some(n)) if n.channel() == CHANGES => changes.forget_key(n.payload()),
                 Ok(Some(n)) => signal.notify(n.payload()),
                 Ok(None) => {
-                    // The connection was lost and will be re-established: wake everyone, since
-                    // notifications may have been missed.
+                    // The connection was lost and will be re-established: wake everyone and
+                    // forget every cached input, since notifications may have been missed.
                     signal.notify_all();
+                    changes.forget_all();
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "the enqueue listener lost its connection");
                     signal.notify_all();
+                    changes.forget_all();
                     tokio::time::sleep(backoff).await;
                     break;
                 }
@@ -149,6 +184,12 @@ impl_sql_store! {
     db: sqlx::Postgres,
     engine: "postgres",
     row_lock: " FOR UPDATE",
-    claim_lock: " FOR UPDATE SKIP LOCKED",
-    share_lock: " FOR SHARE"
+    claim_lock: " FOR UPDATE SKIP LOCKED"
+}
+
+impl_write_round! {
+    store: PgStore,
+    db: sqlx::Postgres,
+    row_lock: " FOR UPDATE",
+    claim_lock: " FOR UPDATE SKIP LOCKED"
 }

@@ -37,8 +37,7 @@ macro_rules! impl_sql_store {
         db: $db:ty,
         engine: $engine:literal,
         row_lock: $row_lock:literal,
-        claim_lock: $claim_lock:literal,
-        share_lock: $share_lock:literal
+        claim_lock: $claim_lock:literal
     ) => {
         use $crate::domain::ids::{JobId, LeaseId, RunnerId};
         use $crate::domain::job::{EventKind, Job, JobEvent, JobState};
@@ -47,7 +46,7 @@ macro_rules! impl_sql_store {
         use $crate::domain::runner::Runner;
         use $crate::domain::time::Millis;
         use $crate::store::rows::{Decoders, digests_json, get};
-        use $crate::store::sql_store::{claim_candidate, runner_select};
+        use $crate::store::sql_store::runner_select;
         use $crate::store::*;
         use std::collections::BTreeMap;
 
@@ -274,6 +273,7 @@ macro_rules! impl_sql_store {
                 .bind(pool.updated_at.0)
                 .execute(&mut *tx)
                 .await?;
+                self.announce_change(&mut tx, &verdict_cache::pool_key(&pool.name)).await?;
                 tx.commit().await?;
                 Ok((pool, current.is_none()))
             }
@@ -340,6 +340,7 @@ macro_rules! impl_sql_store {
                 .bind(pool.updated_at.0)
                 .execute(&mut *tx)
                 .await?;
+                self.announce_change(&mut tx, &verdict_cache::pool_key(&pool.name)).await?;
                 tx.commit().await?;
                 Ok(Some(pool))
             }
@@ -495,6 +496,7 @@ macro_rules! impl_sql_store {
                     .execute(&mut *tx)
                     .await?;
                 let runner = fetch_runner(&mut tx, id).await?;
+                self.announce_change(&mut tx, &verdict_cache::runner_key(id)).await?;
                 tx.commit().await?;
                 Ok(runner)
             }
@@ -519,6 +521,7 @@ macro_rules! impl_sql_store {
                     ended.extend(end_lease(&mut tx, &lease, EndCause::RunnerRevoked, now).await?);
                 }
                 let runner = fetch_runner(&mut tx, id).await?;
+                self.announce_change(&mut tx, &verdict_cache::runner_key(id)).await?;
                 let pools: Vec<PoolName> = ended.iter().map(|e| e.pool.clone()).collect();
                 self.commit_requeues(tx, &pools).await?;
                 Ok(runner.map(|r| (r, ended)))
@@ -533,145 +536,8 @@ macro_rules! impl_sql_store {
                 Ok(seen.is_some())
             }
 
-            async fn record_attestation(&self, rec: &AttestationRecord) -> Result<(), RecordError> {
-                let mut tx = self.begin().await?;
-                let runner = sqlx::query(concat!(
-                    "SELECT revoked_at, last_status, attestation_seq, refusal_seq FROM runners WHERE id = $1",
-                    $row_lock
-                ))
-                .bind(rec.runner_id.as_str())
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(StoreError::from)?
-                .ok_or(RecordError::Revoked)?;
-                let seen = sqlx::query("SELECT 1 FROM seen_jtis WHERE runner_id = $1 AND jti = $2")
-                    .bind(rec.runner_id.as_str())
-                    .bind(&rec.jti)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?;
-                if seen.is_some() {
-                    return Err(RecordError::Replayed);
-                }
-                if get::<_, Option<i64>>(&runner, "revoked_at")?.is_some() {
-                    return Err(RecordError::Revoked);
-                }
-                let inserted = sqlx::query(
-                    "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-                )
-                .bind(rec.runner_id.as_str())
-                .bind(&rec.jti)
-                .bind(rec.replay_until.0)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?
-                .rows_affected();
-                if inserted != 1 {
-                    return Err(RecordError::Replayed);
-                }
-
-                let probe = &rec.state.probe;
-                let image = &rec.state.image;
-                let status = rec.status.as_str();
-                let last_status: Option<String> = get(&runner, "last_status")?;
-                let seq: i64 = get::<_, i64>(&runner, "attestation_seq")? + 1;
-                let refusal_seq: i64 =
-                    get::<_, i64>(&runner, "refusal_seq")? + i64::from(rec.refusal.is_some());
-                sqlx::query(
-                    "UPDATE runners SET attested_at = $1, probe_ok = $2, probe_runtime = $3, \
-                     probe_runtime_version = $4, probe_checked_at = $5, probe_error = $6, probe_exit_code = $7, \
-                     image_id = $8, image_digest = $9, image_ref = $10, agent = $11, last_status = $12, \
-                     attestation_seq = $13, refusal_seq = $14, \
-                     quarantined_at = CASE WHEN $2 = 1 AND quarantined_at < $5 THEN NULL ELSE quarantined_at END \
-                     WHERE id = $15",
-                )
-                .bind(rec.received_at.0)
-                .bind(i64::from(probe.ok))
-                .bind(&probe.runtime)
-                .bind(probe.runtime_version.as_deref())
-                .bind(probe.checked_at.0)
-                .bind(probe.error.as_deref())
-                .bind(probe.exit_code)
-                .bind(image.id.as_ref().map(|d| d.as_str().to_string()))
-                .bind(image.digest.as_ref().map(|d| d.as_str().to_string()))
-                .bind(image.image_ref.as_deref())
-                .bind(rec.agent.as_ref().map(|a| a.to_string()))
-                .bind(status)
-                .bind(seq)
-                .bind(refusal_seq)
-                .bind(rec.runner_id.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
-
-                sqlx::query(
-                    "INSERT INTO attestation_history (runner_id, slot, seq, received_at, probe_ok, probe_runtime, \
-                     probe_runtime_version, probe_checked_at, probe_error, image_id, image_digest, status) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) \
-                     ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, received_at = excluded.received_at, \
-                     probe_ok = excluded.probe_ok, probe_runtime = excluded.probe_runtime, \
-                     probe_runtime_version = excluded.probe_runtime_version, probe_checked_at = excluded.probe_checked_at, \
-                     probe_error = excluded.probe_error, image_id = excluded.image_id, \
-                     image_digest = excluded.image_digest, status = excluded.status",
-                )
-                .bind(rec.runner_id.as_str())
-                .bind(seq % ATTESTATION_HISTORY)
-                .bind(seq)
-                .bind(rec.received_at.0)
-                .bind(i64::from(probe.ok))
-                .bind(&probe.runtime)
-                .bind(probe.runtime_version.as_deref())
-                .bind(probe.checked_at.0)
-                .bind(probe.error.as_deref())
-                .bind(image.id.as_ref().map(|d| d.as_str().to_string()))
-                .bind(image.digest.as_ref().map(|d| d.as_str().to_string()))
-                .bind(status)
-                .execute(&mut *tx)
-                .await
-                .map_err(StoreError::from)?;
-
-                if last_status.as_deref() != Some(status) {
-                    sqlx::query(
-                        "INSERT INTO status_changes (runner_id, at, from_status, to_status, detail) VALUES ($1, $2, $3, $4, $5)",
-                    )
-                    .bind(rec.runner_id.as_str())
-                    .bind(rec.received_at.0)
-                    .bind(last_status.as_deref())
-                    .bind(status)
-                    .bind(rec.refusal.as_ref().map(|(_, d)| d.as_str()).or(probe.error.as_deref()))
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?;
-                    // Trimmed here, per runner and only when a change is written, through the
-                    // (runner_id, id) index: no sweep over every runner's history.
-                    sqlx::query(
-                        "DELETE FROM status_changes WHERE runner_id = $1 AND id <= (SELECT id FROM status_changes \
-                         WHERE runner_id = $1 ORDER BY id DESC LIMIT 1 OFFSET $2)",
-                    )
-                    .bind(rec.runner_id.as_str())
-                    .bind(STATUS_CHANGE_HISTORY)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?;
-                }
-                if let Some((code, detail)) = &rec.refusal {
-                    sqlx::query(
-                        "INSERT INTO refusals (runner_id, slot, seq, at, code, detail) VALUES ($1, $2, $3, $4, $5, $6) \
-                         ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, at = excluded.at, \
-                         code = excluded.code, detail = excluded.detail",
-                    )
-                    .bind(rec.runner_id.as_str())
-                    .bind(refusal_seq % REFUSAL_HISTORY)
-                    .bind(refusal_seq)
-                    .bind(rec.received_at.0)
-                    .bind(code)
-                    .bind(detail)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(StoreError::from)?;
-                }
-                tx.commit().await.map_err(StoreError::from)?;
-                Ok(())
+            async fn write_round(&self, items: &[round::RoundItem]) -> round::RoundResult {
+                self.run_round(items).await
             }
 
             async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError> {
@@ -780,65 +646,6 @@ macro_rules! impl_sql_store {
                 Ok(job)
             }
 
-            async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
-                let mut tx = self.begin().await?;
-                let eligible = sqlx::query(concat!(
-                    "SELECT 1 FROM runners WHERE id = $1 AND revoked_at IS NULL AND cordoned = 0",
-                    $share_lock
-                ))
-                .bind(claim.runner_id.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                if eligible.is_none() {
-                    return Ok(None);
-                }
-                let row = sqlx::query(concat!(
-                    "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
-                     WHERE seq = (",
-                    claim_candidate!(),
-                    $claim_lock,
-                    ") AND state = 'queued' RETURNING *"
-                ))
-                .bind(claim.lease_id.as_str())
-                .bind(claim.now.0)
-                .bind(claim.pool.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-                let Some(row) = row else {
-                    return Ok(None);
-                };
-                let job = row.job()?;
-                let lease = Lease {
-                    id: claim.lease_id.clone(),
-                    job_id: job.id.clone(),
-                    runner_id: claim.runner_id.clone(),
-                    pool: claim.pool.clone(),
-                    state: LeaseState::Leased,
-                    attempt: job.attempts + 1,
-                    granted_at: claim.now,
-                    started_at: None,
-                    expires_at: claim.now.plus_secs(claim.ttl_s),
-                    ended_at: None,
-                };
-                sqlx::query(
-                    "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, granted_at, expires_at) \
-                     VALUES ($1, $2, $3, $4, $5, 'leased', $6, $7, $8)",
-                )
-                .bind(lease.id.as_str())
-                .bind(job.id.as_str())
-                .bind(lease.runner_id.as_str())
-                .bind(lease.pool.as_str())
-                .bind(&claim.token_hash)
-                .bind(lease.attempt)
-                .bind(lease.granted_at.0)
-                .bind(lease.expires_at.0)
-                .execute(&mut *tx)
-                .await?;
-                add_event(&mut tx, &job.id, claim.now, Event::new(EventKind::Leased).by(&lease.runner_id, &lease.id)).await?;
-                tx.commit().await?;
-                Ok(Some((lease, job)))
-            }
-
             async fn lease_call(
                 &self,
                 lease_id: &LeaseId,
@@ -867,6 +674,9 @@ macro_rules! impl_sql_store {
                 let t = lease_rules::apply_call(call, snapshot, now)?;
                 if !write_transition(&mut tx, &lease, &job, &t, now).await? {
                     return Err(StoreError::Internal("lease moved during its own transaction".into()).into());
+                }
+                if t.quarantine_runner {
+                    self.announce_change(&mut tx, &verdict_cache::runner_key(&lease.runner_id)).await?;
                 }
                 let requeued = if t.job_state == JobState::Queued { vec![lease.pool.clone()] } else { vec![] };
                 let lease = load_lease(&mut tx, lease_id).await?.map(|(l, _)| l);

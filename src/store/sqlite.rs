@@ -6,6 +6,7 @@
 //! run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
 //! `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` to survive power loss too.
 
+use super::sql_round::impl_write_round;
 use super::sql_store::impl_sql_store;
 use super::{JobSignal, StoreResult};
 use sqlx::sqlite::{
@@ -80,6 +81,15 @@ impl SqliteStore {
     ) -> StoreResult<()> {
         Ok(())
     }
+
+    /// One process holds the file: `FastStore` forgets changed inputs itself.
+    async fn announce_change(
+        &self,
+        _tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
+        _key: &str,
+    ) -> StoreResult<()> {
+        Ok(())
+    }
 }
 
 impl_sql_store! {
@@ -87,6 +97,12 @@ impl_sql_store! {
     db: sqlx::Sqlite,
     engine: "sqlite",
     row_lock: "",
-    claim_lock: "",
-    share_lock: ""
+    claim_lock: ""
+}
+
+impl_write_round! {
+    store: SqliteStore,
+    db: sqlx::Sqlite,
+    row_lock: "",
+    claim_lock: ""
 }

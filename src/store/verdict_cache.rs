@@ -1,0 +1,197 @@
+//! The gate's inputs kept in memory: each runner's key, pool, cordon, quarantine and
+//! revocation, and each pool's expected images.
+//!
+//! Every attestation needs them and they change rarely (an operator's cordon, a revocation, an
+//! abandoned lease's quarantine, a pool edit or a registry roll), so reading them from the
+//! database on every request would double its reads. Entries are dropped by the writes that
+//! change them: in this process by `FastStore`, on other PostgreSQL replicas by a `NOTIFY` the
+//! write sends in its transaction. A TTL bounds what a lost notification could leave stale.
+//!
+//! A read that started before a write and finishes after its invalidation must not put the old
+//! value back: every invalidation bumps a generation, and a value read under an older
+//! generation is not kept.
+//!
+//! What a stale entry could do is bounded: a claim re-reads the runner's revocation and cordon
+//! under its row lock, so no job goes to a revoked or cordoned runner whatever the cache says.
+
+use crate::domain::ids::RunnerId;
+use crate::domain::pool::{Pool, PoolName};
+use crate::domain::runner::Runner;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+/// How long an entry may live without an invalidation: the bound on staleness should a
+/// cross-replica notification be lost.
+pub const TTL: Duration = Duration::from_secs(30);
+
+/// What a change notification names: `runner:<id>` or `pool:<name>`.
+pub fn runner_key(id: &RunnerId) -> String {
+    format!("runner:{id}")
+}
+
+pub fn pool_key(name: &PoolName) -> String {
+    format!("pool:{name}")
+}
+
+#[derive(Clone, Default)]
+pub struct VerdictCache {
+    inner: Arc<Inner>,
+}
+
+#[derive(Default)]
+struct Inner {
+    generation: AtomicU64,
+    runners: RwLock<HashMap<RunnerId, (Runner, Instant)>>,
+    pools: RwLock<HashMap<PoolName, (Pool, Instant)>>,
+}
+
+impl VerdictCache {
+    /// The generation to pass to `keep_*` for a value about to be read from the database.
+    pub fn generation(&self) -> u64 {
+        self.inner.generation.load(Ordering::Acquire)
+    }
+
+    pub fn runner(&self, id: &RunnerId) -> Option<Runner> {
+        let map = self.inner.runners.read().unwrap_or_else(|e| e.into_inner());
+        map.get(id)
+            .filter(|(_, at)| at.elapsed() < TTL)
+            .map(|(r, _)| r.clone())
+    }
+
+    pub fn pool(&self, name: &PoolName) -> Option<Pool> {
+        let map = self.inner.pools.read().unwrap_or_else(|e| e.into_inner());
+        map.get(name)
+            .filter(|(_, at)| at.elapsed() < TTL)
+            .map(|(p, _)| p.clone())
+    }
+
+    /// Keeps `runner`, read under `generation`, unless something was invalidated since.
+    pub fn keep_runner(&self, generation: u64, runner: &Runner) {
+        let mut map = self
+            .inner
+            .runners
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        // Checked under the write lock: invalidations take it too, after bumping.
+        if self.generation() == generation {
+            map.insert(runner.id.clone(), (runner.clone(), Instant::now()));
+        }
+    }
+
+    pub fn keep_pool(&self, generation: u64, pool: &Pool) {
+        let mut map = self.inner.pools.write().unwrap_or_else(|e| e.into_inner());
+        if self.generation() == generation {
+            map.insert(pool.name.clone(), (pool.clone(), Instant::now()));
+        }
+    }
+
+    pub fn forget_runner(&self, id: &RunnerId) {
+        self.bump();
+        let mut map = self
+            .inner
+            .runners
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        map.remove(id);
+    }
+
+    pub fn forget_pool(&self, name: &PoolName) {
+        self.bump();
+        let mut map = self.inner.pools.write().unwrap_or_else(|e| e.into_inner());
+        map.remove(name);
+    }
+
+    /// After a lost connection to the change feed: anything may have changed.
+    pub fn forget_all(&self) {
+        self.bump();
+        self.inner
+            .runners
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        self.inner
+            .pools
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+    }
+
+    /// Applies a change notification (`runner_key`/`pool_key`); anything else forgets all.
+    pub fn forget_key(&self, key: &str) {
+        if let Some(id) = key.strip_prefix("runner:") {
+            self.forget_runner(&RunnerId(id.to_string()));
+        } else if let Some(name) = key.strip_prefix("pool:") {
+            self.forget_pool(&PoolName::from_trusted(name.to_string()));
+        } else {
+            self.forget_all();
+        }
+    }
+
+    fn bump(&self) {
+        self.inner.generation.fetch_add(1, Ordering::AcqRel);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::pool::{ImagePolicy, ImageSource, PoolSpec};
+    use crate::domain::time::Millis;
+    use crate::domain::verdict::GateState;
+
+    fn runner(id: &str) -> Runner {
+        Runner {
+            id: RunnerId(id.into()),
+            name: id.into(),
+            pool: PoolName::from_trusted("p".into()),
+            labels: Default::default(),
+            public_key_x: "x".into(),
+            gate: GateState::default(),
+            revoked_at: None,
+            registered_at: Millis(0),
+            latest: None,
+            current_lease: None,
+        }
+    }
+
+    #[test]
+    fn a_read_from_before_an_invalidation_is_not_kept() {
+        let cache = VerdictCache::default();
+        let before = cache.generation();
+        cache.forget_runner(&RunnerId("r1".into()));
+        cache.keep_runner(before, &runner("r1"));
+        assert!(cache.runner(&RunnerId("r1".into())).is_none());
+        cache.keep_runner(cache.generation(), &runner("r1"));
+        assert!(cache.runner(&RunnerId("r1".into())).is_some());
+    }
+
+    #[test]
+    fn notifications_forget_what_they_name() {
+        let cache = VerdictCache::default();
+        let pool = Pool::apply(
+            PoolName::from_trusted("p".into()),
+            None,
+            PoolSpec {
+                image_ref: None,
+                expected_image_ids: vec![],
+                image_policy: ImagePolicy::Report,
+                image_source: ImageSource::Manual,
+                drift_grace_s: 900,
+                resolve_interval_s: 300,
+            },
+            Millis(0),
+        );
+        cache.keep_runner(cache.generation(), &runner("r1"));
+        cache.keep_runner(cache.generation(), &runner("r2"));
+        cache.keep_pool(cache.generation(), &pool);
+        cache.forget_key(&runner_key(&RunnerId("r1".into())));
+        assert!(cache.runner(&RunnerId("r1".into())).is_none());
+        assert!(cache.runner(&RunnerId("r2".into())).is_some());
+        cache.forget_key(&pool_key(&pool.name));
+        assert!(cache.pool(&pool.name).is_none());
+        cache.forget_key("something else");
+        assert!(cache.runner(&RunnerId("r2".into())).is_none());
+    }
+}
