@@ -218,7 +218,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         rate: args.rate,
     };
     let mut ops = Vec::new();
+    // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
+    // so that no phase runs dry because an earlier one was fast.
+    let mut queued = args.jobs;
     for phase in &args.phases {
+        if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
+            fleet
+                .enqueue(&client, args.jobs - queued, args.concurrency)
+                .await?;
+            queued = args.jobs;
+        }
         let report = match phase.as_str() {
             "grants" => fleet.grants(&client, drive, !args.quiet).await,
             "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
@@ -228,6 +237,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 anyhow::bail!("unknown phase {other:?} (grants, cycles, heartbeats, refusals)")
             }
         };
+        if matches!(phase.as_str(), "grants" | "cycles") {
+            queued = queued.saturating_sub(report.ok as usize);
+        }
         ops.push(report);
     }
 

@@ -64,7 +64,12 @@ async fn write_rounds(engine: DynStore, rx: Arc<Mutex<mpsc::UnboundedReceiver<Wa
             }
             round
         };
+        let n = round.len();
+        let t = std::time::Instant::now();
         write_round(&engine, round).await;
+        if std::env::var_os("LG_ROUND_DEBUG").is_some() {
+            eprintln!("round {n} {:?}", t.elapsed());
+        }
     }
 }
 

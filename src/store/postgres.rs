@@ -73,6 +73,8 @@ impl PgStore {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)?
             .application_name("leasegate")
+            // Room for the rounds' statements in each of their sizes (`round::chunks`).
+            .statement_cache_capacity(256)
             .options([
                 ("statement_timeout", timeout_ms.as_str()),
                 ("lock_timeout", timeout_ms.as_str()),

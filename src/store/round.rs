@@ -203,6 +203,21 @@ fn push_ring<T>(ring: &mut VecDeque<T>, capacity: i64, entry: T) {
     ring.push_back(entry);
 }
 
+/// `items` in slices whose lengths are powers of two, largest first (13 = 8 + 4 + 1): the
+/// multi-row statements of any round then come in a few sizes that stay prepared.
+pub fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
+    let mut rest = items;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let size = 1usize << (usize::BITS - 1 - rest.len().leading_zeros());
+        let (part, tail) = rest.split_at(size);
+        rest = tail;
+        Some(part)
+    })
+}
+
 /// `($1, $2, $3), ($4, $5, $6), …` for `rows` rows of `cols` parameters, numbered from
 /// `first`: the VALUES list of a multi-row statement.
 pub fn values_list(rows: usize, cols: usize, first: usize) -> String {
@@ -360,6 +375,15 @@ mod tests {
         let a = record("gone", "a", 10, true, false);
         let plan = plan(&BTreeMap::new(), &[&a]);
         assert!(plan.updates.is_empty() && plan.history.is_empty());
+    }
+
+    #[test]
+    fn chunks_are_powers_of_two_largest_first_and_cover_everything() {
+        let items: Vec<usize> = (0..77).collect();
+        let sizes: Vec<usize> = chunks(&items).map(<[usize]>::len).collect();
+        assert_eq!(sizes, vec![64, 8, 4, 1]);
+        assert_eq!(chunks(&items).flatten().copied().collect::<Vec<_>>(), items);
+        assert_eq!(chunks::<u8>(&[]).count(), 0);
     }
 
     #[test]

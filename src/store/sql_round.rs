@@ -1,11 +1,11 @@
 //! The SQL of a write round (see `round.rs`), written once and instantiated per engine.
 //!
-//! A round of N requests costs a fixed number of statements, whatever N: lock the runners' rows,
-//! insert the `jti`s, update the runners, insert the history rings' entries, and one claim
-//! statement per lease asked for. Statements whose length depends on N are not kept in the
-//! prepared-statement cache (`persistent(false)`): there would be one per round size. Their
-//! text is built from literals and numbered placeholders only (`AssertSqlSafe`); every value is
-//! bound.
+//! A round of N requests costs a handful of statements per table, whatever N: lock the runners'
+//! rows, insert the `jti`s, update the runners, insert the history rings' entries, and one claim
+//! statement per lease asked for. Multi-row statements take their rows in power-of-two chunks
+//! (`round::chunks`), so that each engine prepares a few statements once and keeps them, rather
+//! than parsing a new one for every round size. Their text is built from literals and numbered
+//! placeholders only (`AssertSqlSafe`); every value is bound.
 
 macro_rules! impl_write_round {
     (
@@ -49,16 +49,17 @@ macro_rules! impl_write_round {
                         a.into_iter().chain(c)
                     })
                     .collect();
+                let ids: Vec<&str> = ids.into_iter().collect();
                 let mut rows: BTreeMap<RunnerId, RunnerRow> = BTreeMap::new();
-                if !ids.is_empty() {
+                for part in chunks(&ids) {
                     let sql = format!(
                         "SELECT id, attestation_seq, refusal_seq, last_status, quarantined_at, revoked_at, cordoned \
                          FROM runners WHERE id IN ({}) ORDER BY id{}",
-                        param_list(ids.len(), 1),
+                        param_list(part.len(), 1),
                         $row_lock
                     );
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                    for id in &ids {
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    for id in part {
                         q = q.bind(*id);
                     }
                     for r in q.fetch_all(&mut *tx).await? {
@@ -100,26 +101,26 @@ macro_rules! impl_write_round {
                 // Rule 5: a jti is accepted once. A jti twice in one round is accepted for
                 // the first and a replay for the second.
                 let mut accepted: Vec<&AttestationRecord> = Vec::new();
-                if !candidates.is_empty() {
+                let mut inserted: HashSet<(String, String)> = HashSet::new();
+                for part in chunks(&candidates) {
                     let sql = format!(
                         "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES {} \
                          ON CONFLICT DO NOTHING RETURNING runner_id, jti",
-                        values_list(candidates.len(), 3, 1)
+                        values_list(part.len(), 3, 1)
                     );
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                    for (_, rec) in &candidates {
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    for (_, rec) in part {
                         q = q.bind(rec.runner_id.as_str()).bind(&rec.jti).bind(rec.replay_until.0);
                     }
-                    let mut inserted: HashSet<(String, String)> = HashSet::new();
                     for r in q.fetch_all(&mut *tx).await? {
                         inserted.insert((get(&r, "runner_id")?, get(&r, "jti")?));
                     }
-                    for (i, rec) in &candidates {
-                        if inserted.remove(&(rec.runner_id.as_str().to_string(), rec.jti.clone())) {
-                            accepted.push(rec);
-                        } else {
-                            outcomes[*i].attestation = Some(Err(Rejection::Replayed));
-                        }
+                }
+                for (i, rec) in &candidates {
+                    if inserted.remove(&(rec.runner_id.as_str().to_string(), rec.jti.clone())) {
+                        accepted.push(rec);
+                    } else {
+                        outcomes[*i].attestation = Some(Err(Rejection::Replayed));
                     }
                 }
 
@@ -170,14 +171,14 @@ macro_rules! impl_write_round {
                     granted.push((i, claim.token_hash.as_str()));
                     outcomes[i].granted = Some((lease, job));
                 }
-                if !granted.is_empty() {
+                for part in chunks(&granted) {
                     let sql = format!(
                         "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, granted_at, expires_at) \
                          VALUES {}",
-                        values_list(granted.len(), 9, 1)
+                        values_list(part.len(), 9, 1)
                     );
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                    for (i, token_hash) in &granted {
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    for (i, token_hash) in part {
                         let (lease, _) = outcomes[*i].granted.as_ref().expect("granted");
                         q = q
                             .bind(lease.id.as_str())
@@ -191,12 +192,14 @@ macro_rules! impl_write_round {
                             .bind(lease.expires_at.0);
                     }
                     q.execute(&mut *tx).await?;
+                }
+                for part in chunks(&granted) {
                     let sql = format!(
                         "INSERT INTO job_events (job_id, at, kind, runner_id, lease_id, reason, detail) VALUES {}",
-                        values_list(granted.len(), 7, 1)
+                        values_list(part.len(), 7, 1)
                     );
-                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                    for (i, _) in &granted {
+                    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                    for (i, _) in part {
                         let (lease, _) = outcomes[*i].granted.as_ref().expect("granted");
                         q = q
                             .bind(lease.job_id.as_str())
@@ -219,10 +222,10 @@ macro_rules! impl_write_round {
             tx: &mut sqlx::Transaction<'static, $db>,
             plan: &$crate::store::round::Plan<'_>,
         ) -> $crate::store::StoreResult<()> {
-            use $crate::store::round::values_list;
+            use $crate::store::round::{chunks, values_list};
             use $crate::store::{STATUS_CHANGE_HISTORY, round::param_list};
 
-            if !plan.updates.is_empty() {
+            for part in chunks(&plan.updates) {
                 let sql = format!(
                     "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, probe_checked_at, \
                      probe_error, probe_exit_code, image_id, image_digest, image_ref, agent, last_status, \
@@ -234,10 +237,10 @@ macro_rules! impl_write_round {
                      image_ref = v.image_ref, agent = v.agent, last_status = v.last_status, \
                      attestation_seq = v.attestation_seq, refusal_seq = v.refusal_seq, \
                      quarantined_at = v.quarantined_at FROM v WHERE runners.id = v.id",
-                    values_list(plan.updates.len(), 16, 1)
+                    values_list(part.len(), 16, 1)
                 );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                for u in &plan.updates {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for u in part {
                     let rec = u.latest;
                     let probe = &rec.state.probe;
                     let image = &rec.state.image;
@@ -262,7 +265,7 @@ macro_rules! impl_write_round {
                 q.execute(&mut **tx).await?;
             }
 
-            if !plan.history.is_empty() {
+            for part in chunks(&plan.history) {
                 let sql = format!(
                     "INSERT INTO attestation_history (runner_id, slot, seq, received_at, probe_ok, probe_runtime, \
                      probe_runtime_version, probe_checked_at, probe_error, image_id, image_digest, status) \
@@ -272,10 +275,10 @@ macro_rules! impl_write_round {
                      probe_runtime_version = excluded.probe_runtime_version, probe_checked_at = excluded.probe_checked_at, \
                      probe_error = excluded.probe_error, image_id = excluded.image_id, \
                      image_digest = excluded.image_digest, status = excluded.status",
-                    values_list(plan.history.len(), 12, 1)
+                    values_list(part.len(), 12, 1)
                 );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                for h in &plan.history {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for h in part {
                     let rec = h.record;
                     let probe = &rec.state.probe;
                     let image = &rec.state.image;
@@ -296,13 +299,13 @@ macro_rules! impl_write_round {
                 q.execute(&mut **tx).await?;
             }
 
-            if !plan.status_changes.is_empty() {
+            for part in chunks(&plan.status_changes) {
                 let sql = format!(
                     "INSERT INTO status_changes (runner_id, at, from_status, to_status, detail) VALUES {}",
-                    values_list(plan.status_changes.len(), 5, 1)
+                    values_list(part.len(), 5, 1)
                 );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                for c in &plan.status_changes {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for c in part {
                     q = q
                         .bind(c.runner_id.as_str())
                         .bind(c.at.0)
@@ -313,6 +316,8 @@ macro_rules! impl_write_round {
                 q.execute(&mut **tx).await?;
                 // Trimmed here, only for the runners that changed, through the
                 // (runner_id, id) index: no sweep over every runner's history.
+            }
+            if !plan.status_changes.is_empty() {
                 let mut changed: Vec<&str> = plan.status_changes.iter().map(|c| c.runner_id.as_str()).collect();
                 changed.sort();
                 changed.dedup();
@@ -329,15 +334,15 @@ macro_rules! impl_write_round {
                 q.bind(STATUS_CHANGE_HISTORY).execute(&mut **tx).await?;
             }
 
-            if !plan.refusals.is_empty() {
+            for part in chunks(&plan.refusals) {
                 let sql = format!(
                     "INSERT INTO refusals (runner_id, slot, seq, at, code, detail) VALUES {} \
                      ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, at = excluded.at, \
                      code = excluded.code, detail = excluded.detail",
-                    values_list(plan.refusals.len(), 6, 1)
+                    values_list(part.len(), 6, 1)
                 );
-                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql)).persistent(false);
-                for r in &plan.refusals {
+                let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                for r in part {
                     q = q
                         .bind(r.runner_id.as_str())
                         .bind(r.slot)

@@ -15,6 +15,9 @@ use sqlx::sqlite::{
 use std::str::FromStr;
 use std::time::Duration;
 
+/// Prepared statements kept per connection.
+const STATEMENT_CACHE: usize = 256;
+
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
@@ -33,7 +36,10 @@ impl SqliteStore {
             .journal_mode(SqliteJournalMode::Wal)
             .synchronous(synchronous)
             .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true);
+            .foreign_keys(true)
+            // Room for the rounds' statements in each of their sizes (`round::chunks`) beside
+            // the rest, so that none is evicted and parsed again.
+            .statement_cache_capacity(STATEMENT_CACHE);
         let writer = SqlitePoolOptions::new()
             .max_connections(1)
             .acquire_timeout(Duration::from_secs(10))
