@@ -5,11 +5,17 @@
 mod common;
 
 use common::*;
-use leasegate::store::CLAIM_CANDIDATE_SQL;
+use leasegate::store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 use sqlx::Connection;
 
-fn candidate_for(pool: &str) -> String {
-    CLAIM_CANDIDATE_SQL.replace("$3", &format!("'{pool}'"))
+/// The single claim (the raw baseline's) and a round's claim of 64 jobs at once.
+fn candidates_for(pool: &str) -> [String; 2] {
+    [
+        CLAIM_CANDIDATE_SQL.replace("$3", &format!("'{pool}'")),
+        CLAIM_BATCH_SQL
+            .replace("$1", &format!("'{pool}'"))
+            .replace("$2", "64"),
+    ]
 }
 
 #[tokio::test]
@@ -28,22 +34,23 @@ async fn sqlite_claim_uses_the_partial_queue_index() {
     .execute(&mut conn)
     .await
     .unwrap();
-    let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN QUERY PLAN {}",
-        candidate_for("linux")
-    )))
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    let text: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
-    assert!(
-        text.iter().any(|d| d.contains("jobs_queued")),
-        "plan: {text:?}"
-    );
-    assert!(
-        !text.iter().any(|d| d.contains("TEMP B-TREE")),
-        "the claim sorts: {text:?}"
-    );
+    for candidate in candidates_for("linux") {
+        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN QUERY PLAN {candidate}"
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let text: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
+        assert!(
+            text.iter().any(|d| d.contains("jobs_queued")),
+            "plan of {candidate}: {text:?}"
+        );
+        assert!(
+            !text.iter().any(|d| d.contains("TEMP B-TREE")),
+            "{candidate} sorts: {text:?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -63,22 +70,23 @@ async fn postgres_claim_uses_the_partial_queue_index() {
     .execute(&mut conn)
     .await
     .unwrap();
-    let plan: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "EXPLAIN {} FOR UPDATE SKIP LOCKED",
-        candidate_for("linux")
-    )))
-    .fetch_all(&mut conn)
-    .await
-    .unwrap();
-    let text: Vec<&str> = plan.iter().map(|r| r.0.as_str()).collect();
-    assert!(
-        text.iter().any(|l| l.contains("jobs_queued")),
-        "plan: {text:#?}"
-    );
-    assert!(
-        !text
-            .iter()
-            .any(|l| l.contains("Seq Scan") || l.contains("Sort")),
-        "plan: {text:#?}"
-    );
+    for candidate in candidates_for("linux") {
+        let plan: Vec<(String,)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "EXPLAIN {candidate} FOR UPDATE SKIP LOCKED"
+        )))
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+        let text: Vec<&str> = plan.iter().map(|r| r.0.as_str()).collect();
+        assert!(
+            text.iter().any(|l| l.contains("jobs_queued")),
+            "plan of {candidate}: {text:#?}"
+        );
+        assert!(
+            !text
+                .iter()
+                .any(|l| l.contains("Seq Scan") || l.contains("Sort")),
+            "plan of {candidate}: {text:#?}"
+        );
+    }
 }

@@ -192,3 +192,56 @@ fn pg_socket_addr(url: &str) -> std::net::SocketAddr {
     use std::net::ToSocketAddrs;
     with_port.to_socket_addrs().unwrap().next().unwrap()
 }
+
+/// The gate keeps each runner's cordon, quarantine and pool in memory; a change made through
+/// one replica reaches the others' caches by `NOTIFY`, well before the cache's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cordon_and_a_pool_change_at_one_replica_reach_the_others_gate_at_once() {
+    let Some(a) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    let b = spawn_replica(&a).await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let runner = a.register("linux", "r1").await;
+    // B judges the runner once, which caches its inputs there.
+    let r = b.lease(&runner.healthy()).await;
+    assert_eq!(r.status(), StatusCode::NO_CONTENT);
+
+    let cordon = a
+        .admin_post(&format!("/api/v1/admin/runners/{}/cordon", runner.id), json!({}))
+        .await;
+    assert_eq!(cordon.status(), StatusCode::OK);
+    let refused_at = eventually_code(&b, &runner, "runner_cordoned").await;
+    assert!(refused_at < Duration::from_secs(2), "B saw the cordon after {refused_at:?}");
+
+    let uncordon = a
+        .admin_post(&format!("/api/v1/admin/runners/{}/uncordon", runner.id), json!({}))
+        .await;
+    assert_eq!(uncordon.status(), StatusCode::OK);
+    // A pool roll at A: the runner's image is no longer expected, and B says so.
+    let roll = a
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}),
+        )
+        .await;
+    assert_eq!(roll.status(), StatusCode::OK);
+    let drift_at = eventually_code(&b, &runner, "image_drift").await;
+    assert!(drift_at < Duration::from_secs(2), "B saw the pool change after {drift_at:?}");
+}
+
+/// How long until a lease at `app` is refused with `code`; panics after 10 s.
+async fn eventually_code(app: &TestApp, runner: &TestRunner, code: &str) -> Duration {
+    let started = Instant::now();
+    loop {
+        let r = app.lease(&runner.healthy()).await;
+        if r.status() == StatusCode::CONFLICT {
+            let body: Value = r.json().await.unwrap();
+            if body["code"] == code {
+                return started.elapsed();
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "never refused with {code}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}

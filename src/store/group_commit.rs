@@ -4,13 +4,14 @@
 //! Under a light load a round holds one request and costs what a transaction of its own would;
 //! under a heavy one, rounds grow and the cost per request falls, since a round's statements and
 //! its commit are shared. Each request is answered only after the round that holds it commits.
-//! `workers` rounds may be in flight at once: one on SQLite, which has one writer anyway;
-//! several on PostgreSQL, where their claims skip each other's locked rows.
+//! Several lanes may write rounds at once: one on SQLite, which has one writer anyway; several on
+//! PostgreSQL, where their claims skip each other's locked jobs and, since each runner keeps to
+//! one lane, they never lock the same runner.
 
 use super::round::{RoundItem, RoundOutcome};
 use super::{DynStore, StoreError, StoreResult};
 use std::sync::Arc;
-use tokio::sync::{Mutex, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 /// The most requests one round takes: bounds a round's statements and parameters.
 pub const MAX_ROUND: usize = 64;
@@ -23,25 +24,31 @@ struct Waiting {
 /// The entrance to the rounds; cheap to clone.
 #[derive(Clone)]
 pub struct GroupCommit {
-    queue: mpsc::UnboundedSender<Waiting>,
+    lanes: Arc<Vec<mpsc::UnboundedSender<Waiting>>>,
 }
 
 impl GroupCommit {
-    /// Starts `workers` round writers on `engine`. They stop when every `GroupCommit` is gone.
-    pub fn start(engine: DynStore, workers: usize) -> Self {
-        let (queue, rx) = mpsc::unbounded_channel();
-        let rx = Arc::new(Mutex::new(rx));
-        for _ in 0..workers.max(1) {
-            tokio::spawn(write_rounds(engine.clone(), rx.clone()));
+    /// Starts `lanes` round writers on `engine`, each with its own queue. A runner's requests
+    /// always take the same lane, so rounds written at once never lock the same runner's row
+    /// and never wait on each other. The writers stop when every `GroupCommit` is gone.
+    pub fn start(engine: DynStore, lanes: usize) -> Self {
+        let lanes = (0..lanes.max(1))
+            .map(|_| {
+                let (queue, rx) = mpsc::unbounded_channel();
+                tokio::spawn(write_rounds(engine.clone(), rx));
+                queue
+            })
+            .collect();
+        GroupCommit {
+            lanes: Arc::new(lanes),
         }
-        GroupCommit { queue }
     }
 
     /// Waits for the round that takes `item` to commit, and answers its outcome.
     pub async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome> {
         let (reply, answer) = oneshot::channel();
-        self.queue
-            .send(Waiting { item, reply })
+        let lane = &self.lanes[lane_of(&item, self.lanes.len())];
+        lane.send(Waiting { item, reply })
             .map_err(|_| StoreError::Unavailable("the store is shutting down".into()))?;
         answer
             .await
@@ -49,27 +56,32 @@ impl GroupCommit {
     }
 }
 
-async fn write_rounds(engine: DynStore, rx: Arc<Mutex<mpsc::UnboundedReceiver<Waiting>>>) {
-    loop {
-        // One worker at a time gathers a round: whatever is waiting, up to MAX_ROUND.
-        let round = {
-            let mut rx = rx.lock().await;
-            let Some(first) = rx.recv().await else { return };
-            let mut round = vec![first];
-            while round.len() < MAX_ROUND {
-                match rx.try_recv() {
-                    Ok(w) => round.push(w),
-                    Err(_) => break,
-                }
+/// The lane of the item's runner.
+fn lane_of(item: &RoundItem, lanes: usize) -> usize {
+    use std::hash::{Hash, Hasher};
+    let runner = item
+        .attestation
+        .as_ref()
+        .map(|a| &a.runner_id)
+        .or(item.claim.as_ref().map(|c| &c.runner_id));
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    runner.hash(&mut hasher);
+    (hasher.finish() % lanes as u64) as usize
+}
+
+async fn write_rounds(engine: DynStore, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+    // A round is whatever is waiting when the previous one is done, up to MAX_ROUND.
+    while let Some(first) = rx.recv().await {
+        let mut round = vec![first];
+        while round.len() < MAX_ROUND {
+            match rx.try_recv() {
+                Ok(w) => round.push(w),
+                Err(_) => break,
             }
-            round
-        };
-        let n = round.len();
-        let t = std::time::Instant::now();
-        write_round(&engine, round).await;
-        if std::env::var_os("LG_ROUND_DEBUG").is_some() {
-            eprintln!("round {n} {:?}", t.elapsed());
         }
+        let (size, started) = (round.len(), std::time::Instant::now());
+        write_round(&engine, round).await;
+        tracing::trace!(size, elapsed_us = started.elapsed().as_micros() as u64, "round written");
     }
 }
 

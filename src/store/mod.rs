@@ -18,7 +18,7 @@ pub mod verdict_cache;
 
 pub use round::{Rejection, RoundItem, RoundOutcome, RoundResult};
 pub use signal::JobSignal;
-pub use sql_store::CLAIM_CANDIDATE_SQL;
+pub use sql_store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};

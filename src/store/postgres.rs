@@ -35,7 +35,7 @@ impl PgSettings {
     /// How many group-commit rounds may be written at once: enough to keep the database busy
     /// while one round waits for its commit, few enough to leave connections for the rest.
     pub fn round_workers(&self) -> usize {
-        (self.max_connections as usize / 4).clamp(1, 4)
+        (self.max_connections as usize / 8).clamp(1, 2)
     }
 }
 
@@ -193,5 +193,6 @@ impl_write_round! {
     store: PgStore,
     db: sqlx::Postgres,
     row_lock: " FOR UPDATE",
-    claim_lock: " FOR UPDATE SKIP LOCKED"
+    claim_lock: " FOR UPDATE SKIP LOCKED",
+    returning_jobs: "RETURNING jobs.*"
 }

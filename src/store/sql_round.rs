@@ -12,7 +12,8 @@ macro_rules! impl_write_round {
         store: $store:ty,
         db: $db:ty,
         row_lock: $row_lock:literal,
-        claim_lock: $claim_lock:literal
+        claim_lock: $claim_lock:literal,
+        returning_jobs: $returning_jobs:literal
     ) => {
         impl $store {
             /// Writes `items` in one transaction and says what became of each.
@@ -26,7 +27,8 @@ macro_rules! impl_write_round {
                 use $crate::domain::time::Millis;
                 use $crate::store::round::*;
                 use $crate::store::rows::{Decoders, get};
-                use $crate::store::sql_store::claim_candidate;
+                use $crate::store::sql_store::claim_batch;
+                use $crate::store::StoreError;
                 use $crate::store::{AttestationRecord, Lease};
                 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -128,49 +130,68 @@ macro_rules! impl_write_round {
                 write_plan(&mut tx, &plan).await?;
 
                 // The claims, for items whose attestation (if any) was accepted and whose
-                // runner may lease as stored now. A pool found empty is not asked again.
-                let mut dry: HashSet<&str> = HashSet::new();
-                let mut granted: Vec<(usize, &str)> = Vec::new();
+                // runner may lease as stored now: per pool, its oldest queued jobs, as many as
+                // are asked for, handed out in arrival order.
+                let mut wanting: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
                 for (i, item) in items.iter().enumerate() {
                     let Some(claim) = &item.claim else { continue };
                     if matches!(outcomes[i].attestation, Some(Err(_)))
                         || !rows.get(&claim.runner_id).is_some_and(RunnerRow::may_claim)
-                        || dry.contains(claim.pool.as_str())
                     {
                         continue;
                     }
-                    let row = sqlx::query(concat!(
-                        "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
-                         WHERE seq = (",
-                        claim_candidate!(),
-                        $claim_lock,
-                        ") AND state = 'queued' RETURNING *"
-                    ))
-                    .bind(claim.lease_id.as_str())
-                    .bind(claim.now.0)
-                    .bind(claim.pool.as_str())
-                    .fetch_optional(&mut *tx)
-                    .await?;
-                    let Some(row) = row else {
-                        dry.insert(claim.pool.as_str());
-                        continue;
-                    };
-                    let job = row.job()?;
-                    let lease = Lease {
-                        id: claim.lease_id.clone(),
-                        job_id: job.id.clone(),
-                        runner_id: claim.runner_id.clone(),
-                        pool: claim.pool.clone(),
-                        state: LeaseState::Leased,
-                        attempt: job.attempts + 1,
-                        granted_at: claim.now,
-                        started_at: None,
-                        expires_at: claim.now.plus_secs(claim.ttl_s),
-                        ended_at: None,
-                    };
-                    granted.push((i, claim.token_hash.as_str()));
-                    outcomes[i].granted = Some((lease, job));
+                    wanting.entry(claim.pool.as_str()).or_default().push(i);
                 }
+                let mut granted: Vec<(usize, &str)> = Vec::new();
+                for (pool, waiting) in wanting {
+                    let candidates = sqlx::query(concat!(claim_batch!(), $claim_lock))
+                        .bind(pool)
+                        .bind(waiting.len() as i64)
+                        .fetch_all(&mut *tx)
+                        .await?;
+                    let mut pairs: Vec<(i64, usize)> = Vec::with_capacity(candidates.len());
+                    for (row, i) in candidates.iter().zip(waiting) {
+                        pairs.push((get(row, "seq")?, i));
+                    }
+                    let mut by_lease: BTreeMap<&str, usize> = BTreeMap::new();
+                    for part in chunks(&pairs) {
+                        let sql = format!(
+                            "WITH v (seq, lease_id, updated_at) AS (VALUES {}) \
+                             UPDATE jobs SET state = 'leased', lease_id = v.lease_id, updated_at = v.updated_at \
+                             FROM v WHERE jobs.seq = v.seq AND jobs.state = 'queued' {}",
+                            values_list(part.len(), 3, 1),
+                            $returning_jobs
+                        );
+                        let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+                        for (seq, i) in part {
+                            let claim = items[*i].claim.as_ref().expect("a claim");
+                            by_lease.insert(claim.lease_id.as_str(), *i);
+                            q = q.bind(*seq).bind(claim.lease_id.as_str()).bind(claim.now.0);
+                        }
+                        for row in q.fetch_all(&mut *tx).await? {
+                            let job = row.job()?;
+                            let Some(&i) = job.lease_id.as_ref().and_then(|l| by_lease.get(l.as_str())) else {
+                                return Err(StoreError::Internal("a claimed job lost its lease id".into()));
+                            };
+                            let claim = items[i].claim.as_ref().expect("a claim");
+                            let lease = Lease {
+                                id: claim.lease_id.clone(),
+                                job_id: job.id.clone(),
+                                runner_id: claim.runner_id.clone(),
+                                pool: claim.pool.clone(),
+                                state: LeaseState::Leased,
+                                attempt: job.attempts + 1,
+                                granted_at: claim.now,
+                                started_at: None,
+                                expires_at: claim.now.plus_secs(claim.ttl_s),
+                                ended_at: None,
+                            };
+                            granted.push((i, claim.token_hash.as_str()));
+                            outcomes[i].granted = Some((lease, job));
+                        }
+                    }
+                }
+                granted.sort_by_key(|(i, _)| *i);
                 for part in chunks(&granted) {
                     let sql = format!(
                         "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, granted_at, expires_at) \

@@ -110,5 +110,6 @@ impl_write_round! {
     store: SqliteStore,
     db: sqlx::Sqlite,
     row_lock: "",
-    claim_lock: ""
+    claim_lock: "",
+    returning_jobs: "RETURNING *"
 }
