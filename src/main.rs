@@ -6,6 +6,9 @@ use leasegate::config::{Cli, Command, LogFormat};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn init_tracing(format: LogFormat) {
     init_tracing_with(format, "info,tower_http=warn,sqlx=warn");
 }

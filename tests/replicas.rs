@@ -208,14 +208,23 @@ async fn a_cordon_and_a_pool_change_at_one_replica_reach_the_others_gate_at_once
     assert_eq!(r.status(), StatusCode::NO_CONTENT);
 
     let cordon = a
-        .admin_post(&format!("/api/v1/admin/runners/{}/cordon", runner.id), json!({}))
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/cordon", runner.id),
+            json!({}),
+        )
         .await;
     assert_eq!(cordon.status(), StatusCode::OK);
     let refused_at = eventually_code(&b, &runner, "runner_cordoned").await;
-    assert!(refused_at < Duration::from_secs(2), "B saw the cordon after {refused_at:?}");
+    assert!(
+        refused_at < Duration::from_secs(2),
+        "B saw the cordon after {refused_at:?}"
+    );
 
     let uncordon = a
-        .admin_post(&format!("/api/v1/admin/runners/{}/uncordon", runner.id), json!({}))
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/uncordon", runner.id),
+            json!({}),
+        )
         .await;
     assert_eq!(uncordon.status(), StatusCode::OK);
     // A pool roll at A: the runner's image is no longer expected, and B says so.
@@ -227,7 +236,10 @@ async fn a_cordon_and_a_pool_change_at_one_replica_reach_the_others_gate_at_once
         .await;
     assert_eq!(roll.status(), StatusCode::OK);
     let drift_at = eventually_code(&b, &runner, "image_drift").await;
-    assert!(drift_at < Duration::from_secs(2), "B saw the pool change after {drift_at:?}");
+    assert!(
+        drift_at < Duration::from_secs(2),
+        "B saw the pool change after {drift_at:?}"
+    );
 }
 
 /// How long until a lease at `app` is refused with `code`; panics after 10 s.
@@ -241,7 +253,10 @@ async fn eventually_code(app: &TestApp, runner: &TestRunner, code: &str) -> Dura
                 return started.elapsed();
             }
         }
-        assert!(started.elapsed() < Duration::from_secs(10), "never refused with {code}");
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "never refused with {code}"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }

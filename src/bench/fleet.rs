@@ -123,6 +123,51 @@ impl Fleet {
         enqueue_jobs(client, &self.base, &self.forge, &self.pool, n, concurrency).await
     }
 
+    /// A fresh attestation of the `i`-th healthy runner (in turn).
+    pub fn attest(&self, i: usize) -> String {
+        self.healthy[i % self.healthy.len()].attest()
+    }
+
+    /// A grant followed by an enqueue, so that the queue keeps its depth (as pgbench's claim
+    /// and refill does): for grant throughput at a given queue depth.
+    pub async fn refill_grants(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
+        let presigned = Arc::new(Presigned::sign(&self.healthy, presign_count(drive) / 2).await);
+        let (client, base, forge, pool, runners) = (
+            client.clone(),
+            self.base.clone(),
+            self.forge.clone(),
+            self.pool.clone(),
+            self.healthy.clone(),
+        );
+        load::run("refill-grants", drive, progress, move |w, n| {
+            let (client, base, forge, pool) =
+                (client.clone(), base.clone(), forge.clone(), pool.clone());
+            let body = presigned.take().unwrap_or_else(|| {
+                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
+                json!({"attestation": runner.attest()}).to_string()
+            });
+            async move {
+                let granted = client
+                    .post(format!("{base}/api/v1/lease"))
+                    .header(reqwest::header::CONTENT_TYPE, "application/json")
+                    .body(body)
+                    .send()
+                    .await;
+                if !matches!(granted, Ok(r) if r.status() == StatusCode::OK) {
+                    return false;
+                }
+                let refill = client
+                    .post(format!("{base}/api/v1/jobs"))
+                    .bearer_auth(&forge)
+                    .json(&json!({"pool": pool, "payload": {}}))
+                    .send()
+                    .await;
+                matches!(refill, Ok(r) if r.status().is_success())
+            }
+        })
+        .await
+    }
+
     pub fn sample_attestation(&self) -> (String, String) {
         let r = self
             .healthy

@@ -10,6 +10,7 @@
 mod fleet;
 mod limits;
 mod load;
+mod long_polls;
 
 use crate::config::ServeArgs;
 use clap::Args;
@@ -64,7 +65,22 @@ pub struct BenchArgs {
     #[arg(long)]
     pub rate: Option<f64>,
 
-    /// Phases to run, comma-separated: grants, cycles, heartbeats, refusals.
+    /// Jobs queued straight through the engine before anything else (for a deep queue, which
+    /// the forge API would take minutes to build; needs the database).
+    #[arg(long, default_value_t = 0)]
+    pub preload: u64,
+
+    /// After the phases, hold this many long polls waiting on an empty pool, and measure the
+    /// service's memory and how soon a waiter wakes on an enqueue.
+    #[arg(long)]
+    pub long_polls: Option<usize>,
+
+    /// The process id of `--server`, to read its memory (Linux `/proc`).
+    #[arg(long)]
+    pub server_pid: Option<u32>,
+
+    /// Phases to run, comma-separated: grants, refill-grants (a grant and an enqueue, so that
+    /// the queue keeps its depth), cycles, heartbeats, refusals.
     #[arg(
         long,
         default_value = "grants,cycles,heartbeats,refusals",
@@ -108,6 +124,7 @@ pub struct Report {
     pub runners: usize,
     pub jobs: usize,
     pub ops: Vec<OpReport>,
+    pub long_polls: Option<long_polls::LongPollReport>,
     pub limits: Limits,
     pub ratios: Ratios,
 }
@@ -217,11 +234,18 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         duration: Duration::from_secs(args.duration_s),
         rate: args.rate,
     };
+    if args.preload > 0 {
+        let url = target
+            .database_url
+            .as_deref()
+            .ok_or_else(|| anyhow::anyhow!("--preload needs --database-url"))?;
+        crate::store::raw_claims::preload(url, &fleet.pool, args.preload).await?;
+    }
     let mut ops = Vec::new();
     // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
     // so that no phase runs dry because an earlier one was fast.
     let mut queued = args.jobs;
-    for phase in &args.phases {
+    for phase in args.phases.iter().filter(|p| !p.is_empty()) {
         if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
             fleet
                 .enqueue(&client, args.jobs - queued, args.concurrency)
@@ -231,10 +255,13 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         let report = match phase.as_str() {
             "grants" => fleet.grants(&client, drive, !args.quiet).await,
             "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
+            "refill-grants" => fleet.refill_grants(&client, drive, !args.quiet).await,
             "heartbeats" => fleet.heartbeats(&client, drive, !args.quiet).await,
             "refusals" => fleet.refusals(&client, drive, !args.quiet).await,
             other => {
-                anyhow::bail!("unknown phase {other:?} (grants, cycles, heartbeats, refusals)")
+                anyhow::bail!(
+                    "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals)"
+                )
             }
         };
         if matches!(phase.as_str(), "grants" | "cycles") {
@@ -242,6 +269,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         }
         ops.push(report);
     }
+
+    let long_polls = match args.long_polls {
+        Some(n) => {
+            // The in-process service is this process; `--server` is `--server-pid`'s.
+            let pid = if args.server.is_some() {
+                args.server_pid
+            } else {
+                Some(std::process::id())
+            };
+            Some(long_polls::measure(&fleet, n, 200, pid).await?)
+        }
+        None => None,
+    };
 
     let (per_core, cores) = limits::verifications_per_second(&fleet.sample_attestation());
     let raw_claims = match &target.database_url {
@@ -272,6 +312,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         runners: args.runners,
         jobs: args.jobs,
         ops,
+        long_polls,
         limits,
         ratios,
     };
@@ -298,6 +339,22 @@ fn print(r: &Report) {
         println!(
             "{:<12} {:>9} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
             o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms
+        );
+    }
+    if let Some(lp) = &r.long_polls {
+        let mb = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} MiB"));
+        println!(
+            "long polls: {} waiting, service memory {} before, {} while waiting ({} KiB each); \
+             {} wake-ups p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms",
+            lp.waiting,
+            mb(lp.rss_before_mb),
+            mb(lp.rss_waiting_mb),
+            lp.kib_per_waiter
+                .map_or("n/a".into(), |v| format!("{v:.1}")),
+            lp.wakeups,
+            lp.wake_p50_ms,
+            lp.wake_p99_ms,
+            lp.wake_max_ms
         );
     }
     let l = &r.limits;

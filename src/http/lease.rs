@@ -10,9 +10,10 @@ use super::problem::ApiError;
 use super::schema::{LeaseGrant, LeaseView, Problem};
 use super::views;
 use crate::app::AppState;
-use crate::domain::ids::LeaseId;
+use crate::domain::ids::{LeaseId, RunnerId};
 use crate::domain::job::Job;
 use crate::domain::lease::{LeaseCall, Outcome};
+use crate::domain::pool::PoolName;
 use crate::domain::time::Millis;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, Lease};
@@ -72,33 +73,66 @@ async fn lease(
     JsonBody(body): JsonBody<LeaseBody>,
 ) -> Result<Response, ApiError> {
     let wait_s = wait_seconds(body.wait_s)?;
-    let now = Millis::now();
-    // The first claim is made in the same round as the attestation's record.
+    // Admission runs in a future of its own on the heap, so that what it holds (the token, the
+    // runner, the pool, the verdict) is freed before a long poll waits: ten thousand waiting
+    // requests then hold little more than their runner's id and pool.
+    match Box::pin(admit(&state, body.attestation)).await? {
+        Admission::Granted(response) => Ok(response),
+        Admission::Wait { runner_id, pool } => wait_for_job(&state, runner_id, pool, wait_s).await,
+    }
+}
+
+enum Admission {
+    Granted(Response),
+    Wait { runner_id: RunnerId, pool: PoolName },
+}
+
+/// Rules 1–13, and the first claim in the same round as the attestation's record.
+async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiError> {
     let first_token = generate_token("lgl_");
-    let claim_for = |token: &str, runner_id, pool| Claim {
+    let (admitted, first_grant) = state
+        .gate()
+        .admit_and_claim(&attestation, Millis::now(), |a| {
+            claim_for(
+                state,
+                &first_token,
+                a.runner.id.clone(),
+                a.pool.name.clone(),
+            )
+        })
+        .await?;
+    if let Err(refusal) = &admitted.verdict {
+        return Err(ApiError::conflict(refusal.code(), refusal.detail())
+            .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
+    }
+    Ok(match first_grant {
+        Some((lease, job)) => Admission::Granted(granted(state, first_token, lease, job)),
+        None => Admission::Wait {
+            runner_id: admitted.runner.id,
+            pool: admitted.pool.name,
+        },
+    })
+}
+
+fn claim_for(state: &AppState, token: &str, runner_id: RunnerId, pool: PoolName) -> Claim {
+    Claim {
         runner_id,
         pool,
         lease_id: LeaseId::generate(),
         token_hash: hash_token(token),
         ttl_s: state.settings().lease_ttl_s,
         now: Millis::now(),
-    };
-    let (admitted, first_grant) = state
-        .gate()
-        .admit_and_claim(&body.attestation, now, |a| {
-            claim_for(&first_token, a.runner.id.clone(), a.pool.name.clone())
-        })
-        .await?;
-    let runner_id = admitted.runner.id.clone();
-    let pool = admitted.pool.name.clone();
-    if let Err(refusal) = &admitted.verdict {
-        return Err(ApiError::conflict(refusal.code(), refusal.detail())
-            .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
     }
-    if let Some((lease, job)) = first_grant {
-        return Ok(granted(&state, first_token, lease, job));
-    }
+}
 
+/// The long poll: claims whenever the pool's signal (or the re-check timer) says there may be
+/// a job, until `wait_s` is up.
+async fn wait_for_job(
+    state: &AppState,
+    runner_id: RunnerId,
+    pool: PoolName,
+    wait_s: u64,
+) -> Result<Response, ApiError> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(wait_s);
     let signal = state.store().job_signal();
     let notify = signal.for_pool(pool.as_str());
@@ -116,9 +150,9 @@ async fn lease(
         notified.as_mut().enable();
 
         let token = generate_token("lgl_");
-        let claim = claim_for(&token, runner_id.clone(), pool.clone());
+        let claim = claim_for(state, &token, runner_id.clone(), pool.clone());
         if let Some((lease, job)) = state.store().claim_job(&claim).await? {
-            return Ok(granted(&state, token, lease, job));
+            return Ok(granted(state, token, lease, job));
         }
         tokio::select! {
             _ = &mut notified => {}

@@ -81,7 +81,11 @@ async fn write_rounds(engine: DynStore, mut rx: mpsc::UnboundedReceiver<Waiting>
         }
         let (size, started) = (round.len(), std::time::Instant::now());
         write_round(&engine, round).await;
-        tracing::trace!(size, elapsed_us = started.elapsed().as_micros() as u64, "round written");
+        tracing::trace!(
+            size,
+            elapsed_us = started.elapsed().as_micros() as u64,
+            "round written"
+        );
     }
 }
 

@@ -10,7 +10,7 @@ pub mod postgres;
 pub mod raw_claims;
 pub mod round;
 mod rows;
-mod signal;
+pub mod signal;
 mod sql_round;
 mod sql_store;
 pub mod sqlite;
@@ -417,7 +417,10 @@ pub type DynStore = Arc<dyn Store>;
 pub async fn open(database_url: &str, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
     let cache = verdict_cache::VerdictCache::default();
     let (engine, round_workers): (DynStore, usize) = if database_url.starts_with("sqlite:") {
-        let store = sqlite::SqliteStore::open(database_url, JobSignal::default()).await?;
+        // Wake-ups are not lost in one process, but one may be swallowed by a waiter that was
+        // cordoned while it waited: re-check now and then all the same.
+        let signal = JobSignal::with_recheck(sqlite::RECHECK_INTERVAL);
+        let store = sqlite::SqliteStore::open(database_url, signal).await?;
         // One writer: a second round could only wait for the first.
         (Arc::new(store), 1)
     } else if database_url.starts_with("postgres:") || database_url.starts_with("postgresql:") {

@@ -144,3 +144,49 @@ pub async fn postgres(
         elapsed,
     })
 }
+
+/// Queues `n` jobs in `pool` straight through the engine, for measurements at a queue depth
+/// that the forge API would take minutes to build (one statement per 100,000 jobs).
+pub async fn preload(url: &str, pool: &str, n: u64) -> anyhow::Result<()> {
+    const BATCH: u64 = 100_000;
+    let now = now_ms();
+    let prefix = format!("{pool}-pre-{}", uuid::Uuid::now_v7().simple());
+    let mut done = 0;
+    if url.starts_with("sqlite:") {
+        let path = url.trim_start_matches("sqlite://");
+        let conn = rusqlite::Connection::open(path)?;
+        conn.busy_timeout(Duration::from_secs(30))?;
+        while done < n {
+            let upto = (done + BATCH).min(n);
+            conn.execute(
+                "WITH RECURSIVE k(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?2) \
+                 INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+                 SELECT ?3 || '-' || i, ?4, '{}', 'queued', 3, ?5, ?5 FROM k",
+                rusqlite::params![done as i64, upto as i64, prefix, pool, now],
+            )?;
+            done = upto;
+        }
+    } else {
+        let db = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(1)
+            .connect(url)
+            .await?;
+        while done < n {
+            let upto = (done + BATCH).min(n);
+            sqlx::query(
+                "INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+                 SELECT $3 || '-' || i, $4, '{}', 'queued', 3, $5, $5 FROM generate_series($1, $2 - 1) AS i",
+            )
+            .bind(done as i64)
+            .bind(upto as i64)
+            .bind(&prefix)
+            .bind(pool)
+            .bind(now)
+            .execute(&db)
+            .await?;
+            done = upto;
+        }
+        sqlx::query("ANALYZE jobs").execute(&db).await?;
+    }
+    Ok(())
+}

@@ -1,5 +1,11 @@
 //! Wake-ups for long polls: one `Notify` per pool, fired after an enqueue commits.
 //!
+//! An enqueue wakes one waiter (`notify_one`): one job, one claim, however many runners wait.
+//! Waking every waiter for each job would have each of them claim, and all but one find
+//! nothing; with ten thousand waiting that is ten thousand claims per job. A waiter that is
+//! woken but goes away before it claims hands the wake-up on (tokio's `Notified` does so when
+//! dropped). A requeue of several jobs at once wakes every waiter of the pool.
+//!
 //! A waiter registers (`Notified::enable`) before it tries to claim, so an enqueue that lands
 //! between its failed claim and its wait still wakes it. Engines that span replicas feed this
 //! from their own channel (PostgreSQL: `LISTEN/NOTIFY`).
@@ -8,6 +14,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
+
+/// Prefix of a cross-replica announcement that wakes every waiter of the pool it names (a
+/// requeue); a bare pool name wakes one (an enqueue).
+pub const WAKE_ALL: &str = "all:";
 
 #[derive(Clone, Default)]
 pub struct JobSignal {
@@ -29,6 +39,14 @@ impl JobSignal {
         self.recheck
     }
 
+    /// Applies an announcement from another replica (see `WAKE_ALL`).
+    pub fn announced(&self, payload: &str) {
+        match payload.strip_prefix(WAKE_ALL) {
+            Some(pool) => self.notify(pool),
+            None => self.notify_one(payload),
+        }
+    }
+
     /// Wakes every waiter of every pool (after a lost connection, say).
     pub fn notify_all(&self) {
         let all: Vec<Arc<Notify>> = {
@@ -44,6 +62,11 @@ impl JobSignal {
     pub fn for_pool(&self, pool: &str) -> Arc<Notify> {
         let mut pools = self.pools.lock().unwrap_or_else(|e| e.into_inner());
         pools.entry(pool.to_string()).or_default().clone()
+    }
+
+    /// Wakes one waiter of `pool`, for one new job (or the next one to wait, if none waits).
+    pub fn notify_one(&self, pool: &str) {
+        self.for_pool(pool).notify_one();
     }
 
     /// Wakes every waiter of `pool`.

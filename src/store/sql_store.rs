@@ -59,6 +59,7 @@ macro_rules! impl_sql_store {
         use $crate::store::rows::{Decoders, digests_json, get};
         use $crate::store::sql_store::runner_select;
         use $crate::store::*;
+        use $crate::store::signal::WAKE_ALL;
         use std::collections::BTreeMap;
 
         type Tx = sqlx::Transaction<'static, $db>;
@@ -221,7 +222,7 @@ macro_rules! impl_sql_store {
                 unique.sort();
                 unique.dedup();
                 for pool in &unique {
-                    self.announce_job(&mut tx, pool.as_str()).await?;
+                    self.announce_job(&mut tx, &format!("{WAKE_ALL}{pool}")).await?;
                 }
                 tx.commit().await?;
                 for pool in unique {
@@ -598,7 +599,7 @@ macro_rules! impl_sql_store {
                 add_event(&mut tx, &stored.id, now, Event::new(EventKind::Enqueued)).await?;
                 self.announce_job(&mut tx, stored.pool.as_str()).await?;
                 tx.commit().await.map_err(StoreError::from)?;
-                self.signal.notify(stored.pool.as_str());
+                self.signal.notify_one(stored.pool.as_str());
                 Ok((stored, true))
             }
 

@@ -15,6 +15,9 @@ use sqlx::sqlite::{
 use std::str::FromStr;
 use std::time::Duration;
 
+/// How often a long poll re-checks for work without a wake-up (see `store::open`).
+pub const RECHECK_INTERVAL: Duration = Duration::from_secs(10);
+
 /// Prepared statements kept per connection.
 const STATEMENT_CACHE: usize = 256;
 
