@@ -300,25 +300,32 @@ async fn attestation_phase(
     .await
 }
 
-/// How many attestations to sign ahead for one phase: its rate times its length, or, as fast
-/// as it goes, more than this machine kind can verify in that time. Capped, since each one is
-/// about 700 bytes; a phase that runs out signs the rest as it goes.
+/// How many attestations to sign ahead for one phase: its rate, or, as fast as it goes, more
+/// than this machine kind can verify, for at most the phase's first 20 s. Attestations live
+/// 60 s (the service's default `attestation_max_age_s`), so ones signed long before their use
+/// would be refused as expired; a longer phase signs the rest as it goes.
 fn presign_count(drive: Drive) -> usize {
     const AS_FAST_AS_POSSIBLE: f64 = 25_000.0;
-    const CAP: usize = 400_000;
+    const HORIZON_S: f64 = 20.0;
     let rate = drive.rate.unwrap_or(AS_FAST_AS_POSSIBLE);
-    ((rate * drive.duration.as_secs_f64()) as usize + drive.concurrency).min(CAP)
+    (rate * drive.duration.as_secs_f64().min(HORIZON_S)) as usize + drive.concurrency
 }
 
-/// Request bodies signed before a phase, handed out in order, each once.
+/// Request bodies signed before a phase, handed out in order, each once, while they are
+/// young enough for the service to accept (attestations live 60 s by default).
 struct Presigned {
     bodies: Vec<String>,
     next: std::sync::atomic::AtomicUsize,
+    signed_at: std::time::Instant,
 }
+
+/// How long a presigned attestation is handed out after it was signed.
+const PRESIGNED_FOR: std::time::Duration = std::time::Duration::from_secs(40);
 
 impl Presigned {
     /// `count` bodies for `runners` in turn, signed on every core.
     async fn sign(runners: &Arc<Vec<SimRunner>>, count: usize) -> Self {
+        let signed_at = std::time::Instant::now();
         let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
         let mut parts = Vec::new();
         for t in 0..threads {
@@ -351,10 +358,14 @@ impl Presigned {
         Presigned {
             bodies,
             next: std::sync::atomic::AtomicUsize::new(0),
+            signed_at,
         }
     }
 
     fn take(&self) -> Option<String> {
+        if self.signed_at.elapsed() > PRESIGNED_FOR {
+            return None;
+        }
         let i = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.bodies.get(i).cloned()
     }

@@ -6,19 +6,23 @@
 
 mod fast;
 mod group_commit;
+mod pg_rounds;
 pub mod postgres;
 pub mod raw_claims;
 pub mod round;
+mod round_sql;
+mod round_writer;
 mod rows;
 pub mod signal;
-mod sql_round;
 mod sql_store;
 pub mod sqlite;
+mod sqlite_rounds;
 pub mod verdict_cache;
 
 pub use round::{Rejection, RoundItem, RoundOutcome, RoundResult};
+pub use round_sql::CLAIM_BATCH_SQL;
 pub use signal::JobSignal;
-pub use sql_store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
+pub use sql_store::CLAIM_CANDIDATE_SQL;
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
@@ -68,7 +72,7 @@ impl From<sqlx::Error> for StoreError {
 /// busy, locked, read-only, I/O and cannot-open errors (primary and extended codes), and
 /// PostgreSQL's connection (08), operator intervention and timeout (57) and resource (53)
 /// classes.
-fn is_unavailable(code: Option<&str>, message: &str) -> bool {
+pub(crate) fn is_unavailable(code: Option<&str>, message: &str) -> bool {
     const SQLITE: [&str; 8] = ["5", "6", "8", "10", "14", "261", "517", "1032"];
     if let Some(code) = code {
         let pg_class = ["08", "57", "53"].iter().any(|c| code.starts_with(c));

@@ -6,7 +6,7 @@
 //! since a notification can be lost while the listener reconnects, waiters also re-check on a
 //! timer, so a lost notification only delays a waiter, never strands it.
 
-use super::sql_round::impl_write_round;
+use super::round::{RoundItem, RoundResult};
 use super::sql_store::impl_sql_store;
 use super::verdict_cache::VerdictCache;
 use super::{JobSignal, StoreResult};
@@ -190,10 +190,9 @@ impl_sql_store! {
     claim_lock: " FOR UPDATE SKIP LOCKED"
 }
 
-impl_write_round! {
-    store: PgStore,
-    db: sqlx::Postgres,
-    row_lock: " FOR UPDATE",
-    claim_lock: " FOR UPDATE SKIP LOCKED",
-    returning_jobs: "RETURNING jobs.*"
+impl PgStore {
+    /// Writes `items` as one round in one transaction (`round_writer`).
+    async fn run_round(&self, items: &[RoundItem]) -> RoundResult {
+        super::pg_rounds::run(self.begin().await?, items).await
+    }
 }

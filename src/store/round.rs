@@ -70,6 +70,8 @@ pub struct RunnerUpdate<'a> {
     pub refusal_seq: i64,
     pub last_status: &'static str,
     pub quarantined_at: Option<Millis>,
+    /// The latest attestation's agent facts, as the JSON text stored.
+    pub agent: Option<String>,
 }
 
 /// One attestation-history ring entry.
@@ -188,6 +190,7 @@ pub fn plan<'a>(
             refusal_seq,
             last_status: latest.status.as_str(),
             quarantined_at,
+            agent: latest.agent.as_ref().map(|a| a.to_string()),
         });
         plan.history.extend(history);
         plan.refusals.extend(refusals);

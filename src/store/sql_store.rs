@@ -30,18 +30,6 @@ macro_rules! claim_candidate {
 /// The claim candidate query as text, for plan tests and the raw-claim baseline.
 pub const CLAIM_CANDIDATE_SQL: &str = claim_candidate!();
 
-/// A round's choice of jobs for the claims it holds on one pool: the pool's `$2` oldest queued
-/// ones, through the same partial index.
-macro_rules! claim_batch {
-    () => {
-        "SELECT seq FROM jobs WHERE pool = $1 AND state = 'queued' ORDER BY seq LIMIT $2"
-    };
-}
-pub(crate) use claim_batch;
-
-/// The round's claim query as text, for plan tests.
-pub const CLAIM_BATCH_SQL: &str = claim_batch!();
-
 macro_rules! impl_sql_store {
     (
         store: $store:ty,

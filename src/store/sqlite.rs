@@ -6,8 +6,9 @@
 //! run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
 //! `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` to survive power loss too.
 
-use super::sql_round::impl_write_round;
+use super::round::{RoundItem, RoundResult};
 use super::sql_store::impl_sql_store;
+use super::sqlite_rounds::RoundThread;
 use super::{JobSignal, StoreResult};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
@@ -22,6 +23,7 @@ pub const RECHECK_INTERVAL: Duration = Duration::from_secs(10);
 const STATEMENT_CACHE: usize = 256;
 
 pub struct SqliteStore {
+    rounds: RoundThread,
     writer: SqlitePool,
     reader: SqlitePool,
     signal: JobSignal,
@@ -30,9 +32,14 @@ pub struct SqliteStore {
 impl SqliteStore {
     /// Opens (creating if missing) and migrates the database at `url` (`sqlite://path`).
     pub async fn open(url: &str, signal: JobSignal) -> anyhow::Result<Self> {
-        let synchronous = match std::env::var("LEASEGATE_SQLITE_SYNCHRONOUS").as_deref() {
-            Ok("FULL") | Ok("full") => SqliteSynchronous::Full,
-            _ => SqliteSynchronous::Normal,
+        let full = matches!(
+            std::env::var("LEASEGATE_SQLITE_SYNCHRONOUS").as_deref(),
+            Ok("FULL") | Ok("full")
+        );
+        let synchronous = if full {
+            SqliteSynchronous::Full
+        } else {
+            SqliteSynchronous::Normal
         };
         let options = SqliteConnectOptions::from_str(url)?
             .create_if_missing(true)
@@ -49,12 +56,14 @@ impl SqliteStore {
             .connect_with(options.clone())
             .await?;
         sqlx::migrate!("migrations/sqlite").run(&writer).await?;
+        let rounds = RoundThread::open(options.get_filename(), full)?;
         let reader = SqlitePoolOptions::new()
             .max_connections(4)
             .acquire_timeout(Duration::from_secs(10))
             .connect_with(options.read_only(true))
             .await?;
         Ok(SqliteStore {
+            rounds,
             writer,
             reader,
             signal,
@@ -109,10 +118,11 @@ impl_sql_store! {
     claim_lock: ""
 }
 
-impl_write_round! {
-    store: SqliteStore,
-    db: sqlx::Sqlite,
-    row_lock: "",
-    claim_lock: "",
-    returning_jobs: "RETURNING *"
+impl SqliteStore {
+    /// Writes `items` as one round on the round thread, holding the sqlx writer meanwhile so
+    /// that the process's writes still go one at a time (`sqlite_rounds`).
+    async fn run_round(&self, items: &[RoundItem]) -> RoundResult {
+        let _one_writer = self.writer.acquire().await?;
+        self.rounds.write(items).await
+    }
 }
