@@ -9,7 +9,8 @@
 //!
 //! This module holds the round's types and its pure bookkeeping (`plan`): sequence numbers,
 //! history-ring slots, status changes and quarantine lifts, computed from the locked runner
-//! rows. The SQL lives in `sql_round.rs`; the batching of waiting requests in `group_commit.rs`.
+//! rows. The steps live in `round_writer.rs`, the statements in `round_sql.rs`, the batching of
+//! waiting requests in `group_commit.rs`.
 
 use super::{ATTESTATION_HISTORY, AttestationRecord, Claim, Lease, REFUSAL_HISTORY, StoreError};
 use crate::domain::ids::RunnerId;

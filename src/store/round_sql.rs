@@ -1,6 +1,6 @@
 //! The statements of a write round, as text and values, for both engines and both drivers.
 //!
-//! PostgreSQL runs a round through sqlx (`sql_round.rs`); SQLite runs it on a thread of its own
+//! PostgreSQL runs a round through sqlx (`pg_rounds.rs`); SQLite runs it on a thread of its own
 //! through the C library (`sqlite_rounds.rs`). Both execute exactly these statements, built
 //! here once: the text from literals and numbered placeholders only, every value bound.
 

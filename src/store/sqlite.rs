@@ -2,8 +2,9 @@
 //!
 //! All writes go through a single writer connection and begin `IMMEDIATE`: SQLite has one
 //! writer at a time anyway, and a deferred transaction that reads then writes fails at once with
-//! `SQLITE_BUSY_SNAPSHOT` whatever the busy timeout. Reads use a separate pool, which WAL lets
-//! run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
+//! `SQLITE_BUSY_SNAPSHOT` whatever the busy timeout. Write rounds (attestations and claims) run
+//! on a thread of their own (`sqlite_rounds`) while holding that writer, so writes still go one
+//! at a time. Reads use a separate pool, which WAL lets run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
 //! `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` to survive power loss too.
 
 use super::round::{RoundItem, RoundResult};
