@@ -100,7 +100,9 @@ async fn write_round(engine: &DynStore, round: Vec<Waiting>) {
         }
         // Nothing of a failed round was written. Retried one by one, a failure that belongs
         // to one request (a deadlock, a constraint) stays with it and the others go through.
-        Err(e) if items.len() > 1 => {
+        // An unavailable database is everyone's failure: retrying each request would only
+        // make each wait for its own timeout.
+        Err(e @ StoreError::Internal(_)) if items.len() > 1 => {
             tracing::debug!(error = %e, size = items.len(), "a round failed; retrying its requests one by one");
             for (item, reply) in items.into_iter().zip(replies) {
                 let result = engine.write_round(std::slice::from_ref(&item)).await;
