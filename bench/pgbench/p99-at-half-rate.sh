@@ -20,15 +20,7 @@ fresh
 ./target/release/leasegate bench --database-url "$db" --concurrency "$clients" --duration-s "$seconds" \
   --jobs 40000 --phases grants --quiet --json target/p99-max.json >/dev/null
 max=$(python3 -c 'import json;print(next(o["per_second"] for o in json.load(open("target/p99-max.json"))["ops"] if o["op"]=="grants"))')
-psql "$db" -q <<SQL
-INSERT INTO pools (name, image_policy, image_source, expected_image_ids, previous_image_ids,
-                   drift_grace_s, resolve_interval_s, created_at, updated_at)
-VALUES ('pgbench', 'off', 'manual', '[]', '[]', 900, 300, 0, 0);
-INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at)
-VALUES ('pgbench-runner', 'pgbench', 'pgbench', '{}', 'x', 0);
-INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at)
-SELECT gen_random_uuid()::text, 'pgbench', '{}', 'queued', 3, 0, 0 FROM generate_series(1, 10000);
-SQL
+psql "$db" -q -f bench/pgbench/setup.sql
 pgmax=$(pgbench -n -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 
 # 2. Each at half its maximum, latencies of every transaction logged.
@@ -37,15 +29,7 @@ pghalf=$(python3 -c "print(int($pgmax / 2))")
 fresh
 ./target/release/leasegate bench --database-url "$db" --concurrency "$clients" --duration-s "$seconds" \
   --jobs 40000 --phases grants --rate "$half" --quiet --json target/p99-half.json >/dev/null
-psql "$db" -q <<SQL
-INSERT INTO pools (name, image_policy, image_source, expected_image_ids, previous_image_ids,
-                   drift_grace_s, resolve_interval_s, created_at, updated_at)
-VALUES ('pgbench', 'off', 'manual', '[]', '[]', 900, 300, 0, 0);
-INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at)
-VALUES ('pgbench-runner', 'pgbench', 'pgbench', '{}', 'x', 0);
-INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at)
-SELECT gen_random_uuid()::text, 'pgbench', '{}', 'queued', 3, 0, 0 FROM generate_series(1, 10000);
-SQL
+psql "$db" -q -f bench/pgbench/setup.sql
 logs="$(mktemp -d)"
 (cd "$logs" && pgbench -n -c "$clients" -j 2 -T "$seconds" -R "$pghalf" -l -f "$OLDPWD/bench/pgbench/claim.sql" "$db" >/dev/null)
 python3 - "$max" "$pgmax" "$logs" "$seconds" <<'PY'

@@ -21,15 +21,7 @@ trap 'psql "$server/postgres" -qc "DROP DATABASE IF EXISTS leasegate_bench WITH 
   --duration-s "$seconds" --jobs 40000 --phases grants --quiet --json target/bench-pg-beside.json
 
 # pgbench on the same schema: a pool and a runner of its own, a queue of 10k jobs kept full.
-psql "$db" -q <<SQL
-INSERT INTO pools (name, image_policy, image_source, expected_image_ids, previous_image_ids,
-                   drift_grace_s, resolve_interval_s, created_at, updated_at)
-VALUES ('pgbench', 'off', 'manual', '[]', '[]', 900, 300, 0, 0);
-INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at)
-VALUES ('pgbench-runner', 'pgbench', 'pgbench', '{}', 'x', 0);
-INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at)
-SELECT gen_random_uuid()::text, 'pgbench', '{}', 'queued', 3, 0, 0 FROM generate_series(1, 10000);
-SQL
+psql "$db" -q -f bench/pgbench/setup.sql
 pgbench -n -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | tee target/pgbench-claim.txt
 
 grants=$(python3 -c 'import json;print(next(o["per_second"] for o in json.load(open("target/bench-pg-beside.json"))["ops"] if o["op"]=="grants"))')

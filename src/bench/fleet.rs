@@ -142,10 +142,7 @@ impl Fleet {
         load::run("refill-grants", drive, progress, move |w, n| {
             let (client, base, forge, pool) =
                 (client.clone(), base.clone(), forge.clone(), pool.clone());
-            let body = presigned.take().unwrap_or_else(|| {
-                let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
-                json!({"attestation": runner.attest()}).to_string()
-            });
+            let body = presigned.body(&runners, w + n as usize * drive.concurrency);
             async move {
                 let granted = client
                     .post(format!("{base}/api/v1/lease"))
@@ -285,10 +282,7 @@ async fn attestation_phase(
     let client = client.clone();
     load::run(name, drive, progress, move |w, n| {
         let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
-        let body = presigned.take().unwrap_or_else(|| {
-            let runner = &runners[(w + n as usize * drive.concurrency) % runners.len()];
-            json!({"attestation": runner.attest()}).to_string()
-        });
+        let body = presigned.body(&runners, w + n as usize * drive.concurrency);
         async move {
             let request = client
                 .post(&url)
@@ -360,6 +354,14 @@ impl Presigned {
             next: std::sync::atomic::AtomicUsize::new(0),
             signed_at,
         }
+    }
+
+    /// The next presigned body, or, once they are used up or too old, a fresh attestation of
+    /// the `i`-th runner signed now.
+    fn body(&self, runners: &[SimRunner], i: usize) -> String {
+        self.take().unwrap_or_else(|| {
+            json!({"attestation": runners[i % runners.len()].attest()}).to_string()
+        })
     }
 
     fn take(&self) -> Option<String> {

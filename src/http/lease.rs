@@ -89,16 +89,16 @@ enum Admission {
 
 /// Rules 1–13, and the first claim in the same round as the attestation's record.
 async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiError> {
-    let first_token = generate_token("lgl_");
+    // The lease token is made only for a verdict that lets the runner lease: a refusal (the
+    // path a broken runner hammers) costs no random bytes and no hash.
+    let mut first_token = None;
     let (admitted, first_grant) = state
         .gate()
         .admit_and_claim(&attestation, Millis::now(), |a| {
-            claim_for(
-                state,
-                &first_token,
-                a.runner.id.clone(),
-                a.pool.name.clone(),
-            )
+            let token = generate_token("lgl_");
+            let claim = claim_for(state, &token, a.runner.id.clone(), a.pool.name.clone());
+            first_token = Some(token);
+            claim
         })
         .await?;
     if let Err(refusal) = &admitted.verdict {
@@ -106,7 +106,10 @@ async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiEr
             .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
     }
     Ok(match first_grant {
-        Some((lease, job)) => Admission::Granted(granted(state, first_token, lease, job)),
+        Some((lease, job)) => {
+            let token = first_token.expect("a grant follows a claim, which made its token");
+            Admission::Granted(granted(state, token, lease, job))
+        }
         None => Admission::Wait {
             runner_id: admitted.runner.id,
             pool: admitted.pool.name,

@@ -105,24 +105,14 @@ async fn write_round(engine: &DynStore, round: Vec<Waiting>) {
         Err(e @ StoreError::Internal(_)) if items.len() > 1 => {
             tracing::debug!(error = %e, size = items.len(), "a round failed; retrying its requests one by one");
             for (item, reply) in items.into_iter().zip(replies) {
-                let result = engine.write_round(std::slice::from_ref(&item)).await;
-                let _ = reply.send(result.and_then(|mut o| {
-                    o.pop()
-                        .ok_or_else(|| StoreError::Internal("a round answered no outcome".into()))
-                }));
+                // The engine's own `submit`: a round of one.
+                let _ = reply.send(engine.submit(item).await);
             }
         }
         Err(e) => {
             for reply in replies {
-                let _ = reply.send(Err(clone_error(&e)));
+                let _ = reply.send(Err(e.clone()));
             }
         }
-    }
-}
-
-fn clone_error(e: &StoreError) -> StoreError {
-    match e {
-        StoreError::Unavailable(m) => StoreError::Unavailable(m.clone()),
-        StoreError::Internal(m) => StoreError::Internal(m.clone()),
     }
 }

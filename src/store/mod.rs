@@ -42,7 +42,7 @@ pub const REFUSAL_HISTORY: i64 = 50;
 pub const STATUS_CHANGE_HISTORY: i64 = 100;
 
 /// A failure of the database itself, never of the caller.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or did not answer in time: 503 `unavailable`.
     #[error("database unavailable: {0}")]
@@ -127,18 +127,6 @@ pub struct AttestationRecord {
     pub status: RunnerStatus,
     /// The refusal to record, for a lease or gate check refused under rules 7–13.
     pub refusal: Option<(String, String)>,
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum RecordError {
-    /// Rule 5.
-    #[error("this jti was already accepted")]
-    Replayed,
-    /// Rule 6.
-    #[error("the runner is revoked")]
-    Revoked,
-    #[error(transparent)]
-    Store(#[from] StoreError),
 }
 
 /// A lease as the lease calls answer it.
@@ -361,19 +349,6 @@ pub trait Store: Send + Sync + 'static {
         outcomes
             .pop()
             .ok_or_else(|| StoreError::Internal("a round answered no outcome".into()))
-    }
-
-    /// Rules 5 and 6, then records the attestation (and its refusal), committed.
-    async fn record_attestation(&self, record: &AttestationRecord) -> Result<(), RecordError> {
-        let item = RoundItem {
-            attestation: Some(record.clone()),
-            claim: None,
-        };
-        match self.submit(item).await?.attestation {
-            Some(Err(Rejection::Replayed)) => Err(RecordError::Replayed),
-            Some(Err(Rejection::Revoked)) => Err(RecordError::Revoked),
-            _ => Ok(()),
-        }
     }
 
     /// The runner as the gate judges it: key, pool, cordon, quarantine, revocation. May come

@@ -162,21 +162,21 @@ where
     }
 
     fn job(&self) -> StoreResult<Job> {
-        let payload: String = get(self, "payload")?;
-        Ok(Job {
-            id: JobId(get(self, "id")?),
-            pool: PoolName::from_trusted(get(self, "pool")?),
-            payload: serde_json::from_str(&payload).map_err(|_| corrupt("payload", &payload))?,
-            state: job_state(&get::<_, String>(self, "state")?)?,
+        JobColumns {
+            id: get(self, "id")?,
+            pool: get(self, "pool")?,
+            payload: get(self, "payload")?,
+            state: get(self, "state")?,
             attempts: get(self, "attempts")?,
             max_attempts: get(self, "max_attempts")?,
             returns: get(self, "returns")?,
             last_error: get(self, "last_error")?,
             idempotency_key: get(self, "idempotency_key")?,
-            lease_id: get::<_, Option<String>>(self, "lease_id")?.map(LeaseId),
-            created_at: millis(self, "created_at")?,
-            updated_at: millis(self, "updated_at")?,
-        })
+            lease_id: get(self, "lease_id")?,
+            created_at: get(self, "created_at")?,
+            updated_at: get(self, "updated_at")?,
+        }
+        .into_job()
     }
 
     fn job_event(&self) -> StoreResult<JobEvent> {
@@ -242,3 +242,40 @@ where
 
 impl Decoders for sqlx::sqlite::SqliteRow {}
 impl Decoders for sqlx::postgres::PgRow {}
+
+/// A job row's columns as stored, before its JSON and state are checked: shared by the sqlx
+/// decoders above and SQLite's round thread (`sqlite_rounds`).
+pub(super) struct JobColumns {
+    pub id: String,
+    pub pool: String,
+    pub payload: String,
+    pub state: String,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub returns: i64,
+    pub last_error: Option<String>,
+    pub idempotency_key: Option<String>,
+    pub lease_id: Option<String>,
+    pub created_at: i64,
+    pub updated_at: i64,
+}
+
+impl JobColumns {
+    pub fn into_job(self) -> StoreResult<Job> {
+        Ok(Job {
+            payload: serde_json::from_str(&self.payload)
+                .map_err(|_| corrupt("payload", &self.payload))?,
+            id: JobId(self.id),
+            pool: PoolName::from_trusted(self.pool),
+            state: job_state(&self.state)?,
+            attempts: self.attempts,
+            max_attempts: self.max_attempts,
+            returns: self.returns,
+            last_error: self.last_error,
+            idempotency_key: self.idempotency_key,
+            lease_id: self.lease_id.map(LeaseId),
+            created_at: Millis(self.created_at),
+            updated_at: Millis(self.updated_at),
+        })
+    }
+}

@@ -15,11 +15,10 @@
 use super::round::{RoundItem, RoundResult, RunnerRow};
 use super::round_sql::{Param, Statement};
 use super::round_writer::{RoundDb, write_round};
-use super::rows::job_state;
+use super::rows::JobColumns;
 use super::{StoreError, StoreResult};
-use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
-use crate::domain::pool::PoolName;
 use crate::domain::time::Millis;
 use rusqlite::types::ToSqlOutput;
 use rusqlite::{Connection, ToSql, TransactionBehavior, params_from_iter};
@@ -182,7 +181,7 @@ impl RoundDb for SqliteRound<'_> {
 
     async fn jobs(&mut self, st: Statement<'_>) -> StoreResult<Vec<Job>> {
         let raw = self.query(&st, |r| {
-            Ok(RawJob {
+            Ok(JobColumns {
                 id: r.get("id")?,
                 pool: r.get("pool")?,
                 payload: r.get("payload")?,
@@ -197,44 +196,6 @@ impl RoundDb for SqliteRound<'_> {
                 updated_at: r.get("updated_at")?,
             })
         })?;
-        raw.into_iter().map(RawJob::into_job).collect()
-    }
-}
-
-/// A job row as SQLite returns it, before its JSON and state are checked.
-struct RawJob {
-    id: String,
-    pool: String,
-    payload: String,
-    state: String,
-    attempts: i64,
-    max_attempts: i64,
-    returns: i64,
-    last_error: Option<String>,
-    idempotency_key: Option<String>,
-    lease_id: Option<String>,
-    created_at: i64,
-    updated_at: i64,
-}
-
-impl RawJob {
-    fn into_job(self) -> StoreResult<Job> {
-        let payload = serde_json::from_str(&self.payload).map_err(|_| {
-            StoreError::Internal(format!("stored payload is not valid: {:?}", self.payload))
-        })?;
-        Ok(Job {
-            id: JobId(self.id),
-            pool: PoolName::from_trusted(self.pool),
-            payload,
-            state: job_state(&self.state)?,
-            attempts: self.attempts,
-            max_attempts: self.max_attempts,
-            returns: self.returns,
-            last_error: self.last_error,
-            idempotency_key: self.idempotency_key,
-            lease_id: self.lease_id.map(LeaseId),
-            created_at: Millis(self.created_at),
-            updated_at: Millis(self.updated_at),
-        })
+        raw.into_iter().map(JobColumns::into_job).collect()
     }
 }
