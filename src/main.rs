@@ -6,6 +6,9 @@ use leasegate::config::{Cli, Command, LogFormat};
 use std::io::IsTerminal;
 use tracing_subscriber::EnvFilter;
 
+// The system allocator under `--features system-allocator`, so that heap profilers which
+// intercept malloc (heaptrack, valgrind's massif) see every allocation.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -166,10 +166,7 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
             shutdown.clone(),
         ))
     });
-    let app = crate::http::router(state);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { shutdown.cancelled().await })
-        .await?;
+    crate::http::listener::serve(listener, crate::http::router(state), shutdown).await;
     sweeper.await.ok();
     if let Some(resolver) = resolver {
         resolver.await.ok();

@@ -649,6 +649,26 @@ async fn a_body_at_the_limit_is_read(app) {
     .await;
 }
 
+async fn a_request_head_over_8_kib_is_refused_and_the_service_goes_on(app) {
+    // The service reads request heads into a buffer of 8 KiB (`http::listener`), so that the
+    // connections of waiting long polls stay small; a bigger head is refused by hyper.
+    let request = format!(
+        "GET /livez HTTP/1.1\r\nHost: test\r\nX-Padding: {}\r\nConnection: close\r\n\r\n",
+        "p".repeat(9 * 1024)
+    );
+    let (status, head, _) = raw_http(&app, request.as_bytes()).await;
+    assert_eq!(status, 431, "{head}");
+    // A head just under the cap is read, on a kept-alive connection like any other.
+    let r = app
+        .client
+        .get(app.url("/livez"))
+        .header("x-padding", "p".repeat(7 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------------

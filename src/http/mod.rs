@@ -6,6 +6,7 @@ pub mod auth;
 pub mod forge;
 pub mod json;
 pub mod lease;
+pub mod listener;
 pub mod ops;
 pub mod page;
 pub mod problem;
