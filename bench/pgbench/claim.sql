@@ -6,7 +6,7 @@ BEGIN;
 WITH lease AS (SELECT gen_random_uuid()::text AS id, (extract(epoch FROM clock_timestamp()) * 1000)::bigint AS now),
 claimed AS (
     UPDATE jobs SET state = 'leased', lease_id = (SELECT id FROM lease), updated_at = (SELECT now FROM lease)
-    WHERE seq = (SELECT seq FROM jobs WHERE pool = 'pgbench' AND state = 'queued' ORDER BY seq LIMIT 1 FOR UPDATE SKIP LOCKED)
+    WHERE seq = (SELECT seq FROM jobs WHERE pool = 'pgbench' AND state = 'queued' ORDER BY created_at, seq LIMIT 1 FOR UPDATE SKIP LOCKED)
       AND state = 'queued'
     RETURNING id
 )

@@ -209,9 +209,10 @@ pub fn upsert_refusals<'a>(entries: &[RefusalRingEntry<'a>]) -> Statement<'a> {
 }
 
 /// The round's choice of jobs for the claims it holds on one pool: the pool's `$2` oldest
-/// queued ones, through the partial index `jobs_queued` (`tests/query_plans.rs`).
+/// queued ones, through the partial index `jobs_queue_order` (`tests/query_plans.rs`; the
+/// order is the single claim's, `claim_candidate!`, which says why it is `created_at, seq`).
 pub const CLAIM_BATCH_SQL: &str =
-    "SELECT seq FROM jobs WHERE pool = $1 AND state = 'queued' ORDER BY seq LIMIT $2";
+    "SELECT seq FROM jobs WHERE pool = $1 AND state = 'queued' ORDER BY created_at, seq LIMIT $2";
 
 pub fn claim_candidates<'a>(pool: &'a str, n: usize, claim_lock: &str) -> Statement<'a> {
     Statement {

@@ -20,10 +20,14 @@ macro_rules! runner_select {
 pub(crate) use runner_select;
 
 /// The claim's choice of job: the pool's oldest queued one. `EXPLAIN` tests check that it
-/// uses the partial index `jobs_queued`, whatever the queue's depth.
+/// uses the partial index `jobs_queue_order`, whatever the queue's depth and however stale
+/// the planner's statistics. It orders by `created_at, seq` rather than `seq` alone so that
+/// no other index can serve the order: ordered by `seq`, PostgreSQL took the primary key
+/// whenever its statistics said most jobs were queued (a deep queue, or one filled since the
+/// last analyze), and then stepped over every finished job on each claim.
 macro_rules! claim_candidate {
     () => {
-        "SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY seq LIMIT 1"
+        "SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY created_at, seq LIMIT 1"
     };
 }
 
