@@ -3,6 +3,7 @@
 
 use super::BenchArgs;
 use super::load::{self, Drive, OpReport};
+use super::wire::Wire;
 use crate::agent::attestation;
 use crate::agent::keys::RunnerKey;
 use crate::agent::probe::{Depth, ImageFacts, ProbeFailure, ProbeReport};
@@ -174,12 +175,11 @@ impl Fleet {
         (r.attest(), r.key.public_x())
     }
 
-    pub async fn grants(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let url = format!("{}/api/v1/lease", self.base);
+    pub async fn grants(&self, drive: Drive, progress: bool) -> OpReport {
         attestation_phase(
             "grants",
-            client,
-            url,
+            &self.base,
+            "/api/v1/lease",
             self.healthy.clone(),
             StatusCode::OK,
             drive,
@@ -230,12 +230,11 @@ impl Fleet {
         .await
     }
 
-    pub async fn heartbeats(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let url = format!("{}/api/v1/runners/heartbeat", self.base);
+    pub async fn heartbeats(&self, drive: Drive, progress: bool) -> OpReport {
         attestation_phase(
             "heartbeats",
-            client,
-            url,
+            &self.base,
+            "/api/v1/runners/heartbeat",
             self.healthy.clone(),
             StatusCode::OK,
             drive,
@@ -245,12 +244,11 @@ impl Fleet {
     }
 
     /// Leases from broken runners: each one must be refused (409).
-    pub async fn refusals(&self, client: &Client, drive: Drive, progress: bool) -> OpReport {
-        let url = format!("{}/api/v1/lease", self.base);
+    pub async fn refusals(&self, drive: Drive, progress: bool) -> OpReport {
         attestation_phase(
             "refusals",
-            client,
-            url,
+            &self.base,
+            "/api/v1/lease",
             self.broken.clone(),
             StatusCode::CONFLICT,
             drive,
@@ -266,30 +264,34 @@ impl Fleet {
 /// The attestations are signed before the clock starts (`Presigned`): on a real fleet each
 /// runner signs on its own machine, while here the load generator shares the service's cores,
 /// and its signing would be counted against the service.
+///
+/// They go out through the lean client (`wire`), one kept-alive connection per worker, for the
+/// same reason.
 async fn attestation_phase(
     name: &str,
-    client: &Client,
-    url: String,
+    base: &str,
+    path: &'static str,
     runners: Arc<Vec<SimRunner>>,
     expect: StatusCode,
     drive: Drive,
     progress: bool,
 ) -> OpReport {
+    let wire = match Wire::new(base, drive.concurrency).await {
+        Ok(wire) => Arc::new(wire),
+        Err(e) => {
+            tracing::error!(error = %e, "the bench cannot reach the service");
+            return load::run(name, drive, progress, |_, _| async { false }).await;
+        }
+    };
     if runners.is_empty() {
         return load::run(name, drive, progress, |_, _| async { false }).await;
     }
     let presigned = Arc::new(Presigned::sign(&runners, presign_count(drive)).await);
-    let client = client.clone();
+    let expect = expect.as_u16();
     load::run(name, drive, progress, move |w, n| {
-        let (client, url, runners) = (client.clone(), url.clone(), runners.clone());
+        let wire = wire.clone();
         let body = presigned.body(&runners, w + n as usize * drive.concurrency);
-        async move {
-            let request = client
-                .post(&url)
-                .header(reqwest::header::CONTENT_TYPE, "application/json")
-                .body(body);
-            matches!(request.send().await, Ok(r) if r.status() == expect)
-        }
+        async move { matches!(wire.post_json(w, path, &body).await, Ok(s) if s == expect) }
     })
     .await
 }

@@ -11,6 +11,7 @@ mod fleet;
 mod limits;
 mod load;
 mod long_polls;
+mod wire;
 
 use crate::config::ServeArgs;
 use clap::Args;
@@ -69,6 +70,12 @@ pub struct BenchArgs {
     /// the forge API would take minutes to build; needs the database).
     #[arg(long, default_value_t = 0)]
     pub preload: u64,
+
+    /// After `--preload`, this many of the oldest queued jobs are taken out of the queue
+    /// straight through the engine, as that many claims and completions would (for "after 100k
+    /// claims": the rows leave the queue's index and stay behind as dead entries until vacuum).
+    #[arg(long, default_value_t = 0)]
+    pub preclaim: u64,
 
     /// After the phases, hold this many long polls waiting on an empty pool, and measure the
     /// service's memory and how soon a waiter wakes on an enqueue.
@@ -240,6 +247,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             .as_deref()
             .ok_or_else(|| anyhow::anyhow!("--preload needs --database-url"))?;
         crate::store::raw_claims::preload(url, &fleet.pool, args.preload).await?;
+        if args.preclaim > 0 {
+            crate::store::raw_claims::preclaim(url, &fleet.pool, args.preclaim).await?;
+        }
     }
     let mut ops = Vec::new();
     // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
@@ -253,11 +263,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             queued = args.jobs;
         }
         let report = match phase.as_str() {
-            "grants" => fleet.grants(&client, drive, !args.quiet).await,
+            "grants" => fleet.grants(drive, !args.quiet).await,
             "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
             "refill-grants" => fleet.refill_grants(&client, drive, !args.quiet).await,
-            "heartbeats" => fleet.heartbeats(&client, drive, !args.quiet).await,
-            "refusals" => fleet.refusals(&client, drive, !args.quiet).await,
+            "heartbeats" => fleet.heartbeats(drive, !args.quiet).await,
+            "refusals" => fleet.refusals(drive, !args.quiet).await,
             other => {
                 anyhow::bail!(
                     "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals)"
