@@ -29,8 +29,9 @@ pub struct BenchArgs {
     #[arg(long, env = "LEASEGATE_BENCH_DATABASE_URL")]
     pub database_url: Option<String>,
 
-    /// Target a running service instead of starting one (needs the admin and forge tokens;
-    /// the raw-claim limit is measured only when `--database-url` names its database).
+    /// Target a running service instead of starting one, at an `http://` address (needs the
+    /// admin and forge tokens; the raw-claim limit is measured only when `--database-url`
+    /// names its database).
     #[arg(long)]
     pub server: Option<String>,
 
@@ -163,6 +164,11 @@ impl Drop for TempDir {
 
 async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
     if let Some(base) = &args.server {
+        // The attestation phases' lean client (`wire`) speaks plain HTTP only.
+        anyhow::ensure!(
+            base.starts_with("http://"),
+            "--server must be an http:// address (the bench's client speaks plain HTTP): {base}"
+        );
         let admin = args
             .admin_token
             .clone()
