@@ -24,7 +24,8 @@ pub(super) async fn run(
 /// A round's transaction on PostgreSQL.
 struct PgRound(sqlx::Transaction<'static, sqlx::Postgres>);
 
-fn query(st: Statement<'_>) -> sqlx::query::Query<'_, sqlx::Postgres, PgArguments> {
+/// A statement as a sqlx query, its parameters bound in order.
+pub(super) fn query(st: Statement<'_>) -> sqlx::query::Query<'_, sqlx::Postgres, PgArguments> {
     let mut q = sqlx::query(sqlx::AssertSqlSafe(st.sql));
     for p in st.params {
         q = match p {

@@ -6,6 +6,7 @@
 //! in WAL with `synchronous=NORMAL` and `BEGIN IMMEDIATE` through its C library (rusqlite, no
 //! async hop), PostgreSQL through plain connections with `FOR UPDATE SKIP LOCKED`.
 
+use super::round_sql::{Param, Statement};
 use super::sql_store::CLAIM_CANDIDATE_SQL;
 use std::time::{Duration, Instant};
 
@@ -145,52 +146,92 @@ pub async fn postgres(
     })
 }
 
+/// A connection straight to the engine, for the bench's bulk statements before the clock.
+enum Direct {
+    Sqlite(rusqlite::Connection),
+    Postgres(sqlx::PgPool),
+}
+
+impl Direct {
+    async fn open(url: &str) -> anyhow::Result<Direct> {
+        Ok(if url.starts_with("sqlite:") {
+            let conn = rusqlite::Connection::open(url.trim_start_matches("sqlite://"))?;
+            conn.busy_timeout(Duration::from_secs(30))?;
+            Direct::Sqlite(conn)
+        } else {
+            let db = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(1)
+                .connect(url)
+                .await?;
+            Direct::Postgres(db)
+        })
+    }
+
+    /// Runs `st`, its placeholders written `$n` as for PostgreSQL.
+    async fn execute(&self, st: Statement<'_>) -> anyhow::Result<()> {
+        match self {
+            Direct::Sqlite(conn) => {
+                // SQLite numbers `$n` by first appearance, `?n` by `n`.
+                let sql = st.sql.replace('$', "?");
+                conn.execute(&sql, rusqlite::params_from_iter(&st.params))?;
+            }
+            Direct::Postgres(db) => {
+                super::pg_rounds::query(st).execute(db).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Runs `statement(done, upto)` for `n` rows in batches of `batch`.
+    async fn in_batches<'a>(
+        &self,
+        n: u64,
+        batch: u64,
+        statement: impl Fn(u64, u64) -> Statement<'a>,
+    ) -> anyhow::Result<()> {
+        let mut done = 0;
+        while done < n {
+            let upto = (done + batch).min(n);
+            self.execute(statement(done, upto)).await?;
+            done = upto;
+        }
+        Ok(())
+    }
+}
+
 /// Queues `n` jobs in `pool` straight through the engine, for measurements at a queue depth
 /// that the forge API would take minutes to build (one statement per 100,000 jobs).
 pub async fn preload(url: &str, pool: &str, n: u64) -> anyhow::Result<()> {
-    const BATCH: u64 = 100_000;
     let now = now_ms();
     let prefix = format!("{pool}-pre-{}", uuid::Uuid::now_v7().simple());
-    let mut done = 0;
-    if url.starts_with("sqlite:") {
-        let path = url.trim_start_matches("sqlite://");
-        let conn = rusqlite::Connection::open(path)?;
-        conn.busy_timeout(Duration::from_secs(30))?;
-        while done < n {
-            let upto = (done + BATCH).min(n);
-            conn.execute(
-                "WITH RECURSIVE k(i) AS (SELECT ?1 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < ?2) \
-                 INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
-                 SELECT ?3 || '-' || i, ?4, '{}', 'queued', 3, ?5, ?5 FROM k",
-                rusqlite::params![done as i64, upto as i64, prefix, pool, now],
-            )?;
-            done = upto;
+    let db = Direct::open(url).await?;
+    // The numbers `$1..$2` of the batch, as rows: each engine has its own way to count.
+    let numbers = match db {
+        Direct::Sqlite(_) => {
+            "WITH RECURSIVE k(i) AS (SELECT $1 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < $2) SELECT i FROM k"
         }
-    } else {
-        let db = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await?;
-        while done < n {
-            let upto = (done + BATCH).min(n);
-            sqlx::query(
-                "INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
-                 SELECT $3 || '-' || i, $4, '{}', 'queued', 3, $5, $5 FROM generate_series($1, $2 - 1) AS i",
-            )
-            .bind(done as i64)
-            .bind(upto as i64)
-            .bind(&prefix)
-            .bind(pool)
-            .bind(now)
-            .execute(&db)
-            .await?;
-            done = upto;
-        }
+        Direct::Postgres(_) => "SELECT i FROM generate_series($1, $2 - 1) AS i",
+    };
+    db.in_batches(n, 100_000, |done, upto| Statement {
+        sql: format!(
+            "INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+             SELECT $3 || '-' || i, $4, '{{}}', 'queued', 3, $5, $5 FROM ({numbers}) AS k"
+        ),
+        params: vec![
+            Param::Int(done as i64),
+            Param::Int(upto as i64),
+            Param::Text(&prefix),
+            Param::Text(pool),
+            Param::Int(now),
+        ],
+    })
+    .await?;
+    if let Direct::Postgres(db) = &db {
         // A million rows inserted in one go leave their hint bits, visibility map and dirty
         // pages for the first claims to pay for; a queue filled over hours has had autovacuum
         // and checkpoints do that as it grew. Settle them here, before the clock starts.
-        sqlx::query("VACUUM (ANALYZE) jobs").execute(&db).await?;
-        if let Err(e) = sqlx::query("CHECKPOINT").execute(&db).await {
+        sqlx::query("VACUUM (ANALYZE) jobs").execute(db).await?;
+        if let Err(e) = sqlx::query("CHECKPOINT").execute(db).await {
             tracing::warn!(error = %e, "no CHECKPOINT after the preload (needs pg_checkpoint)");
         }
     }
@@ -201,37 +242,17 @@ pub async fn preload(url: &str, pool: &str, n: u64) -> anyhow::Result<()> {
 /// completions would: what matters for a later claim is that they left the partial index
 /// `jobs_queue_order` and their old entries await vacuum, not how they left.
 pub async fn preclaim(url: &str, pool: &str, n: u64) -> anyhow::Result<()> {
-    const BATCH: u64 = 10_000;
-    const TAKE: &str = "UPDATE jobs SET state = 'succeeded', updated_at = $3 WHERE seq IN \
-         (SELECT seq FROM jobs WHERE pool = $1 AND state = 'queued' ORDER BY created_at, seq LIMIT $2)";
     let now = now_ms();
-    let mut done = 0;
-    if url.starts_with("sqlite:") {
-        let conn = rusqlite::Connection::open(url.trim_start_matches("sqlite://"))?;
-        conn.busy_timeout(Duration::from_secs(30))?;
-        while done < n {
-            let batch = BATCH.min(n - done);
-            conn.execute(
-                &TAKE.replace('$', "?"),
-                rusqlite::params![pool, batch as i64, now],
-            )?;
-            done += batch;
-        }
-    } else {
-        let db = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(1)
-            .connect(url)
-            .await?;
-        while done < n {
-            let batch = BATCH.min(n - done);
-            sqlx::query(TAKE)
-                .bind(pool)
-                .bind(batch as i64)
-                .bind(now)
-                .execute(&db)
-                .await?;
-            done += batch;
-        }
-    }
-    Ok(())
+    let db = Direct::open(url).await?;
+    db.in_batches(n, 10_000, |done, upto| Statement {
+        sql: "UPDATE jobs SET state = 'succeeded', updated_at = $1 WHERE seq IN \
+              (SELECT seq FROM jobs WHERE pool = $2 AND state = 'queued' ORDER BY created_at, seq LIMIT $3)"
+            .into(),
+        params: vec![
+            Param::Int(now),
+            Param::Text(pool),
+            Param::Int((upto - done) as i64),
+        ],
+    })
+    .await
 }
