@@ -102,12 +102,9 @@ impl Conn {
     }
 
     async fn read_more(&mut self) -> std::io::Result<()> {
-        let mut chunk = [0u8; 4096];
-        let n = self.stream.read(&mut chunk).await?;
-        if n == 0 {
+        if self.stream.read_buf(&mut self.buf).await? == 0 {
             return Err(std::io::ErrorKind::UnexpectedEof.into());
         }
-        self.buf.extend_from_slice(&chunk[..n]);
         Ok(())
     }
 }
