@@ -245,13 +245,16 @@ pub async fn preclaim(url: &str, pool: &str, n: u64) -> anyhow::Result<()> {
     let now = now_ms();
     let db = Direct::open(url).await?;
     db.in_batches(n, 10_000, |done, upto| Statement {
-        sql: "UPDATE jobs SET state = 'succeeded', updated_at = $1 WHERE seq IN \
-              (SELECT seq FROM jobs WHERE pool = $2 AND state = 'queued' ORDER BY created_at, seq LIMIT $3)"
-            .into(),
+        sql: concat!(
+            "UPDATE jobs SET state = 'succeeded', updated_at = $3 WHERE seq IN (",
+            super::round_sql::queued_in_order!("$1"),
+            " LIMIT $2)"
+        )
+        .into(),
         params: vec![
-            Param::Int(now),
             Param::Text(pool),
             Param::Int((upto - done) as i64),
+            Param::Int(now),
         ],
     })
     .await

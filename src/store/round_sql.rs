@@ -4,6 +4,24 @@
 //! through the C library (`sqlite_rounds.rs`). Both execute exactly these statements, built
 //! here once: the text from literals and numbered placeholders only, every value bound.
 
+/// The seqs of the pool (bound at `$pool`) that are queued, oldest first: the queue's order,
+/// written once for every claim. `EXPLAIN` tests check that it runs through the partial index
+/// `jobs_queue_order`, whatever the queue's depth and however stale the planner's statistics.
+/// It orders by `created_at, seq` rather than `seq` alone so that no other index can serve the
+/// order: ordered by `seq`, PostgreSQL took the primary key whenever its statistics said most
+/// jobs were queued (a deep queue, or one filled since the last analyze), and then stepped
+/// over every finished job on each claim.
+macro_rules! queued_in_order {
+    ($pool:literal) => {
+        concat!(
+            "SELECT seq FROM jobs WHERE pool = ",
+            $pool,
+            " AND state = 'queued' ORDER BY created_at, seq"
+        )
+    };
+}
+pub(crate) use queued_in_order;
+
 use super::round::{
     HistoryEntry, RefusalRingEntry, RunnerUpdate, StatusChangeEntry, param_list, values_list,
 };
@@ -209,10 +227,8 @@ pub fn upsert_refusals<'a>(entries: &[RefusalRingEntry<'a>]) -> Statement<'a> {
 }
 
 /// The round's choice of jobs for the claims it holds on one pool: the pool's `$2` oldest
-/// queued ones, through the partial index `jobs_queue_order` (`tests/query_plans.rs`; the
-/// order is the single claim's, `claim_candidate!`, which says why it is `created_at, seq`).
-pub const CLAIM_BATCH_SQL: &str =
-    "SELECT seq FROM jobs WHERE pool = $1 AND state = 'queued' ORDER BY created_at, seq LIMIT $2";
+/// queued ones, in the queue's order (`queued_in_order!`).
+pub const CLAIM_BATCH_SQL: &str = concat!(queued_in_order!("$1"), " LIMIT $2");
 
 pub fn claim_candidates<'a>(pool: &'a str, n: usize, claim_lock: &str) -> Statement<'a> {
     Statement {

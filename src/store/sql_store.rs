@@ -19,20 +19,9 @@ macro_rules! runner_select {
 }
 pub(crate) use runner_select;
 
-/// The claim's choice of job: the pool's oldest queued one. `EXPLAIN` tests check that it
-/// uses the partial index `jobs_queue_order`, whatever the queue's depth and however stale
-/// the planner's statistics. It orders by `created_at, seq` rather than `seq` alone so that
-/// no other index can serve the order: ordered by `seq`, PostgreSQL took the primary key
-/// whenever its statistics said most jobs were queued (a deep queue, or one filled since the
-/// last analyze), and then stepped over every finished job on each claim.
-macro_rules! claim_candidate {
-    () => {
-        "SELECT seq FROM jobs WHERE pool = $3 AND state = 'queued' ORDER BY created_at, seq LIMIT 1"
-    };
-}
-
-/// The claim candidate query as text, for plan tests and the raw-claim baseline.
-pub const CLAIM_CANDIDATE_SQL: &str = claim_candidate!();
+/// The claim's choice of job, the pool's oldest queued one, as text: for plan tests and the
+/// raw-claim baseline.
+pub const CLAIM_CANDIDATE_SQL: &str = concat!(super::round_sql::queued_in_order!("$3"), " LIMIT 1");
 
 macro_rules! impl_sql_store {
     (
