@@ -12,7 +12,7 @@ waiters="${1:-10000}"
 dir="$(mktemp -d)"
 database_url="${2:-sqlite://$dir/longpolls.db}"
 port="${PORT:-18180}"
-export LEASEGATE_ADMIN_TOKEN="lp-admin-$RANDOM$RANDOM" LEASEGATE_FORGE_TOKEN="lp-forge-$RANDOM$RANDOM"
+export LEASEGATE_ADMIN_TOKEN="$(openssl rand -hex 32)" LEASEGATE_FORGE_TOKEN="$(openssl rand -hex 32)"
 RUST_LOG=warn ./target/release/leasegate serve --listen "127.0.0.1:$port" --database-url "$database_url" \
   >"$dir/serve.log" 2>&1 &
 server=$!

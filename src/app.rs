@@ -27,6 +27,16 @@ pub struct Settings {
     pub roll_stalled_share: f64,
     /// Whether this replica runs the background registry resolver.
     pub background_resolver: bool,
+    /// What the listener allows its clients (timeouts, connection caps, trusted proxies).
+    pub listener: crate::http::listener::ListenerSettings,
+    /// Failed credential checks a client may make in a burst, and the span they are forgiven
+    /// over.
+    pub auth_failure_limit: u32,
+    pub auth_failure_window_s: u64,
+    /// The bearer token `/metrics` requires, if any.
+    pub metrics_token: Option<String>,
+    /// A listener of its own for `/metrics`, which the main listener then does not serve.
+    pub metrics_listen: Option<std::net::SocketAddr>,
 }
 
 impl Settings {
@@ -56,6 +66,8 @@ struct Inner {
     secrets: Secrets,
     gate: Gate,
     metrics: Arc<Metrics>,
+    /// Failed credential checks per client, for the 429s of guessing clients.
+    throttle: crate::http::throttle::AuthThrottle,
     /// Resolves registry pools' image references.
     registry: Arc<Registry>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
@@ -77,7 +89,12 @@ impl AppState {
             probe_max_age_s: settings.probe_max_age_s,
             metrics: metrics.clone(),
         };
+        let throttle = crate::http::throttle::AuthThrottle::new(
+            settings.auth_failure_limit,
+            settings.auth_failure_window_s,
+        );
         let inner = Inner {
+            throttle,
             store,
             settings,
             secrets,
@@ -121,6 +138,10 @@ impl AppState {
         }
         tracing::info!(runner_id = %id, leases_ended = ended.len(), "runner revoked");
         Ok(Some(runner))
+    }
+
+    pub fn throttle(&self) -> &crate::http::throttle::AuthThrottle {
+        &self.inner.throttle
     }
 
     pub fn registry(&self) -> &Arc<Registry> {

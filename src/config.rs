@@ -99,6 +99,69 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_MAX_BODY_BYTES", default_value_t = 65536)]
     pub max_body_bytes: usize,
 
+    /// The longest a request's head (request line and headers) may take to arrive, in seconds,
+    /// from its first byte (or from the connection's start).
+    #[arg(long, env = "LEASEGATE_HEADER_TIMEOUT_S", default_value_t = 10)]
+    pub header_timeout_s: u64,
+
+    /// The longest a request body may pause, in seconds. After its first such span it must
+    /// also average `LEASEGATE_BODY_MIN_RATE` bytes a second.
+    #[arg(long, env = "LEASEGATE_BODY_TIMEOUT_S", default_value_t = 10)]
+    pub body_timeout_s: u64,
+
+    /// The slowest a request body may arrive on average, in bytes per second.
+    #[arg(long, env = "LEASEGATE_BODY_MIN_RATE", default_value_t = 1024)]
+    pub body_min_rate: u64,
+
+    /// How long a kept-alive connection may wait for its next request, in seconds (and how
+    /// long an answer may wait for a client that reads none of it). A waiting long poll is a
+    /// request, never idle.
+    #[arg(long, env = "LEASEGATE_IDLE_TIMEOUT_S", default_value_t = 75)]
+    pub idle_timeout_s: u64,
+
+    /// The most connections open at once; default: the process's file limit (raised to its
+    /// hard limit at start) less room for the database and files, at most 50000.
+    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS")]
+    pub max_connections: Option<usize>,
+
+    /// The most connections one peer address (an IPv6 /64) may hold; default a quarter of
+    /// `LEASEGATE_MAX_CONNECTIONS`. Trusted proxies are held only to the overall cap.
+    #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS_PER_PEER")]
+    pub max_connections_per_peer: Option<usize>,
+
+    /// Proxies (addresses or CIDR networks, comma-separated) whose `X-Forwarded-For` and
+    /// `X-Forwarded-Proto` are believed. Nobody else's are.
+    #[arg(
+        long,
+        env = "LEASEGATE_TRUSTED_PROXIES",
+        value_delimiter = ',',
+        default_value = ""
+    )]
+    pub trusted_proxies: Vec<String>,
+
+    /// Failed credential checks (admin, forge, page login, registration or lease tokens) one
+    /// client may make in a burst before it is answered 429.
+    #[arg(long, env = "LEASEGATE_AUTH_FAILURE_LIMIT", default_value_t = 20)]
+    pub auth_failure_limit: u32,
+
+    /// The span, in seconds, over which a client's failed credential checks are forgiven: one
+    /// every `window / limit` seconds.
+    #[arg(long, env = "LEASEGATE_AUTH_FAILURE_WINDOW_S", default_value_t = 60)]
+    pub auth_failure_window_s: u64,
+
+    /// A bearer token `/metrics` requires. Without it `/metrics` is open to anyone who can
+    /// reach it.
+    #[arg(long, env = "LEASEGATE_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
+
+    /// A file holding the metrics token.
+    #[arg(long, env = "LEASEGATE_METRICS_TOKEN_FILE")]
+    pub metrics_token_file: Option<PathBuf>,
+
+    /// An address of its own for `/metrics` (then not served on `LEASEGATE_LISTEN`).
+    #[arg(long, env = "LEASEGATE_METRICS_LISTEN")]
+    pub metrics_listen: Option<SocketAddr>,
+
     /// PostgreSQL: the most connections this replica opens.
     #[arg(long, env = "LEASEGATE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -185,6 +248,66 @@ impl ServeArgs {
         }
     }
 
+    /// What the listener allows its clients; names the variable at fault.
+    pub fn listener_settings(&self) -> anyhow::Result<crate::http::listener::ListenerSettings> {
+        use crate::http::listener::ListenerSettings;
+        use crate::http::listener::body::BodyPace;
+        use crate::http::listener::limits::ConnectionCaps;
+        for (name, value) in [
+            ("LEASEGATE_HEADER_TIMEOUT_S", self.header_timeout_s),
+            ("LEASEGATE_BODY_TIMEOUT_S", self.body_timeout_s),
+            ("LEASEGATE_BODY_MIN_RATE", self.body_min_rate),
+            ("LEASEGATE_IDLE_TIMEOUT_S", self.idle_timeout_s),
+        ] {
+            anyhow::ensure!(value > 0, "{name} must be positive, got {value}");
+        }
+        let max_total = match self.max_connections {
+            Some(n) => {
+                anyhow::ensure!(n > 0, "LEASEGATE_MAX_CONNECTIONS must be positive");
+                n
+            }
+            None => default_max_connections(self.db_max_connections),
+        };
+        let max_per_peer = match self.max_connections_per_peer {
+            Some(n) => {
+                anyhow::ensure!(n > 0, "LEASEGATE_MAX_CONNECTIONS_PER_PEER must be positive");
+                n
+            }
+            None => (max_total / 4).max(1),
+        };
+        Ok(ListenerSettings {
+            caps: ConnectionCaps {
+                max_total,
+                max_per_peer,
+            },
+            trusted_proxies: self.trusted_proxy_networks()?,
+            header_timeout: std::time::Duration::from_secs(self.header_timeout_s),
+            idle_timeout: std::time::Duration::from_secs(self.idle_timeout_s),
+            body: BodyPace {
+                timeout: std::time::Duration::from_secs(self.body_timeout_s),
+                min_rate: self.body_min_rate,
+            },
+        })
+    }
+
+    /// `LEASEGATE_TRUSTED_PROXIES` as networks (an address alone is a network of one).
+    pub fn trusted_proxy_networks(&self) -> anyhow::Result<Vec<ipnet::IpNet>> {
+        self.trusted_proxies
+            .iter()
+            .map(|p| p.trim())
+            .filter(|p| !p.is_empty())
+            .map(|p| {
+                p.parse::<ipnet::IpNet>()
+                    .or_else(|_| p.parse::<std::net::IpAddr>().map(ipnet::IpNet::from))
+                    .map_err(|_| {
+                        anyhow::anyhow!(
+                            "LEASEGATE_TRUSTED_PROXIES: `{p}` is not an address or a CIDR network"
+                        )
+                    })
+            })
+            .collect()
+    }
+
     /// Rejects settings that would make the gate meaningless, with the variable's name.
     pub fn validate(&self) -> anyhow::Result<()> {
         let positive = [
@@ -227,7 +350,12 @@ impl ServeArgs {
             self.registry_timeout_s >= 1,
             "LEASEGATE_REGISTRY_TIMEOUT_S must be positive"
         );
+        anyhow::ensure!(
+            self.auth_failure_limit >= 1 && self.auth_failure_window_s >= 1,
+            "LEASEGATE_AUTH_FAILURE_LIMIT and LEASEGATE_AUTH_FAILURE_WINDOW_S must be positive"
+        );
         self.registry_settings()?;
+        self.listener_settings()?;
         Ok(())
     }
 
@@ -256,5 +384,22 @@ impl ServeArgs {
             },
             timeout: std::time::Duration::from_secs(self.registry_timeout_s),
         })
+    }
+}
+
+/// The connections the service may hold when `LEASEGATE_MAX_CONNECTIONS` is not set: the
+/// process's file limit less room for the database's connections, its files and logs.
+fn default_max_connections(db_connections: u32) -> usize {
+    let files = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
+    let reserve = 64 + u64::from(db_connections);
+    files.saturating_sub(reserve).clamp(16, 50_000) as usize
+}
+
+/// Raises the process's soft file limit to its hard limit, as servers that hold many
+/// connections do; the caps are then computed from what it came to.
+pub fn raise_file_limit() {
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(n) => tracing::debug!(files = n, "file limit"),
+        Err(e) => tracing::warn!(error = %e, "cannot raise the file limit"),
     }
 }

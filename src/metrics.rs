@@ -6,7 +6,7 @@
 //! the thing happens; gauges of state (queue depth, runners by status) are computed from the
 //! store when scraped, so every replica reports the same truth.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -42,15 +42,62 @@ pub struct PoolStatusLabels {
     pub status: String,
 }
 
+/// An HTTP method as a label: the methods this API answers, and `other` for anything a
+/// client invents, so that no request can add a series of its own.
+#[derive(Clone, Copy, Debug, Hash, PartialEq, Eq)]
+pub struct MethodLabel(&'static str);
+
+impl MethodLabel {
+    pub fn of(method: &axum::http::Method) -> Self {
+        use axum::http::Method;
+        MethodLabel(match *method {
+            Method::GET => "GET",
+            Method::HEAD => "HEAD",
+            Method::POST => "POST",
+            Method::PUT => "PUT",
+            Method::DELETE => "DELETE",
+            Method::PATCH => "PATCH",
+            Method::OPTIONS => "OPTIONS",
+            _ => "other",
+        })
+    }
+}
+
+impl EncodeLabelValue for MethodLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        self.0.encode(encoder)
+    }
+}
+
+/// A request's labels. The route is the matched route template (or `unmatched`) and the
+/// status a number the service itself answered: every label comes from a closed set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
-    pub method: String,
+    pub method: MethodLabel,
     pub route: String,
-    pub status: String,
+    pub status: u16,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CredentialLabel {
+    pub credential: &'static str,
 }
 
 pub struct Metrics {
     registry: Registry,
+    /// Connections open now, on the service's listeners.
+    pub open_connections: Gauge,
+    /// Connections the service closed or turned away, by reason (a closed set).
+    pub connections_closed: Family<ReasonLabel, Counter>,
+    /// Failed credential checks, by credential.
+    pub auth_failures: Family<CredentialLabel, Counter>,
+    /// Requests refused 429 by the throttle, by credential.
+    pub auth_throttled: Family<CredentialLabel, Counter>,
     pub leases_granted: Family<PoolLabel, Counter>,
     pub lease_refusals: Family<PoolCodeLabels, Counter>,
     pub attestations: Family<ResultLabel, Counter>,
@@ -73,6 +120,10 @@ impl Default for Metrics {
     fn default() -> Self {
         let m = Metrics {
             registry: Registry::with_prefix("leasegate"),
+            open_connections: Gauge::default(),
+            connections_closed: Family::default(),
+            auth_failures: Family::default(),
+            auth_throttled: Family::default(),
             leases_granted: Family::default(),
             lease_refusals: Family::default(),
             attestations: Family::default(),
@@ -133,6 +184,26 @@ impl Metrics {
             self.oldest_queued_age.clone(),
         );
         r.register("runners", "Runners by status", self.runners.clone());
+        r.register(
+            "open_connections",
+            "HTTP connections open now",
+            self.open_connections.clone(),
+        );
+        r.register(
+            "connections_closed",
+            "HTTP connections closed by the service (timeouts) or turned away (limits), by reason",
+            self.connections_closed.clone(),
+        );
+        r.register(
+            "auth_failures",
+            "Failed credential checks, by credential",
+            self.auth_failures.clone(),
+        );
+        r.register(
+            "auth_throttled",
+            "Requests answered 429 because their client failed too many credential checks",
+            self.auth_throttled.clone(),
+        );
         r.register(
             "http_request_duration_seconds",
             "HTTP request latency by route",
@@ -197,13 +268,33 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, method: &str, route: &str, status: u16, seconds: f64) {
+    pub fn observe_request(&self, method: MethodLabel, route: String, status: u16, seconds: f64) {
         let labels = RouteLabels {
-            method: method.to_string(),
-            route: route.to_string(),
-            status: status.to_string(),
+            method,
+            route,
+            status,
         };
         self.requests.get_or_create(&labels).observe(seconds);
+    }
+
+    /// A connection closed for `reason` (`header_timeout`, `idle_timeout`, `write_stalled`,
+    /// `limit_total`, `limit_peer`).
+    pub fn connection_closed(&self, reason: &'static str) {
+        self.connections_closed
+            .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    pub fn auth_failed(&self, credential: &'static str) {
+        self.auth_failures
+            .get_or_create(&CredentialLabel { credential })
+            .inc();
+    }
+
+    pub fn auth_throttled(&self, credential: &'static str) {
+        self.auth_throttled
+            .get_or_create(&CredentialLabel { credential })
+            .inc();
     }
 
     /// The text exposition.

@@ -16,8 +16,9 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 impl Settings {
-    pub fn from_args(args: &ServeArgs) -> Settings {
-        Settings {
+    /// The settings of `args`, which `ServeArgs::validate` has checked.
+    pub fn from_args(args: &ServeArgs) -> anyhow::Result<Settings> {
+        Ok(Settings {
             rules: AttestationRules {
                 audience: args.audience.clone(),
                 max_age_s: args.attestation_max_age_s,
@@ -31,8 +32,34 @@ impl Settings {
             resolver_failure_threshold: args.resolver_failure_threshold,
             roll_stalled_share: args.roll_stalled_share,
             background_resolver: args.registry_resolver,
-        }
+            listener: args.listener_settings()?,
+            auth_failure_limit: args.auth_failure_limit,
+            auth_failure_window_s: args.auth_failure_window_s,
+            metrics_token: load_optional_secret(
+                &args.metrics_token,
+                &args.metrics_token_file,
+                "metrics token",
+            )?,
+            metrics_listen: args.metrics_listen,
+        })
     }
+}
+
+/// A secret that may be given, as a value or a file, or not at all.
+fn load_optional_secret(
+    value: &Option<String>,
+    file: &Option<PathBuf>,
+    what: &str,
+) -> anyhow::Result<Option<String>> {
+    if let Some(v) = value.as_ref().filter(|v| !v.is_empty()) {
+        return Ok(Some(v.clone()));
+    }
+    let Some(path) = file else { return Ok(None) };
+    let s = std::fs::read_to_string(path)
+        .with_context(|| format!("reading the {what} from {}", path.display()))?;
+    let s = s.trim().to_string();
+    anyhow::ensure!(!s.is_empty(), "the {what} file {} is empty", path.display());
+    Ok(Some(s))
 }
 
 /// Where generated secrets are kept: beside the SQLite file, or in the working directory.
@@ -46,6 +73,10 @@ fn secrets_dir(database_url: &str) -> PathBuf {
         _ => PathBuf::from("."),
     }
 }
+
+/// The shortest admin or forge token an operator may give: a token shorter than this can be
+/// guessed, throttle or not.
+pub const MIN_SECRET_CHARS: usize = 32;
 
 /// The secret given directly, read from its file, or generated and kept (mode 0600).
 fn load_secret(
@@ -114,18 +145,29 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
         );
     }
     let dir = secrets_dir(&args.database_url);
+    let strong = |name: &str, secret: String| -> anyhow::Result<String> {
+        let chars = secret.chars().count();
+        anyhow::ensure!(
+            chars >= MIN_SECRET_CHARS,
+            "{name} is {chars} characters long; it must be at least {MIN_SECRET_CHARS} \
+             (`openssl rand -hex 32` makes one)"
+        );
+        Ok(secret)
+    };
     let admin = load_secret(
         &args.admin_token,
         &args.admin_token_file,
         dir.join("leasegate-admin.token"),
         "admin token",
-    )?;
+    )
+    .and_then(|s| strong("the admin token (LEASEGATE_ADMIN_TOKEN)", s))?;
     let forge = load_secret(
         &args.forge_token,
         &args.forge_token_file,
         dir.join("leasegate-forge.token"),
         "forge token",
-    )?;
+    )
+    .and_then(|s| strong("the forge token (LEASEGATE_FORGE_TOKEN)", s))?;
     anyhow::ensure!(admin != forge, "the admin and forge tokens must differ");
     Ok(Secrets { admin, forge })
 }
@@ -144,7 +186,7 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
     tracing::info!(engine = store.engine(), "database ready");
     Ok(AppState::new(
         store,
-        Settings::from_args(args),
+        Settings::from_args(args)?,
         secrets,
         Arc::new(registry),
         shutdown,
@@ -154,6 +196,16 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
 /// Serves `state` on `listener` until `shutdown` is cancelled, then drains and returns.
 pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
     let shutdown = state.shutdown().clone();
+    let settings = state.settings().listener.clone();
+    // Bound before anything runs, so that a taken address stops the start.
+    let metrics_listener = match state.settings().metrics_listen {
+        Some(addr) => Some(
+            TcpListener::bind(addr)
+                .await
+                .with_context(|| format!("binding LEASEGATE_METRICS_LISTEN {addr}"))?,
+        ),
+        None => None,
+    };
     let sweeper = tokio::spawn(crate::sweeper::run(
         state.store().clone(),
         state.metrics().clone(),
@@ -166,16 +218,39 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
             shutdown.clone(),
         ))
     });
-    crate::http::listener::serve(listener, crate::http::router(state), shutdown).await;
-    sweeper.await.ok();
-    if let Some(resolver) = resolver {
-        resolver.await.ok();
+    let metrics_server = match metrics_listener {
+        Some(listener) => {
+            tracing::info!(addr = %listener.local_addr()?, "metrics listening");
+            Some(tokio::spawn(crate::http::listener::serve(
+                listener,
+                crate::http::metrics_router(state.clone()),
+                settings.clone(),
+                state.metrics().clone(),
+                shutdown.clone(),
+            )))
+        }
+        None => None,
+    };
+    crate::http::listener::serve(
+        listener,
+        crate::http::router(state.clone()),
+        settings,
+        state.metrics().clone(),
+        shutdown,
+    )
+    .await;
+    for task in [Some(sweeper), resolver, metrics_server]
+        .into_iter()
+        .flatten()
+    {
+        task.await.ok();
     }
     Ok(())
 }
 
 /// `leasegate serve`.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    crate::config::raise_file_limit();
     let shutdown = CancellationToken::new();
     let state = prepare(&args, shutdown.clone()).await?;
     let listener = TcpListener::bind(args.listen)

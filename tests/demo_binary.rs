@@ -17,8 +17,14 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
         .arg("demo")
         .env_remove("DATABASE_URL")
         .env("LEASEGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .env("LEASEGATE_ADMIN_TOKEN", "demo-admin")
-        .env("LEASEGATE_FORGE_TOKEN", "demo-forge")
+        .env(
+            "LEASEGATE_ADMIN_TOKEN",
+            "demo-admin-token-0123456789abcdef0123",
+        )
+        .env(
+            "LEASEGATE_FORGE_TOKEN",
+            "demo-forge-token-0123456789abcdef0123",
+        )
         // Faster staleness than the default, so the test need not wait 45 s.
         .env("LEASEGATE_HEARTBEAT_INTERVAL_S", "2")
         .stdout(Stdio::piped())
@@ -40,7 +46,7 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
     }
     assert!(
         printed.contains(&format!(
-            "http://127.0.0.1:{port}/admin/login?token=demo-admin"
+            "http://127.0.0.1:{port}/admin/login?token=demo-admin-token-0123456789abcdef0123"
         )),
         "{printed}"
     );
@@ -51,7 +57,7 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
     while Instant::now() < deadline {
         let r = client
             .get(format!("http://127.0.0.1:{port}/admin"))
-            .bearer_auth("demo-admin")
+            .bearer_auth("demo-admin-token-0123456789abcdef0123")
             .send()
             .await
             .unwrap();

@@ -119,3 +119,167 @@ async fn metrics_follow_grants_refusals_returns_and_expiries(app) {
     assert!(!text.contains(&runner.id), "a runner id leaked into a label");
 }
 }
+
+/// Sends `count` requests with invented methods and paths over `connections` kept-alive
+/// connections, as fast as they are answered.
+async fn invented_requests(app: &TestApp, count: usize, connections: usize) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr: std::net::SocketAddr = app.base.trim_start_matches("http://").parse().unwrap();
+    let per = count / connections;
+    let mut tasks = Vec::new();
+    for c in 0..connections {
+        tasks.push(tokio::spawn(async move {
+            let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+            let mut buf = vec![0u8; 8192];
+            for i in 0..per {
+                // A new method and a new path each time; every tenth on a real route.
+                let method = format!("M{c}X{i}{}", "Q".repeat(64));
+                let path = if i % 10 == 0 {
+                    "/metrics".to_string()
+                } else {
+                    format!("/made/up/{c}/{i}")
+                };
+                s.write_all(format!("{method} {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+                    .await
+                    .unwrap();
+                // Every answer here is a short problem with a content length: read one.
+                let mut got = Vec::new();
+                loop {
+                    let n = s.read(&mut buf).await.unwrap();
+                    assert!(n > 0, "the service closed the connection");
+                    got.extend_from_slice(&buf[..n]);
+                    let text = String::from_utf8_lossy(&got);
+                    if let Some((head, body)) = text.split_once("\r\n\r\n") {
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| {
+                                l.to_ascii_lowercase()
+                                    .strip_prefix("content-length: ")
+                                    .map(|v| v.trim().parse().unwrap())
+                            })
+                            .unwrap_or(0);
+                        if body.len() >= len {
+                            break;
+                        }
+                    }
+                }
+            }
+        }));
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+}
+
+async fn metrics_size(app: &TestApp) -> usize {
+    app.client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
+        .len()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn invented_methods_and_paths_add_no_series() {
+    let app = spawn_app().await;
+    // Every series a normal client makes, once.
+    invented_requests(&app, 40, 4).await;
+    metrics_size(&app).await;
+    let before = metrics_size(&app).await;
+    invented_requests(&app, 10_000, 8).await;
+    let after = metrics_size(&app).await;
+    // The counts grew; the series did not (a few digits more in the counters at most).
+    assert!(
+        after < before + 512,
+        "/metrics grew from {before} to {after} bytes"
+    );
+    let text = app
+        .client
+        .get(app.url("/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(text.contains("method=\"other\""));
+    assert!(
+        !text.contains("QQQQ") && !text.contains("/made/up"),
+        "a client's text became a label"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_metrics_token_guards_metrics() {
+    let app =
+        spawn_app_with(|a| a.metrics_token = Some("metrics-token-0123456789abcdef0123".into()))
+            .await;
+    let r = app.client.get(app.url("/metrics")).send().await.unwrap();
+    expect_problem(r, "no token", StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let r = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    expect_problem(r, "another token", StatusCode::UNAUTHORIZED, "unauthorized").await;
+    let r = app
+        .client
+        .get(app.url("/metrics"))
+        .bearer_auth("metrics-token-0123456789abcdef0123")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(r.text().await.unwrap().trim_end().ends_with("# EOF"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_may_have_a_listener_of_their_own() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let app =
+        spawn_app_with(|a| a.metrics_listen = Some(format!("127.0.0.1:{port}").parse().unwrap()))
+            .await;
+    let r = app.client.get(app.url("/metrics")).send().await.unwrap();
+    expect_problem(
+        r,
+        "metrics on the main listener",
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
+    let r = app
+        .client
+        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(
+        r.text()
+            .await
+            .unwrap()
+            .contains("leasegate_open_connections")
+    );
+    let r = app
+        .client
+        .get(format!("http://127.0.0.1:{port}/api/v1/admin/pools"))
+        .bearer_auth(ADMIN)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        r.status(),
+        StatusCode::NOT_FOUND,
+        "the metrics listener serves the API"
+    );
+}

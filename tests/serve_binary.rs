@@ -283,3 +283,26 @@ async fn a_refusal_is_logged_once_with_its_code_and_the_runner() {
         refusals[0]
     );
 }
+
+#[tokio::test]
+async fn a_weak_operator_token_refuses_to_start_and_says_why() {
+    for (variable, other) in [
+        ("LEASEGATE_ADMIN_TOKEN", "LEASEGATE_FORGE_TOKEN"),
+        ("LEASEGATE_FORGE_TOKEN", "LEASEGATE_ADMIN_TOKEN"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let out = serve(dir.path(), free_port())
+            .env(variable, "adm-secret")
+            .env(other, "a-strong-enough-token-0123456789abcdef")
+            .output()
+            .await
+            .unwrap();
+        assert!(!out.status.success(), "{variable}=adm-secret started");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains(variable)
+                && stderr.contains("10 characters long; it must be at least 32"),
+            "{stderr}"
+        );
+    }
+}

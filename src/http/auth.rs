@@ -1,14 +1,91 @@
-//! Credential extractors, one per party: `AdminAuth`, `ForgeAuth`, and `LeaseBearer`.
+//! Credential extractors, one per party: `AdminAuth`, `ForgeAuth`, `MetricsAuth` and
+//! `LeaseBearer`, and `throttled`, which every credential check runs under.
 //!
 //! A valid credential of another party is 403 `forbidden` (it is known who is asking, and
-//! they may not); anything else is 401 `unauthorized`.
+//! they may not); anything else is 401 `unauthorized`, and counts against the client in the
+//! throttle (`throttle.rs`): a client past its allowance is answered 429 before its credential
+//! is looked at.
 
+use super::client::Client;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::domain::time::Millis;
 use crate::secrets::secret_matches;
 use axum::extract::FromRequestParts;
+use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+
+/// The credentials the throttle counts failures of, for metrics and logs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Credential {
+    Admin,
+    Forge,
+    Metrics,
+    PageLogin,
+    Registration,
+    Lease,
+}
+
+impl Credential {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Credential::Admin => "admin",
+            Credential::Forge => "forge",
+            Credential::Metrics => "metrics",
+            Credential::PageLogin => "page_login",
+            Credential::Registration => "registration",
+            Credential::Lease => "lease",
+        }
+    }
+}
+
+/// `Some(seconds to wait)` when `client` may not present a credential now (counted).
+pub fn throttle_wait(state: &AppState, client: Client, credential: Credential) -> Option<i64> {
+    let wait_s = state.throttle().blocked(client.ip, Millis::now())?;
+    state.metrics().auth_throttled(credential.as_str());
+    Some(wait_s)
+}
+
+/// Counts a failed credential check of `client`, and says so once when it is throttled.
+pub fn credential_failed(state: &AppState, client: Client, credential: Credential) {
+    state.metrics().auth_failed(credential.as_str());
+    if state.throttle().failed(client.ip, Millis::now()) {
+        tracing::warn!(
+            client = %client.ip,
+            credential = credential.as_str(),
+            "failed credential checks from this client are throttled"
+        );
+    }
+}
+
+/// Runs `check`, a credential check for `client`, under the throttle: refused with 429 at once
+/// when the client has no failures left, and a 401 from it counted as a failure.
+pub async fn throttled<T, F>(
+    state: &AppState,
+    client: Client,
+    credential: Credential,
+    check: F,
+) -> Result<T, ApiError>
+where
+    F: Future<Output = Result<T, ApiError>>,
+{
+    if let Some(wait_s) = throttle_wait(state, client, credential) {
+        return Err(ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "throttled",
+            "too many failed credentials from this address; retry later",
+        )
+        .retry_after(wait_s));
+    }
+    let result = check.await;
+    if let Err(e) = &result
+        && e.status == StatusCode::UNAUTHORIZED
+    {
+        credential_failed(state, client, credential);
+    }
+    result
+}
 
 fn bearer(parts: &Parts) -> Option<&str> {
     let value = parts.headers.get(AUTHORIZATION)?.to_str().ok()?;
@@ -28,18 +105,32 @@ pub struct ForgeAuth;
 /// The bearer token presented on a lease call (checked against the lease by the store).
 pub struct LeaseBearer(pub String);
 
+/// `/metrics`, when `LEASEGATE_METRICS_TOKEN` is set: that bearer token.
+pub struct MetricsAuth;
+
+async fn client(parts: &mut Parts, state: &AppState) -> Client {
+    match Client::from_request_parts(parts, state).await {
+        Ok(c) => c,
+        Err(never) => match never {},
+    }
+}
+
 impl FromRequestParts<AppState> for AdminAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let client = client(parts, state).await;
         let secrets = state.secrets();
-        match bearer(parts) {
-            Some(t) if secret_matches(t, &secrets.admin) => Ok(AdminAuth),
-            Some(t) if secret_matches(t, &secrets.forge) => Err(ApiError::forbidden(
-                "the forge token cannot call admin endpoints",
-            )),
-            _ => Err(ApiError::unauthorized("an admin bearer token is required")),
-        }
+        throttled(state, client, Credential::Admin, async {
+            match bearer(parts) {
+                Some(t) if secret_matches(t, &secrets.admin) => Ok(AdminAuth),
+                Some(t) if secret_matches(t, &secrets.forge) => Err(ApiError::forbidden(
+                    "the forge token cannot call admin endpoints",
+                )),
+                _ => Err(ApiError::unauthorized("an admin bearer token is required")),
+            }
+        })
+        .await
     }
 }
 
@@ -47,14 +138,38 @@ impl FromRequestParts<AppState> for ForgeAuth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let client = client(parts, state).await;
         let secrets = state.secrets();
-        match bearer(parts) {
-            Some(t) if secret_matches(t, &secrets.forge) => Ok(ForgeAuth),
-            Some(t) if secret_matches(t, &secrets.admin) => Err(ApiError::forbidden(
-                "the admin token cannot call forge endpoints",
-            )),
-            _ => Err(ApiError::unauthorized("a forge bearer token is required")),
-        }
+        throttled(state, client, Credential::Forge, async {
+            match bearer(parts) {
+                Some(t) if secret_matches(t, &secrets.forge) => Ok(ForgeAuth),
+                Some(t) if secret_matches(t, &secrets.admin) => Err(ApiError::forbidden(
+                    "the admin token cannot call forge endpoints",
+                )),
+                _ => Err(ApiError::unauthorized("a forge bearer token is required")),
+            }
+        })
+        .await
+    }
+}
+
+impl FromRequestParts<AppState> for MetricsAuth {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
+        let Some(token) = state.settings().metrics_token.as_deref() else {
+            return Ok(MetricsAuth);
+        };
+        let client = client(parts, state).await;
+        throttled(state, client, Credential::Metrics, async {
+            match bearer(parts) {
+                Some(t) if secret_matches(t, token) => Ok(MetricsAuth),
+                _ => Err(ApiError::unauthorized(
+                    "the metrics bearer token is required",
+                )),
+            }
+        })
+        .await
     }
 }
 

@@ -14,9 +14,12 @@ pub struct JsonBody<T>(pub T);
 pub struct OptionalJson<T>(pub T);
 
 async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
-    Bytes::from_request(req, state)
-        .await
-        .map_err(|rejection| ApiError::from_status(rejection.status(), rejection.body_text()))
+    Bytes::from_request(req, state).await.map_err(|rejection| {
+        if super::listener::body::is_body_timeout(&rejection) {
+            return ApiError::request_timeout();
+        }
+        ApiError::from_status(rejection.status(), rejection.body_text())
+    })
 }
 
 /// The whole body as `T`: a malformed document, or anything after it, is a bad request that

@@ -4,7 +4,8 @@
 //! A refused lease never reads a job: the verdict is decided from the attestation, the runner
 //! and its pool before the store is asked to claim anything.
 
-use super::auth::LeaseBearer;
+use super::auth::{Credential, LeaseBearer, throttled};
+use super::client::Client;
 use super::json::{JsonBody, OptionalJson};
 use super::problem::ApiError;
 use super::schema::{LeaseGrant, LeaseView, Problem};
@@ -193,15 +194,20 @@ fn record_ids(job_id: Option<&str>, lease_id: Option<&str>) {
 
 async fn run_call(
     state: &AppState,
+    client: Client,
     id: String,
     token: &str,
     call: LeaseCall,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let lease_id = LeaseId(id);
-    let (lease, job) = state
-        .store()
-        .lease_call(&lease_id, &hash_token(token), &call, Millis::now())
-        .await?;
+    let token_hash = hash_token(token);
+    let (lease, job) = throttled(state, client, Credential::Lease, async {
+        Ok(state
+            .store()
+            .lease_call(&lease_id, &token_hash, &call, Millis::now())
+            .await?)
+    })
+    .await?;
     let metrics = state.metrics();
     match call {
         LeaseCall::Start { .. } => metrics.attempt_used(lease.pool.as_str()),
@@ -246,11 +252,12 @@ fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, Api
     ))]
 async fn start(
     State(state): State<AppState>,
+    client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let ttl_s = state.settings().lease_ttl_s;
-    run_call(&state, id, &token, LeaseCall::Start { ttl_s }).await
+    run_call(&state, client, id, &token, LeaseCall::Start { ttl_s }).await
 }
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/extend", tag = "leasing",
@@ -266,12 +273,13 @@ async fn start(
     ))]
 async fn extend(
     State(state): State<AppState>,
+    client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<TtlBody>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let ttl_s = ttl_seconds(body.ttl_s, state.settings().lease_ttl_s)?;
-    run_call(&state, id, &token, LeaseCall::Extend { ttl_s }).await
+    run_call(&state, client, id, &token, LeaseCall::Extend { ttl_s }).await
 }
 
 #[derive(Deserialize, utoipa::ToSchema)]
@@ -309,6 +317,7 @@ fn clean_message(m: Option<String>) -> Option<String> {
     ))]
 async fn complete(
     State(state): State<AppState>,
+    client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     JsonBody(body): JsonBody<CompleteBody>,
@@ -323,7 +332,7 @@ async fn complete(
         exit_code: body.exit_code,
         message: clean_message(body.message),
     };
-    run_call(&state, id, &token, call).await
+    run_call(&state, client, id, &token, call).await
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -347,6 +356,7 @@ struct AbandonBody {
     ))]
 async fn abandon(
     State(state): State<AppState>,
+    client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<AbandonBody>,
@@ -356,5 +366,5 @@ async fn abandon(
         reason,
         message: clean_message(body.message),
     };
-    run_call(&state, id, &token, call).await
+    run_call(&state, client, id, &token, call).await
 }

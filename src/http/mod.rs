@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod client;
 pub mod forge;
 pub mod json;
 pub mod lease;
@@ -13,6 +14,7 @@ pub mod problem;
 pub mod registry_events;
 pub mod runners;
 pub mod schema;
+pub mod throttle;
 pub mod views;
 
 use crate::app::AppState;
@@ -26,15 +28,31 @@ use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 
 pub fn router(state: AppState) -> Router {
+    // `/metrics` is here unless it has a listener of its own.
+    let metrics_here = state.settings().metrics_listen.is_none();
+    with_layers(
+        state,
+        Router::new()
+            .merge(ops::router(metrics_here))
+            .merge(runners::router())
+            .merge(lease::router())
+            .merge(forge::router())
+            .merge(admin::router())
+            .merge(page::router())
+            .merge(registry_events::router()),
+    )
+}
+
+/// The router of `LEASEGATE_METRICS_LISTEN`: `/metrics` alone.
+pub fn metrics_router(state: AppState) -> Router {
+    with_layers(state, ops::metrics_only())
+}
+
+/// The layers every request passes through: the body limit, problem-shaped errors, latency
+/// metrics and the request's span.
+fn with_layers(state: AppState, routes: Router<AppState>) -> Router {
     let max_body = state.settings().max_body_bytes;
-    Router::new()
-        .merge(ops::router())
-        .merge(runners::router())
-        .merge(lease::router())
-        .merge(forge::router())
-        .merge(admin::router())
-        .merge(page::router())
-        .merge(registry_events::router())
+    routes
         .fallback(|| async { ApiError::not_found("route") })
         .layer(DefaultBodyLimit::disable())
         .layer(RequestBodyLimitLayer::new(max_body))
@@ -74,12 +92,12 @@ async fn observe_latency(State(state): State<AppState>, req: Request, next: Next
         .extensions()
         .get::<MatchedPath>()
         .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = req.method().to_string();
+    let method = crate::metrics::MethodLabel::of(req.method());
     let started = std::time::Instant::now();
     let response = next.run(req).await;
     let seconds = started.elapsed().as_secs_f64();
     state
         .metrics()
-        .observe_request(&method, &route, response.status().as_u16(), seconds);
+        .observe_request(method, route, response.status().as_u16(), seconds);
     response
 }

@@ -15,12 +15,22 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::collections::BTreeMap;
 
-pub fn router() -> Router<AppState> {
-    Router::new()
+/// Liveness, readiness, the OpenAPI document and, when `with_metrics`, `/metrics`.
+pub fn router(with_metrics: bool) -> Router<AppState> {
+    let router = Router::new()
         .route("/livez", get(livez))
         .route("/readyz", get(readyz))
-        .route("/metrics", get(metrics))
-        .route("/openapi.json", get(openapi_json))
+        .route("/openapi.json", get(openapi_json));
+    if with_metrics {
+        router.merge(metrics_only())
+    } else {
+        router
+    }
+}
+
+/// `/metrics` alone, for a listener of its own.
+pub fn metrics_only() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
 }
 
 #[utoipa::path(get, path = "/livez", tag = "operations",
@@ -67,7 +77,10 @@ fn unavailable(detail: &str) -> ApiError {
         (status = 503, description = "`unavailable`: the database does not answer (`Retry-After: 5`).", body = Problem, content_type = "application/problem+json"),
         (status = 500, description = "`internal`.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError> {
+async fn metrics(
+    _: super::auth::MetricsAuth,
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
     let now = Millis::now();
     let store = state.store();
     let m = state.metrics();

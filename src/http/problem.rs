@@ -64,6 +64,16 @@ impl ApiError {
         Self::new(StatusCode::FORBIDDEN, "forbidden", detail)
     }
 
+    /// A request body that arrived too slowly (`http::listener::body`). The connection is
+    /// closed after the answer: the rest of the body may still be on its way.
+    pub fn request_timeout() -> Self {
+        Self::new(
+            StatusCode::REQUEST_TIMEOUT,
+            "request_timeout",
+            "the request body arrived too slowly",
+        )
+    }
+
     pub fn conflict(code: &'static str, detail: impl Into<String>) -> Self {
         Self::new(StatusCode::CONFLICT, code, detail)
     }
@@ -81,6 +91,8 @@ impl ApiError {
             StatusCode::UNAUTHORIZED => "unauthorized",
             StatusCode::FORBIDDEN => "forbidden",
             StatusCode::SERVICE_UNAVAILABLE => "unavailable",
+            StatusCode::REQUEST_TIMEOUT => "request_timeout",
+            StatusCode::TOO_MANY_REQUESTS => "throttled",
             s if s.is_server_error() => "internal",
             _ => "bad_request",
         };
@@ -109,6 +121,9 @@ impl IntoResponse for ApiError {
         }
         if self.status == StatusCode::UNAUTHORIZED {
             headers.insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::REQUEST_TIMEOUT {
+            headers.insert(header::CONNECTION, HeaderValue::from_static("close"));
         }
         response
     }

@@ -1,5 +1,7 @@
 //! The runner's endpoints: registration with a single-use token, and the signed heartbeat.
 
+use super::auth::{Credential, throttled};
+use super::client::Client;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::schema::{Heartbeat, Problem, Registered};
@@ -97,9 +99,11 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
         (status = 400, description = "`bad_request`: a bad name, labels or public key (checked before the token).", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`registration_token_invalid`: unknown, used or expired.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`runner_exists`: the name is taken in the pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 429, description = "`throttled`: too many failed credentials from this client (`Retry-After`).", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn register(
     State(state): State<AppState>,
+    client: Client,
     JsonBody(body): JsonBody<RegisterBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     check_name(&body.name)?;
@@ -111,10 +115,14 @@ async fn register(
         labels: body.labels,
         public_key_x,
     };
-    let runner = state
-        .store()
-        .register_runner(&hash_token(&body.registration_token), new, Millis::now())
-        .await?;
+    let token_hash = hash_token(&body.registration_token);
+    let runner = throttled(&state, client, Credential::Registration, async {
+        Ok(state
+            .store()
+            .register_runner(&token_hash, new, Millis::now())
+            .await?)
+    })
+    .await?;
     tracing::info!(runner_id = %runner.id, pool = %runner.pool, name = %runner.name, "runner registered");
     let s = state.settings();
     Ok((

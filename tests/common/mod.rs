@@ -18,8 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 pub const IMAGE_A: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const IMAGE_B: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
-pub const ADMIN: &str = "test-admin-token";
-pub const FORGE: &str = "test-forge-token";
+pub const ADMIN: &str = "test-admin-token-0123456789abcdef0123";
+pub const FORGE: &str = "test-forge-token-0123456789abcdef0123";
 
 pub struct TestApp {
     pub base: String,
@@ -53,7 +53,7 @@ macro_rules! on_both_engines {
                 $(#[$meta])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    #[allow(unused_mut)]
+                    #[allow(unused_mut, unused_assignments)]
                     let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
                     $( adjust = Box::new($adjust); )?
                     let $app = crate::common::spawn_app_on_with(crate::common::Engine::Sqlite, adjust).await.expect("sqlite app");
@@ -68,7 +68,7 @@ macro_rules! on_both_engines {
                 $(#[$meta])*
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    #[allow(unused_mut)]
+                    #[allow(unused_mut, unused_assignments)]
                     let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
                     $( adjust = Box::new($adjust); )?
                     let Some($app) = crate::common::spawn_app_on_with(crate::common::Engine::Postgres, adjust).await else { return };
@@ -97,6 +97,20 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         attestation_max_lifetime_s: 300,
         clock_skew_s: 30,
         max_body_bytes: 65536,
+        header_timeout_s: 10,
+        body_timeout_s: 10,
+        body_min_rate: 1024,
+        idle_timeout_s: 75,
+        max_connections: None,
+        max_connections_per_peer: None,
+        trusted_proxies: vec![],
+        // The suite makes many failed calls on purpose from one address; the throttle's own
+        // tests set the default back.
+        auth_failure_limit: 10_000,
+        auth_failure_window_s: 60,
+        metrics_token: None,
+        metrics_token_file: None,
+        metrics_listen: None,
         db_max_connections: 8,
         db_acquire_timeout_ms: 3000,
         db_statement_timeout_ms: 5000,

@@ -7,6 +7,8 @@
 pub mod session;
 pub mod views;
 
+use super::auth::{Credential, credential_failed, throttle_wait};
+use super::client::Client;
 use super::problem::ApiError;
 use super::schema::Problem;
 use crate::app::AppState;
@@ -16,7 +18,7 @@ use crate::domain::time::Millis;
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, FromRequestParts, Path, Query, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, SET_COOKIE};
+use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER, SET_COOKIE};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -119,10 +121,11 @@ struct LoginQuery {
     ))]
 async fn login_form(
     State(state): State<AppState>,
+    client: Client,
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, ApiError> {
     if let Some(token) = q.token {
-        return login_with(&state, &token);
+        return login_with(&state, client, &token);
     }
     render(
         StatusCode::OK,
@@ -147,24 +150,43 @@ struct LoginForm {
     ))]
 async fn login(
     State(state): State<AppState>,
+    client: Client,
     headers: HeaderMap,
     Form(form): Form<LoginForm>,
 ) -> Result<Response, ApiError> {
     if session::same_origin(&headers) == Some(false) {
         return Err(ApiError::forbidden("cross-site login refused"));
     }
-    login_with(&state, &form.token)
+    login_with(&state, client, &form.token)
 }
 
-fn login_with(state: &AppState, token: &str) -> Result<Response, ApiError> {
+/// The login form again, with what went wrong.
+fn login_refused(status: StatusCode, error: String) -> Result<Response, ApiError> {
+    let page = LoginPage {
+        logged_in: false,
+        csrf: String::new(),
+        error: Some(error),
+    };
+    render(status, &page)
+}
+
+fn login_with(state: &AppState, client: Client, token: &str) -> Result<Response, ApiError> {
+    if let Some(wait_s) = throttle_wait(state, client, Credential::PageLogin) {
+        let mut r = login_refused(
+            StatusCode::TOO_MANY_REQUESTS,
+            format!("Too many failed logins from this address: try again in {wait_s} s."),
+        )?;
+        r.headers_mut()
+            .insert(RETRY_AFTER, HeaderValue::from(wait_s.max(1)));
+        return Ok(r);
+    }
     if !crate::secrets::secret_matches(token.trim(), &state.secrets().admin) {
-        tracing::info!("page login refused");
-        let page = LoginPage {
-            logged_in: false,
-            csrf: String::new(),
-            error: Some("That is not the admin token.".into()),
-        };
-        return render(StatusCode::UNAUTHORIZED, &page);
+        tracing::info!(client = %client.ip, "page login refused");
+        credential_failed(state, client, Credential::PageLogin);
+        return login_refused(
+            StatusCode::UNAUTHORIZED,
+            "That is not the admin token.".into(),
+        );
     }
     let value = session::new_session(&state.secrets().admin, Millis::now());
     let mut r = see_other("/admin");

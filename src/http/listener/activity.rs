@@ -1,0 +1,310 @@
+//! What a connection is doing, and closing it when it stalls.
+//!
+//! hyper has one timer for an HTTP/1 connection: its header read timeout, which starts when it
+//! begins waiting for a request head, so the same timer would close a kept-alive connection
+//! between a runner's heartbeats. Here each connection has a small record of its phase, kept
+//! by its socket (`Watched`) and by the requests it serves (`InFlight`), and a watchdog that
+//! closes it when its phase lasts too long:
+//!
+//! - *reading a head* (the first byte of a request came, or the connection is new): at most
+//!   `header_timeout`, however slowly the bytes trickle in (slowloris);
+//! - *idle* (between requests): at most `idle_timeout`;
+//! - *serving a request*: no limit, since a waiting long poll or a forge that holds a request
+//!   is not idle. A body that arrives too slowly is `PacedBody`'s to refuse;
+//! - *writing an answer nobody reads* (the socket takes no byte): at most `idle_timeout`.
+//!
+//! Closing means dropping the connection: nothing is in flight in the phases that time out.
+
+use pin_project_lite::pin_project;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+/// The timeouts of a connection's phases.
+#[derive(Clone, Copy, Debug)]
+pub struct PhaseTimeouts {
+    pub header: Duration,
+    pub idle: Duration,
+}
+
+/// Why the watchdog closed a connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stalled {
+    Header,
+    Idle,
+    Write,
+}
+
+impl Stalled {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Stalled::Header => "header_timeout",
+            Stalled::Idle => "idle_timeout",
+            Stalled::Write => "write_stalled",
+        }
+    }
+}
+
+/// A connection's phase, shared by its socket, its requests and its watchdog. Instants are
+/// milliseconds since the connection was accepted.
+pub struct Activity {
+    accepted: Instant,
+    in_flight: AtomicU32,
+    /// When the current head or idle phase began.
+    phase_since: AtomicU64,
+    reading_head: AtomicBool,
+    /// When a write last found the socket full (`u64::MAX`: it is not).
+    write_blocked_since: AtomicU64,
+    /// Wakes the watchdog when a phase with a shorter deadline begins.
+    changed: Notify,
+}
+
+impl Activity {
+    /// A new connection, which is reading its first head from now.
+    pub fn new() -> Arc<Self> {
+        Arc::new(Activity {
+            accepted: Instant::now(),
+            in_flight: AtomicU32::new(0),
+            phase_since: AtomicU64::new(0),
+            reading_head: AtomicBool::new(true),
+            write_blocked_since: AtomicU64::new(u64::MAX),
+            changed: Notify::new(),
+        })
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.accepted.elapsed().as_millis() as u64
+    }
+
+    fn at(&self, ms: u64) -> Instant {
+        self.accepted + Duration::from_millis(ms)
+    }
+
+    fn bytes_read(&self) {
+        if self.in_flight.load(Ordering::Acquire) == 0 && !self.reading_head.load(Ordering::Acquire)
+        {
+            self.phase_since.store(self.now_ms(), Ordering::Release);
+            self.reading_head.store(true, Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+
+    fn write_blocked(&self) {
+        if self.write_blocked_since.load(Ordering::Acquire) == u64::MAX {
+            self.write_blocked_since
+                .store(self.now_ms(), Ordering::Release);
+            self.changed.notify_one();
+        }
+    }
+
+    fn write_progressed(&self) {
+        self.write_blocked_since.store(u64::MAX, Ordering::Release);
+    }
+
+    /// When the connection's current phase ends it, if it can (`None` while serving).
+    fn deadline(&self, t: PhaseTimeouts) -> Option<(Instant, Stalled)> {
+        let blocked = self.write_blocked_since.load(Ordering::Acquire);
+        let write = (blocked != u64::MAX).then(|| (self.at(blocked) + t.idle, Stalled::Write));
+        let phase = if self.in_flight.load(Ordering::Acquire) > 0 {
+            None
+        } else {
+            let since = self.at(self.phase_since.load(Ordering::Acquire));
+            Some(if self.reading_head.load(Ordering::Acquire) {
+                (since + t.header, Stalled::Header)
+            } else {
+                (since + t.idle, Stalled::Idle)
+            })
+        };
+        match (write, phase) {
+            (Some(w), Some(p)) => Some(if w.0 <= p.0 { w } else { p }),
+            (w, p) => w.or(p),
+        }
+    }
+
+    /// Returns when the connection has stalled in some phase, and why.
+    pub async fn stalled(&self, t: PhaseTimeouts) -> Stalled {
+        loop {
+            let changed = self.changed.notified();
+            match self.deadline(t) {
+                Some((at, why)) if at <= Instant::now() => return why,
+                Some((at, _)) => {
+                    tokio::select! {
+                        _ = tokio::time::sleep_until(at) => {}
+                        _ = changed => {}
+                    }
+                }
+                // Serving: look again when a phase that can end begins, or after a while.
+                None => {
+                    tokio::select! {
+                        _ = tokio::time::sleep(t.idle) => {}
+                        _ = changed => {}
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A request being served on a connection: from the moment its head is read until its answer
+/// is written or dropped.
+pub struct InFlight(Arc<Activity>);
+
+impl InFlight {
+    pub fn begin(activity: &Arc<Activity>) -> Self {
+        activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.reading_head.store(false, Ordering::Release);
+        InFlight(activity.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let a = &self.0;
+        if a.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
+            a.phase_since.store(a.now_ms(), Ordering::Release);
+            a.reading_head.store(false, Ordering::Release);
+            a.changed.notify_one();
+        }
+    }
+}
+
+pin_project! {
+    /// A socket that tells its connection's `Activity` when bytes arrive and when a write
+    /// finds it full.
+    pub struct Watched<T> {
+        #[pin]
+        inner: T,
+        activity: Arc<Activity>,
+    }
+}
+
+impl<T> Watched<T> {
+    pub fn new(inner: T, activity: Arc<Activity>) -> Self {
+        Watched { inner, activity }
+    }
+}
+
+impl<T: AsyncRead> AsyncRead for Watched<T> {
+    fn poll_read(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
+        let this = self.project();
+        let before = buf.filled().len();
+        let polled = this.inner.poll_read(cx, buf);
+        if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
+            this.activity.bytes_read();
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite> AsyncWrite for Watched<T> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let polled = this.inner.poll_write(cx, buf);
+        this.activity.noted_write(&polled);
+        polled
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[io::IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let this = self.project();
+        let polled = this.inner.poll_write_vectored(cx, bufs);
+        this.activity.noted_write(&polled);
+        polled
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_flush(cx)
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        self.project().inner.poll_shutdown(cx)
+    }
+}
+
+impl Activity {
+    fn noted_write<T>(&self, polled: &Poll<io::Result<T>>) {
+        match polled {
+            Poll::Pending => self.write_blocked(),
+            Poll::Ready(_) => self.write_progressed(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T: PhaseTimeouts = PhaseTimeouts {
+        header: Duration::from_secs(10),
+        idle: Duration::from_secs(60),
+    };
+
+    #[tokio::test(start_paused = true)]
+    async fn a_new_connection_must_send_its_head_within_the_header_timeout() {
+        let a = Activity::new();
+        let started = Instant::now();
+        assert_eq!(a.stalled(T).await, Stalled::Header);
+        assert_eq!(started.elapsed(), T.header);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn between_requests_a_connection_may_idle_and_then_must_read_heads_in_time() {
+        let a = Activity::new();
+        let request = InFlight::begin(&a);
+        tokio::time::sleep(Duration::from_secs(300)).await;
+        // Serving for 300 s (a long poll, a held request): never stalled.
+        assert!(a.deadline(T).is_none());
+        drop(request);
+        let idle_from = Instant::now();
+        let watchdog = {
+            let a = a.clone();
+            tokio::spawn(async move { (a.stalled(T).await, Instant::now()) })
+        };
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        // A head begins after 30 s idle: from now on the header timeout counts.
+        a.bytes_read();
+        let (why, at) = watchdog.await.unwrap();
+        assert_eq!(why, Stalled::Header);
+        assert_eq!(at - idle_from, Duration::from_secs(30) + T.header);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed_after_the_idle_timeout() {
+        let a = Activity::new();
+        drop(InFlight::begin(&a));
+        let from = Instant::now();
+        assert_eq!(a.stalled(T).await, Stalled::Idle);
+        assert_eq!(from.elapsed(), T.idle);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_nobody_reads_stalls_even_while_serving() {
+        let a = Activity::new();
+        let _request = InFlight::begin(&a);
+        a.write_blocked();
+        let from = Instant::now();
+        assert_eq!(a.stalled(T).await, Stalled::Write);
+        assert_eq!(from.elapsed(), T.idle);
+    }
+}
