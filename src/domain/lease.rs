@@ -94,6 +94,14 @@ pub enum LeaseCall {
     },
 }
 
+impl LeaseCall {
+    /// Whether the call's transition may quarantine the lease's runner (an abandon does), so
+    /// that the store takes the runner's row lock first, in the one lock order.
+    pub fn may_quarantine(&self) -> bool {
+        matches!(self, LeaseCall::Abandon { .. })
+    }
+}
+
 /// The part of a lease and its job that the rules look at.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Snapshot {
@@ -503,6 +511,8 @@ mod tests {
                     Some(s) => {
                         let t = if expire { Ok(end(EndCause::Expired, s, NOW)) } else { apply_call(&call, s, NOW) };
                         if let Ok(t) = t {
+                            // The store takes the runner's lock first only for such calls.
+                            prop_assert!(!t.quarantine_runner || (!expire && call.may_quarantine()));
                             if matches!(call, LeaseCall::Start { .. }) && !expire { starts += 1; }
                             prop_assert!(t.attempts >= attempts && t.returns >= returns);
                             attempts = t.attempts;

@@ -141,6 +141,15 @@ impl From<StoreError> for ApiError {
                 )
                 .retry_after(5)
             }
+            StoreError::Conflict(m) => {
+                tracing::warn!(error = %m, "a write conflicted with others until its retries ran out");
+                ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    "the database is busy with conflicting writes; retry",
+                )
+                .retry_after(1)
+            }
             StoreError::Internal(m) => {
                 tracing::error!(error = %m, "internal error");
                 ApiError::new(

@@ -1,12 +1,13 @@
 //! The store the service runs on: an engine behind group commit and the verdict-input cache.
 //!
-//! Everything passes straight through to the engine except three things: a round's request
+//! Everything passes straight through to the engine except four things: a round's request
 //! (`submit`) joins the next group commit; the gate's reads of a runner and its pool come from
-//! the cache; and the writes that change those inputs forget them from the cache once they
-//! have committed. The engines send the same changes to other replicas themselves (PostgreSQL
+//! the cache; the writes that change those inputs forget them from the cache once they have
+//! committed; and a write the database aborted for a conflict is tried again (`retry`). The engines send the same changes to other replicas themselves (PostgreSQL
 //! `NOTIFY`), inside the writing transaction.
 
 use super::group_commit::GroupCommit;
+use super::retry::retrying;
 use super::verdict_cache::VerdictCache;
 use super::*;
 use crate::domain::lease::LeaseCall;
@@ -49,7 +50,7 @@ impl Store for FastStore {
         spec: PoolSpec,
         now: Millis,
     ) -> StoreResult<(Pool, bool)> {
-        let result = self.engine.put_pool(name, spec, now).await;
+        let result = retrying(|| self.engine.put_pool(name, spec.clone(), now)).await;
         self.cache.forget_pool(name);
         result
     }
@@ -68,7 +69,7 @@ impl Store for FastStore {
         now: Millis,
         until: Millis,
     ) -> StoreResult<Option<Pool>> {
-        self.engine.claim_resolution(name, now, until).await
+        retrying(|| self.engine.claim_resolution(name, now, until)).await
     }
 
     async fn record_resolution(
@@ -78,10 +79,8 @@ impl Store for FastStore {
         outcome: &ResolutionOutcome,
         now: Millis,
     ) -> StoreResult<Option<Pool>> {
-        let result = self
-            .engine
-            .record_resolution(name, image_ref, outcome, now)
-            .await;
+        let result =
+            retrying(|| self.engine.record_resolution(name, image_ref, outcome, now)).await;
         self.cache.forget_pool(name);
         result
     }
@@ -97,9 +96,11 @@ impl Store for FastStore {
         expires_at: Millis,
         now: Millis,
     ) -> StoreResult<()> {
-        self.engine
-            .create_registration_token(pool, token_hash, expires_at, now)
-            .await
+        retrying(|| {
+            self.engine
+                .create_registration_token(pool, token_hash, expires_at, now)
+        })
+        .await
     }
 
     async fn register_runner(
@@ -108,7 +109,7 @@ impl Store for FastStore {
         runner: NewRunner,
         now: Millis,
     ) -> Result<Runner, RegisterError> {
-        self.engine.register_runner(token_hash, runner, now).await
+        retrying(|| self.engine.register_runner(token_hash, runner.clone(), now)).await
     }
 
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
@@ -133,7 +134,7 @@ impl Store for FastStore {
         cordoned: bool,
         now: Millis,
     ) -> StoreResult<Option<Runner>> {
-        let result = self.engine.set_cordoned(id, cordoned, now).await;
+        let result = retrying(|| self.engine.set_cordoned(id, cordoned, now)).await;
         self.cache.forget_runner(id);
         result
     }
@@ -143,7 +144,7 @@ impl Store for FastStore {
         id: &RunnerId,
         now: Millis,
     ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
-        let result = self.engine.revoke_runner(id, now).await;
+        let result = retrying(|| self.engine.revoke_runner(id, now)).await;
         self.cache.forget_runner(id);
         result
     }
@@ -185,7 +186,7 @@ impl Store for FastStore {
     }
 
     async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError> {
-        self.engine.enqueue_job(job, now).await
+        retrying(|| self.engine.enqueue_job(job.clone(), now)).await
     }
 
     async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>> {
@@ -197,7 +198,7 @@ impl Store for FastStore {
     }
 
     async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError> {
-        self.engine.cancel_job(id, now).await
+        retrying(|| self.engine.cancel_job(id, now)).await
     }
 
     async fn lease_call(
@@ -207,10 +208,7 @@ impl Store for FastStore {
         call: &LeaseCall,
         now: Millis,
     ) -> Result<(Lease, Job), LeaseCallFailure> {
-        let result = self
-            .engine
-            .lease_call(lease_id, token_hash, call, now)
-            .await;
+        let result = retrying(|| self.engine.lease_call(lease_id, token_hash, call, now)).await;
         // Abandoning a lease quarantines its runner.
         if let (Ok((lease, _)), LeaseCall::Abandon { .. }) = (&result, call) {
             self.cache.forget_runner(&lease.runner_id);
@@ -219,6 +217,6 @@ impl Store for FastStore {
     }
 
     async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {
-        self.engine.sweep(now).await
+        retrying(|| self.engine.sweep(now)).await
     }
 }

@@ -8,6 +8,7 @@
 //! PostgreSQL, where their claims skip each other's locked jobs and, since each runner keeps to
 //! one lane, they never lock the same runner.
 
+use super::retry::{Conflicting, retrying};
 use super::round::{RoundItem, RoundOutcome};
 use super::{DynStore, StoreError, StoreResult};
 use std::sync::Arc;
@@ -99,14 +100,16 @@ async fn write_round(engine: &DynStore, round: Vec<Waiting>) {
             }
         }
         // Nothing of a failed round was written. Retried one by one, a failure that belongs
-        // to one request (a deadlock, a constraint) stays with it and the others go through.
-        // An unavailable database is everyone's failure: retrying each request would only
-        // make each wait for its own timeout.
-        Err(e @ StoreError::Internal(_)) if items.len() > 1 => {
+        // to one request (a conflict, a constraint) stays with it and the others go through;
+        // a conflict is tried again (`retry`). An unavailable database is everyone's failure:
+        // retrying each request would only make each wait for its own timeout.
+        Err(e @ (StoreError::Internal(_) | StoreError::Conflict(_)))
+            if items.len() > 1 || e.is_conflict() =>
+        {
             tracing::debug!(error = %e, size = items.len(), "a round failed; retrying its requests one by one");
             for (item, reply) in items.into_iter().zip(replies) {
                 // The engine's own `submit`: a round of one.
-                let _ = reply.send(engine.submit(item).await);
+                let _ = reply.send(retrying(|| engine.submit(item.clone())).await);
             }
         }
         Err(e) => {

@@ -9,6 +9,7 @@ mod group_commit;
 mod pg_rounds;
 pub mod postgres;
 pub mod raw_claims;
+pub mod retry;
 pub mod round;
 mod round_sql;
 mod round_writer;
@@ -47,6 +48,11 @@ pub enum StoreError {
     /// The database cannot be reached or did not answer in time: 503 `unavailable`.
     #[error("database unavailable: {0}")]
     Unavailable(String),
+    /// The database aborted the transaction for a conflict with another one (PostgreSQL's
+    /// deadlock or serialization failure). Retried a few times (`retry::retrying`), then
+    /// 503 `unavailable`: another try will do.
+    #[error("database conflict: {0}")]
+    Conflict(String),
     #[error("database error: {0}")]
     Internal(String),
 }
@@ -62,6 +68,11 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed => StoreError::Unavailable(e.to_string()),
             sqlx::Error::Database(db) if is_unavailable(db.code().as_deref(), db.message()) => {
                 StoreError::Unavailable(e.to_string())
+            }
+            sqlx::Error::Database(db)
+                if matches!(db.code().as_deref(), Some("40P01" | "40001")) =>
+            {
+                StoreError::Conflict(e.to_string())
             }
             _ => StoreError::Internal(e.to_string()),
         }

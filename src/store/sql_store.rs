@@ -166,11 +166,9 @@ macro_rules! impl_sql_store {
             Ok(true)
         }
 
-        /// Ends a live lease by expiry or revocation; `false` when it moved on meanwhile.
-        async fn end_lease(tx: &mut Tx, lease: &Lease, cause: EndCause, now: Millis) -> StoreResult<Option<EndedLease>> {
-            let Some(job) = load_job(tx, &lease.job_id).await? else {
-                return Ok(None);
-            };
+        /// Ends a live lease by expiry or revocation; `None` when it moved on meanwhile. The
+        /// caller holds the job's row lock, then the lease's (the one lock order).
+        async fn end_lease(tx: &mut Tx, lease: &Lease, job: &Job, cause: EndCause, now: Millis) -> StoreResult<Option<EndedLease>> {
             let snapshot = Snapshot {
                 lease_state: lease.state,
                 expires_at: lease.expires_at,
@@ -179,12 +177,47 @@ macro_rules! impl_sql_store {
                 returns: job.returns,
             };
             let t = lease_rules::end(cause, snapshot, now);
-            let written = write_transition(tx, lease, &job, &t, now).await?;
+            let written = write_transition(tx, lease, job, &t, now).await?;
             Ok(written.then(|| EndedLease {
                 pool: lease.pool.clone(),
                 before_start: lease.state == LeaseState::Leased,
                 job_state: t.job_state,
             }))
+        }
+
+        /// Locks a lease's job, then the lease (the one lock order of job and lease writes on
+        /// PostgreSQL), and reads both as they are now. `None` when either is gone, or, with
+        /// `skip_locked`, when another transaction holds the job.
+        async fn lock_job_and_lease(
+            tx: &mut Tx,
+            job_id: &JobId,
+            lease_id: &LeaseId,
+            skip_locked: bool,
+        ) -> StoreResult<Option<(Job, Lease)>> {
+            let job = if skip_locked {
+                let row = sqlx::query(concat!("SELECT * FROM jobs WHERE id = $1", $claim_lock))
+                    .bind(job_id.as_str())
+                    .fetch_optional(&mut **tx)
+                    .await?;
+                row.map(|r| r.job()).transpose()?
+            } else {
+                load_job(tx, job_id).await?
+            };
+            let Some(job) = job else { return Ok(None) };
+            let lease = load_lease(tx, lease_id).await?.map(|(l, _)| l);
+            Ok(lease.map(|l| (job, l)))
+        }
+
+        /// A runner's live leases as `(lease, job)` ids, read without locks: each is then
+        /// locked in the one order.
+        async fn live_leases_of(tx: &mut Tx, runner: &RunnerId) -> StoreResult<Vec<(LeaseId, JobId)>> {
+            let rows = sqlx::query("SELECT id, job_id FROM leases WHERE runner_id = $1 AND state IN ('leased', 'running')")
+                .bind(runner.as_str())
+                .fetch_all(&mut **tx)
+                .await?;
+            rows.iter()
+                .map(|r| Ok((LeaseId(get(r, "id")?), JobId(get(r, "job_id")?))))
+                .collect()
         }
 
         async fn fetch_runner(exec: &mut <$db as sqlx::Database>::Connection, id: &RunnerId) -> StoreResult<Option<Runner>> {
@@ -501,17 +534,16 @@ macro_rules! impl_sql_store {
                     .bind(id.as_str())
                     .execute(&mut *tx)
                     .await?;
-                let live = sqlx::query(concat!(
-                    "SELECT * FROM leases WHERE runner_id = $1 AND state IN ('leased', 'running')",
-                    $row_lock
-                ))
-                .bind(id.as_str())
-                .fetch_all(&mut *tx)
-                .await?;
+                // The runner's row is locked by the update above: no round can claim for it now.
+                // Then each live lease's job and lease, in the one order.
+                let live = live_leases_of(&mut tx, id).await?;
                 let mut ended = Vec::new();
-                for row in &live {
-                    let lease = row.lease()?;
-                    ended.extend(end_lease(&mut tx, &lease, EndCause::RunnerRevoked, now).await?);
+                for (lease_id, job_id) in &live {
+                    if let Some((job, lease)) = lock_job_and_lease(&mut tx, job_id, lease_id, false).await?
+                        && lease.state.is_live()
+                    {
+                        ended.extend(end_lease(&mut tx, &lease, &job, EndCause::RunnerRevoked, now).await?);
+                    }
                 }
                 let runner = fetch_runner(&mut tx, id).await?;
                 self.announce_change(&mut tx, &verdict_cache::runner_key(id)).await?;
@@ -648,13 +680,30 @@ macro_rules! impl_sql_store {
             ) -> Result<(Lease, Job), LeaseCallFailure> {
                 use subtle::ConstantTimeEq;
                 let mut tx = self.begin().await?;
-                let Some((lease, stored_hash)) = load_lease(&mut tx, lease_id).await? else {
+                // The token first, before any lock: a wrong token holds nothing up.
+                let ids = sqlx::query("SELECT job_id, runner_id, token_hash FROM leases WHERE id = $1")
+                    .bind(lease_id.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(StoreError::from)?;
+                let Some(ids) = ids else {
                     return Err(LeaseCallFailure::TokenInvalid);
                 };
+                let stored_hash: String = get(&ids, "token_hash")?;
                 if !bool::from(stored_hash.as_bytes().ct_eq(token_hash.as_bytes())) {
                     return Err(LeaseCallFailure::TokenInvalid);
                 }
-                let job = load_job(&mut tx, &lease.job_id)
+                // The one lock order: the runner (only for a call that may quarantine it, as
+                // revocation takes it first too), the job, the lease.
+                if call.may_quarantine() {
+                    sqlx::query(concat!("SELECT id FROM runners WHERE id = $1", $row_lock))
+                        .bind(get::<_, String>(&ids, "runner_id")?)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(StoreError::from)?;
+                }
+                let job_id = JobId(get(&ids, "job_id")?);
+                let (job, lease) = lock_job_and_lease(&mut tx, &job_id, lease_id, false)
                     .await?
                     .ok_or_else(|| StoreError::Internal("lease without its job".into()))?;
                 let snapshot = Snapshot {
@@ -685,19 +734,26 @@ macro_rules! impl_sql_store {
                 let mut report = SweepReport::default();
                 loop {
                     let mut tx = self.begin().await?;
-                    let rows = sqlx::query(concat!(
-                        "SELECT * FROM leases WHERE state IN ('leased', 'running') AND expires_at <= $1 \
+                    let overdue = sqlx::query(
+                        "SELECT id, job_id FROM leases WHERE state IN ('leased', 'running') AND expires_at <= $1 \
                          ORDER BY expires_at LIMIT 200",
-                        $claim_lock
-                    ))
+                    )
                     .bind(now.0)
                     .fetch_all(&mut *tx)
                     .await?;
-                    let batch = rows.len();
+                    let batch = overdue.len();
                     let mut pools = Vec::new();
-                    for row in &rows {
-                        let lease = row.lease()?;
-                        if let Some(ended) = end_lease(&mut tx, &lease, EndCause::Expired, now).await? {
+                    for row in &overdue {
+                        let (lease_id, job_id) = (LeaseId(get(row, "id")?), JobId(get(row, "job_id")?));
+                        // The job first, skipped when another transaction holds it (a lease call,
+                        // a cancel, another replica's sweeper): the next tick sees what it did.
+                        let Some((job, lease)) = lock_job_and_lease(&mut tx, &job_id, &lease_id, true).await? else {
+                            continue;
+                        };
+                        if !lease.state.is_live() || lease.expires_at > now {
+                            continue;
+                        }
+                        if let Some(ended) = end_lease(&mut tx, &lease, &job, EndCause::Expired, now).await? {
                             report.leases_expired += 1;
                             pools.push(ended.pool.clone());
                             report.ended.push(ended);
