@@ -55,6 +55,7 @@ impl From<VerifyError> for AdmitError {
         match e {
             VerifyError::Invalid(m) => AdmitError::Invalid(m),
             VerifyError::Expired(m) => AdmitError::Expired(m),
+            VerifyError::BadText(t) => AdmitError::BadRequest(t.to_string()),
         }
     }
 }

@@ -29,6 +29,9 @@ pub enum VerifyError {
     /// Rule 4: 401 `attestation_expired`.
     #[error("{0}")]
     Expired(String),
+    /// A `kid` or a claim that holds a control character: 400, before it is looked up.
+    #[error(transparent)]
+    BadText(#[from] crate::domain::text::BadText),
 }
 
 impl From<ClaimsError> for VerifyError {
@@ -36,6 +39,7 @@ impl From<ClaimsError> for VerifyError {
         match e {
             ClaimsError::Invalid(m) => VerifyError::Invalid(m),
             ClaimsError::Expired(m) => VerifyError::Expired(m),
+            ClaimsError::BadText(t) => VerifyError::BadText(t),
         }
     }
 }
@@ -92,7 +96,7 @@ pub fn read_header(token: &str) -> Result<Unverified<'_>, VerifyError> {
         .filter(|k| !k.is_empty() && k.len() <= 128)
         .ok_or_else(invalid)?;
     Ok(Unverified {
-        kid: RunnerId(kid),
+        kid: RunnerId::parse("kid", &kid)?,
         signing_input: &token[..header_b64.len() + 1 + payload_b64.len()],
         payload_b64,
         signature_b64,

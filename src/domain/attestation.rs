@@ -8,7 +8,7 @@
 use super::digest::{ImageDigest, NotADigest};
 use super::ids::RunnerId;
 use super::json_object::{ObjectOnly, parse_object};
-use super::text::{PROBE_ERROR_MAX_BYTES, sanitize};
+use super::text::{PROBE_ERROR_MAX_BYTES, sanitize, without_controls};
 use super::time::Millis;
 use serde::Deserialize;
 
@@ -158,6 +158,9 @@ pub enum ClaimsError {
     /// Rule 4: expired, not yet valid, or older than the maximum age.
     #[error("{0}")]
     Expired(String),
+    /// An identifying claim (`jti`) holds a control character.
+    #[error(transparent)]
+    BadText(#[from] super::text::BadText),
 }
 
 /// Rules 3 and 4 on a payload whose signature was verified for runner `kid`.
@@ -186,6 +189,7 @@ pub fn check_claims(
     if !(16..=128).contains(&raw.jti.chars().count()) {
         return invalid("jti must be 16 to 128 characters");
     }
+    without_controls("jti", &raw.jti)?;
     let (iat, exp) = (raw.iat.millis(), raw.exp.millis());
     if exp <= iat {
         return invalid("exp must be later than iat");

@@ -21,6 +21,12 @@ macro_rules! id_type {
             pub fn as_str(&self) -> &str {
                 &self.0
             }
+
+            /// An id as a client sent it (a path segment, a `kid`): refused when it holds a
+            /// control character, which no id has and PostgreSQL cannot look up.
+            pub fn parse(field: &'static str, s: &str) -> Result<Self, super::text::BadText> {
+                super::text::without_controls(field, s).map(|s| Self(s.to_string()))
+            }
         }
 
         impl fmt::Display for $name {

@@ -130,6 +130,9 @@ async fn put_pool(
     JsonBody(body): JsonBody<PoolBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     let name = pool_name(&name)?;
+    if let Some(r) = &body.image_ref {
+        crate::domain::text::without_controls("image_ref", r)?;
+    }
     let spec = PoolSpec {
         image_ref: body.image_ref.filter(|r| !r.is_empty()),
         expected_image_ids: body.expected_image_ids,
@@ -343,11 +346,13 @@ async fn get_runner(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(runner_detail(&state, &RunnerId(id)).await?))
+    Ok(Json(
+        runner_detail(&state, &RunnerId::parse("id", &id)?).await?,
+    ))
 }
 
 async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json<Value>, ApiError> {
-    let id = RunnerId(id);
+    let id = RunnerId::parse("id", &id)?;
     state
         .store()
         .set_cordoned(&id, cordoned, Millis::now())
@@ -405,7 +410,7 @@ async fn revoke(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let id = RunnerId(id);
+    let id = RunnerId::parse("id", &id)?;
     state
         .revoke_runner(&id, Millis::now())
         .await?

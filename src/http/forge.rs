@@ -11,6 +11,7 @@ use crate::app::AppState;
 use crate::domain::ids::JobId;
 use crate::domain::job::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE};
 use crate::domain::pool::PoolName;
+use crate::domain::text::without_controls;
 use crate::domain::time::Millis;
 use crate::gate::{AdmitError, Purpose};
 use crate::store::NewJob;
@@ -59,10 +60,11 @@ async fn enqueue(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
-    if let Some(key) = &body.idempotency_key
-        && (key.is_empty() || key.len() > 256)
-    {
-        return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
+    if let Some(key) = &body.idempotency_key {
+        if key.is_empty() || key.len() > 256 {
+            return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
+        }
+        without_controls("idempotency_key", key)?;
     }
     let new = match new_job(body) {
         Ok(new) => new,
@@ -122,7 +124,7 @@ async fn read(
 ) -> Result<Json<Value>, ApiError> {
     let (job, events) = state
         .store()
-        .get_job(&JobId(id))
+        .get_job(&JobId::parse("id", &id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
     Ok(Json(views::job(&job, &events)))
@@ -143,7 +145,7 @@ async fn cancel(
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    let job_id = JobId(id);
+    let job_id = JobId::parse("id", &id)?;
     state
         .store()
         .cancel_job(&job_id, Millis::now())

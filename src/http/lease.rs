@@ -199,7 +199,7 @@ async fn run_call(
     token: &str,
     call: LeaseCall,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let lease_id = LeaseId(id);
+    let lease_id = LeaseId::parse("id", &id)?;
     let token_hash = hash_token(token);
     let (lease, job) = throttled(state, client, Credential::Lease, async {
         Ok(state

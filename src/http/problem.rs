@@ -162,6 +162,12 @@ impl From<StoreError> for ApiError {
     }
 }
 
+impl From<crate::domain::text::BadText> for ApiError {
+    fn from(e: crate::domain::text::BadText) -> Self {
+        ApiError::bad_request(e.to_string())
+    }
+}
+
 impl From<AdmitError> for ApiError {
     fn from(e: AdmitError) -> Self {
         let code = e.code();

@@ -7,6 +7,7 @@ use super::problem::ApiError;
 use super::schema::{Heartbeat, Problem, Registered};
 use crate::app::AppState;
 use crate::domain::ids::RunnerId;
+use crate::domain::text::plain_name;
 use crate::domain::time::Millis;
 use crate::domain::verdict::image_current;
 use crate::gate::Purpose;
@@ -64,14 +65,11 @@ fn ed25519_x(jwk: &Jwk) -> Result<String, ApiError> {
 }
 
 fn check_name(name: &str) -> Result<(), ApiError> {
-    let ok = !name.trim().is_empty()
-        && name.chars().count() <= 128
-        && !name.chars().any(char::is_control);
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::bad_request("name: 1-128 printable characters"))
+    if name.trim().is_empty() || name.chars().count() > 128 {
+        return Err(ApiError::bad_request("name: 1-128 printable characters"));
     }
+    plain_name("name", name)?;
+    Ok(())
 }
 
 fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
@@ -79,13 +77,13 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
         return Err(ApiError::bad_request("labels: at most 64 labels"));
     }
     for (k, v) in labels {
-        if k.is_empty()
-            || k.len() > 128
-            || v.len() > 1024
-            || k.chars().chain(v.chars()).any(char::is_control)
-        {
+        let printable = plain_name("labels", k).and_then(|_| plain_name("labels", v));
+        if k.is_empty() || k.len() > 128 || v.len() > 1024 || printable.is_err() {
+            // The key is shown only once it is known to be plain.
+            let key = if printable.is_ok() { k.as_str() } else { "…" };
             return Err(ApiError::bad_request(format!(
-                "labels.{k}: keys 1-128 bytes, values at most 1024, no control characters"
+                "labels.{key}: keys 1-128 bytes, values at most 1024, no control or \
+                 invisible format characters"
             )));
         }
     }

@@ -351,7 +351,7 @@ async fn runner_page(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     let now = Millis::now();
-    let id = RunnerId(id);
+    let id = RunnerId::parse("id", &id)?;
     let store = state.store();
     let runner = store
         .get_runner(&id)
@@ -447,7 +447,7 @@ async fn runner_action(
             "cross-site request refused: reload the page and try again",
         ));
     }
-    let id = RunnerId(id);
+    let id = RunnerId::parse("id", &id)?;
     let now = Millis::now();
     let store = state.store();
     let done = match action.as_str() {
@@ -518,7 +518,7 @@ async fn job_page(
 ) -> Result<Response, ApiError> {
     let (job, events) = state
         .store()
-        .get_job(&JobId(id))
+        .get_job(&JobId::parse("id", &id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
     let page = JobPage {
