@@ -2,9 +2,13 @@
 //! the runner it names?
 //!
 //! The header is checked by hand before any key is touched (`alg` exactly `EdDSA`, `typ`
-//! exactly `leasegate-attestation+jwt`, a `kid`), so that no header can choose the algorithm
-//! or the key. The signature is checked with `jsonwebtoken`'s EdDSA verifier over the exact
-//! bytes received; the claims are then parsed strictly by `domain::attestation`.
+//! exactly `leasegate-attestation+jwt`, a `kid`, and no `crit` or `b64`: RFC 7515 §4.1.11
+//! says to reject critical extensions one does not understand, and this service understands
+//! none), so that no header can choose the algorithm, the key or the payload's encoding. The
+//! signature is checked with `ed25519-dalek`'s `verify_strict` over the exact bytes received:
+//! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S`, where the
+//! plain Ed25519 check (what JWT libraries call) lets a forged signature pass for a weak key.
+//! The claims are then parsed strictly by `domain::attestation`.
 
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, check_claims};
 use crate::domain::ids::RunnerId;
@@ -12,7 +16,7 @@ use crate::domain::json_object::parse_object;
 use crate::domain::time::Millis;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use jsonwebtoken::{Algorithm, DecodingKey};
+use ed25519_dalek::{Signature, VerifyingKey};
 
 /// The only `typ` an attestation may carry.
 pub const ATTESTATION_TYP: &str = "leasegate-attestation+jwt";
@@ -55,6 +59,12 @@ struct RawHeader {
     typ: Option<String>,
     #[serde(default)]
     kid: Option<String>,
+    /// Present at all: refused (no extension is understood here).
+    #[serde(default)]
+    crit: Option<serde_json::Value>,
+    /// RFC 7797's unencoded payload, which would change what is signed: refused.
+    #[serde(default)]
+    b64: Option<serde_json::Value>,
 }
 
 /// A compact JWS split into its parts, header checked (rule 1 but for the runner lookup).
@@ -91,6 +101,11 @@ pub fn read_header(token: &str) -> Result<Unverified<'_>, VerifyError> {
             "typ must be {ATTESTATION_TYP}"
         )));
     }
+    if header.crit.is_some() || header.b64.is_some() {
+        return Err(VerifyError::Invalid(
+            "the JWS header declares an extension (crit, b64), and none is understood here".into(),
+        ));
+    }
     let kid = header
         .kid
         .filter(|k| !k.is_empty() && k.len() <= 128)
@@ -103,6 +118,26 @@ pub fn read_header(token: &str) -> Result<Unverified<'_>, VerifyError> {
     })
 }
 
+/// A registered key (`x` of its Ed25519 JWK), decoded: `None` when it is not a point.
+pub fn runner_key(public_key_x: &str) -> Option<VerifyingKey> {
+    let bytes: [u8; 32] = URL_SAFE_NO_PAD.decode(public_key_x).ok()?.try_into().ok()?;
+    VerifyingKey::from_bytes(&bytes).ok()
+}
+
+/// Rule 2: `signature_b64` is `key`'s signature of `signing_input`, checked strictly (no weak
+/// key, no small-order `R`, no non-canonical `S`).
+pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: &str) -> bool {
+    let Some(bytes) = URL_SAFE_NO_PAD
+        .decode(signature_b64)
+        .ok()
+        .and_then(|b| <[u8; 64]>::try_from(b).ok())
+    else {
+        return false;
+    };
+    key.verify_strict(signing_input, &Signature::from_bytes(&bytes))
+        .is_ok()
+}
+
 impl Unverified<'_> {
     /// Rules 2–4 with the key registered for `kid` (`x` of its Ed25519 JWK).
     pub fn verify(
@@ -111,23 +146,71 @@ impl Unverified<'_> {
         rules: &AttestationRules,
         now: Millis,
     ) -> Result<Attestation, VerifyError> {
-        let key = DecodingKey::from_ed_components(public_key_x).map_err(|_| invalid())?;
-        if key.as_bytes().len() != 32 {
-            return Err(invalid());
-        }
-        let ok = jsonwebtoken::crypto::verify(
-            self.signature_b64,
-            self.signing_input.as_bytes(),
-            &key,
-            Algorithm::EdDSA,
-        )
-        .map_err(|_| invalid())?;
-        if !ok {
+        let key = runner_key(public_key_x).ok_or_else(invalid)?;
+        if !signature_valid(&key, self.signing_input.as_bytes(), self.signature_b64) {
             return Err(invalid());
         }
         let payload = URL_SAFE_NO_PAD
             .decode(self.payload_b64)
             .map_err(|_| VerifyError::Invalid("the JWS payload is not base64url".into()))?;
         Ok(check_claims(&payload, &self.kid, rules, now)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ed25519_dalek::{Signer, SigningKey, Verifier};
+
+    const IDENTITY: [u8; 32] = {
+        let mut b = [0u8; 32];
+        b[0] = 1;
+        b
+    };
+
+    #[test]
+    fn a_forged_signature_never_passes_for_a_weak_key() {
+        // Under the plain Ed25519 check the identity key accepts R = identity, S = 0 for any
+        // message: the forgery an older registration could have let in.
+        let key = VerifyingKey::from_bytes(&IDENTITY).unwrap();
+        let mut forged = [0u8; 64];
+        forged[..32].copy_from_slice(&IDENTITY);
+        assert!(key.verify(b"msg", &Signature::from_bytes(&forged)).is_ok());
+        assert!(!signature_valid(
+            &key,
+            b"msg",
+            &URL_SAFE_NO_PAD.encode(forged)
+        ));
+    }
+
+    #[test]
+    fn a_non_canonical_s_is_refused_and_the_canonical_one_accepted() {
+        let signing = SigningKey::from_bytes(&[7u8; 32]);
+        let key = signing.verifying_key();
+        let sig = signing.sign(b"msg").to_bytes();
+        assert!(signature_valid(&key, b"msg", &URL_SAFE_NO_PAD.encode(sig)));
+        // S + L: the same scalar, another encoding (the malleable form).
+        const L: [u8; 32] = [
+            0xed, 0xd3, 0xf5, 0x5c, 0x1a, 0x63, 0x12, 0x58, 0xd6, 0x9c, 0xf7, 0xa2, 0xde, 0xf9,
+            0xde, 0x14, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x10,
+        ];
+        let mut malleated = sig;
+        let mut carry = 0u16;
+        for i in 0..32 {
+            let sum = u16::from(sig[32 + i]) + u16::from(L[i]) + carry;
+            malleated[32 + i] = sum as u8;
+            carry = sum >> 8;
+        }
+        assert_eq!(carry, 0);
+        assert!(!signature_valid(
+            &key,
+            b"msg",
+            &URL_SAFE_NO_PAD.encode(malleated)
+        ));
+        assert!(!signature_valid(
+            &key,
+            b"other",
+            &URL_SAFE_NO_PAD.encode(sig)
+        ));
     }
 }

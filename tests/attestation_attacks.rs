@@ -1089,4 +1089,62 @@ async fn claims_with_trailing_bytes_are_invalid(app) {
     .await;
     assert_nothing_recorded(&app, &runner).await;
 }
+
+async fn critical_header_extensions_are_invalid(app) {
+    let (app, runner) = with_runner(app).await;
+    for (case, extra) in [
+        ("crit naming an extension", json!({"crit": ["foo"], "foo": 1})),
+        ("crit, empty", json!({"crit": []})),
+        ("an unencoded payload (RFC 7797)", json!({"crit": ["b64"], "b64": false})),
+        ("b64 without crit", json!({"b64": false})),
+    ] {
+        let mut header = honest_header(&runner.id);
+        merge(&mut header, &extra);
+        let token = sign_raw(&runner.key, &header, &runner.claims());
+        let body = rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_invalid").await;
+        assert!(body["detail"].as_str().unwrap().contains("crit"), "{case}: {body}");
+    }
+    assert_nothing_recorded(&app, &runner).await;
+}
+
+async fn weak_and_non_canonical_keys_are_refused_at_registration(app) {
+    app.pool("linux", &[IMAGE_A]).await;
+    // The eight small-order points (the identity among them) and the all-zero encoding.
+    let small_order = [
+        "0100000000000000000000000000000000000000000000000000000000000000",
+        "ecffffffffffffffffffffffffffffffffffffffffffffffffffffffffffff7f",
+        "0000000000000000000000000000000000000000000000000000000000000000",
+        "0000000000000000000000000000000000000000000000000000000000000080",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05",
+        "26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc85",
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac037a",
+        "c7176a703d4dd84fba3c0b760d10670f2a2053fa2c39ccc64ec7fd7792ac03fa",
+    ];
+    // A point whose y is written as y + p: a second encoding of a real, strong key.
+    let non_canonical = (0u8..19)
+        .map(|y| {
+            let mut bytes = [0xffu8; 32];
+            bytes[0] = 0xed + y;
+            bytes[31] = 0x7f;
+            bytes
+        })
+        .find(|b| ed25519_dalek::VerifyingKey::from_bytes(b).is_ok_and(|k| !k.is_weak()))
+        .expect("some y below 19 is on the curve");
+    let mut cases: Vec<(String, [u8; 32], &str)> = small_order
+        .iter()
+        .map(|h| (format!("small-order {h}"), hex::decode(h).unwrap().try_into().unwrap(), "weak"))
+        .collect();
+    cases.push(("non-canonical y".into(), non_canonical, "canonical"));
+    for (case, bytes, says) in cases {
+        let token = app.registration_token("linux").await;
+        let r = app
+            .post("/api/v1/runners", json!({"registration_token": token, "name": "weak",
+                "public_key": {"kty": "OKP", "crv": "Ed25519", "x": b64(&bytes)}}))
+            .await;
+        let body = expect_problem(r, &case, StatusCode::BAD_REQUEST, "bad_request").await;
+        assert!(body["detail"].as_str().unwrap().contains(says), "{case}: {body}");
+    }
+    let r = app.admin_get("/api/v1/admin/runners").await;
+    assert_eq!(r.json::<Value>().await.unwrap()["runners"], json!([]));
+}
 }

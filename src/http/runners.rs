@@ -59,8 +59,20 @@ fn ed25519_x(jwk: &Jwk) -> Result<String, ApiError> {
     let bytes: [u8; 32] = bytes
         .try_into()
         .map_err(|_| ApiError::bad_request("public_key.x: an Ed25519 public key is 32 bytes"))?;
-    ed25519_dalek::VerifyingKey::from_bytes(&bytes)
+    let key = ed25519_dalek::VerifyingKey::from_bytes(&bytes)
         .map_err(|_| ApiError::bad_request("public_key.x: not a valid Ed25519 public key"))?;
+    // A small-order key verifies forged signatures under the plain Ed25519 check; and a
+    // point has one encoding, so that one key cannot be registered under two.
+    if key.is_weak() {
+        return Err(ApiError::bad_request(
+            "public_key.x: a small-order (weak) Ed25519 key; generate a real key pair",
+        ));
+    }
+    if key.to_edwards().compress().to_bytes() != bytes {
+        return Err(ApiError::bad_request(
+            "public_key.x: not the canonical encoding of an Ed25519 public key",
+        ));
+    }
     Ok(URL_SAFE_NO_PAD.encode(bytes))
 }
 
