@@ -60,12 +60,34 @@ fn with_layers(state: AppState, routes: Router<AppState>) -> Router {
         .layer(axum::middleware::map_response(
             problem::problem_for_framework_errors,
         ))
+        .layer(axum::middleware::map_response(security_headers))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             observe_latency,
         ))
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .with_state(state)
+}
+
+/// The headers every answer carries, error or not, unless it set its own (the page sets a
+/// policy that lets its own script and style load): nothing the service sends is sniffed into
+/// another type, framed, or allowed to load anything.
+async fn security_headers(mut response: Response) -> Response {
+    use axum::http::HeaderValue;
+    let h = response.headers_mut();
+    for (name, value) in [
+        ("x-content-type-options", "nosniff"),
+        (
+            "content-security-policy",
+            "default-src 'none'; frame-ancestors 'none'",
+        ),
+        ("referrer-policy", "no-referrer"),
+    ] {
+        if !h.contains_key(name) {
+            h.insert(name, HeaderValue::from_static(value));
+        }
+    }
+    response
 }
 
 /// The span every request runs in. Handlers fill in the runner, pool, job and lease they

@@ -109,7 +109,6 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
         (status = 400, description = "`bad_request`: a bad name, labels or public key (checked before the token).", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`registration_token_invalid`: unknown, used or expired.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`runner_exists`: the name is taken in the pool.", body = Problem, content_type = "application/problem+json"),
-        (status = 429, description = "`throttled`: too many failed credentials from this client (`Retry-After`).", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn register(
     State(state): State<AppState>,

@@ -480,6 +480,9 @@ impl Modify for SecuritySchemes {
     }
 }
 
+const THROTTLED: &str =
+    "`throttled`: too many failed credentials from this client (`Retry-After`).";
+
 /// The problems any API endpoint may answer (PROTOCOL.md, Conventions), added to every
 /// operation under `/api/` that does not already describe that status.
 struct CommonProblems;
@@ -501,6 +504,10 @@ impl Modify for CommonProblems {
         let common = [
             ("400", "`bad_request`: a malformed body, path or query."),
             ("405", "`method_not_allowed`."),
+            (
+                "408",
+                "`request_timeout`: the body arrived too slowly; the connection is closed.",
+            ),
             (
                 "413",
                 "`payload_too_large`: the body is over the configured limit.",
@@ -528,6 +535,15 @@ impl Modify for CommonProblems {
                         .responses
                         .entry(status.to_string())
                         .or_insert_with(|| RefOr::T(problem_response(description)));
+                }
+                // Every credential is checked under the throttle (registration's token too).
+                let credentialed = op.security.as_ref().is_some_and(|s| !s.is_empty())
+                    || path.as_str() == "/api/v1/runners";
+                if credentialed {
+                    op.responses
+                        .responses
+                        .entry("429".to_string())
+                        .or_insert_with(|| RefOr::T(problem_response(THROTTLED)));
                 }
             }
         }

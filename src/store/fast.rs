@@ -216,6 +216,22 @@ impl Store for FastStore {
         result
     }
 
+    async fn create_page_session(&self, session: &PageSession) -> StoreResult<()> {
+        retrying(|| self.engine.create_page_session(session)).await
+    }
+
+    async fn page_session(
+        &self,
+        token_hash: &str,
+        now: Millis,
+    ) -> StoreResult<Option<PageSession>> {
+        self.engine.page_session(token_hash, now).await
+    }
+
+    async fn end_page_session(&self, token_hash: &str) -> StoreResult<()> {
+        retrying(|| self.engine.end_page_session(token_hash)).await
+    }
+
     async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {
         retrying(|| self.engine.sweep(now)).await
     }

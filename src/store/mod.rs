@@ -248,6 +248,19 @@ pub struct RunnerHistory {
     pub leases: Vec<Lease>,
 }
 
+/// A session of the runner-health page, as stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PageSession {
+    /// The SHA-256 of the cookie's token.
+    pub token_hash: String,
+    /// Who logged in.
+    pub actor: String,
+    /// The SHA-256 of the credential the session was opened with.
+    pub credential_hash: String,
+    pub created_at: Millis,
+    pub expires_at: Millis,
+}
+
 /// What one sweep did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SweepReport {
@@ -396,7 +409,14 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> Result<(Lease, Job), LeaseCallFailure>;
 
-    /// Expires overdue leases and purges replay state that can no longer matter.
+    async fn create_page_session(&self, session: &PageSession) -> StoreResult<()>;
+    /// The unexpired session whose token hashes to `token_hash`.
+    async fn page_session(&self, token_hash: &str, now: Millis)
+    -> StoreResult<Option<PageSession>>;
+    /// Ends the session (logging out): gone at once for every replica.
+    async fn end_page_session(&self, token_hash: &str) -> StoreResult<()>;
+
+    /// Expires overdue leases and purges replay state and sessions that can no longer matter.
     async fn sweep(&self, now: Millis) -> StoreResult<SweepReport>;
 }
 

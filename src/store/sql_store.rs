@@ -730,6 +730,47 @@ macro_rules! impl_sql_store {
                 }
             }
 
+            async fn create_page_session(&self, s: &PageSession) -> StoreResult<()> {
+                sqlx::query(
+                    "INSERT INTO page_sessions (token_hash, actor, credential_hash, created_at, expires_at) \
+                     VALUES ($1, $2, $3, $4, $5)",
+                )
+                .bind(&s.token_hash)
+                .bind(&s.actor)
+                .bind(&s.credential_hash)
+                .bind(s.created_at.0)
+                .bind(s.expires_at.0)
+                .execute(self.writer())
+                .await?;
+                Ok(())
+            }
+
+            async fn page_session(&self, token_hash: &str, now: Millis) -> StoreResult<Option<PageSession>> {
+                let row = sqlx::query("SELECT * FROM page_sessions WHERE token_hash = $1 AND expires_at > $2")
+                    .bind(token_hash)
+                    .bind(now.0)
+                    .fetch_optional(self.reader())
+                    .await?;
+                row.map(|r| {
+                    Ok(PageSession {
+                        token_hash: get(&r, "token_hash")?,
+                        actor: get(&r, "actor")?,
+                        credential_hash: get(&r, "credential_hash")?,
+                        created_at: Millis(get(&r, "created_at")?),
+                        expires_at: Millis(get(&r, "expires_at")?),
+                    })
+                })
+                .transpose()
+            }
+
+            async fn end_page_session(&self, token_hash: &str) -> StoreResult<()> {
+                sqlx::query("DELETE FROM page_sessions WHERE token_hash = $1")
+                    .bind(token_hash)
+                    .execute(self.writer())
+                    .await?;
+                Ok(())
+            }
+
             async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {
                 let mut report = SweepReport::default();
                 loop {
@@ -772,6 +813,10 @@ macro_rules! impl_sql_store {
                     .execute(self.writer())
                     .await?
                     .rows_affected();
+                sqlx::query("DELETE FROM page_sessions WHERE expires_at <= $1")
+                    .bind(now.0)
+                    .execute(self.writer())
+                    .await?;
                 Ok(report)
             }
         }

@@ -91,9 +91,11 @@ impl FromRequestParts<AppState> for PageViewer {
     type Rejection = Response;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Response> {
-        session::viewer(&parts.headers, &state.secrets().admin, Millis::now())
-            .map(PageViewer)
-            .ok_or_else(|| see_other("/admin/login"))
+        match session::viewer(state, &parts.headers, Millis::now()).await {
+            Ok(Some(viewer)) => Ok(PageViewer(viewer)),
+            Ok(None) => Err(see_other("/admin/login")),
+            Err(e) => Err(ApiError::from(e).into_response()),
+        }
     }
 }
 
@@ -125,7 +127,7 @@ async fn login_form(
     Query(q): Query<LoginQuery>,
 ) -> Result<Response, ApiError> {
     if let Some(token) = q.token {
-        return login_with(&state, client, &token);
+        return login_with(&state, client, &token).await;
     }
     render(
         StatusCode::OK,
@@ -157,7 +159,7 @@ async fn login(
     if session::same_origin(&headers) == Some(false) {
         return Err(ApiError::forbidden("cross-site login refused"));
     }
-    login_with(&state, client, &form.token)
+    login_with(&state, client, &form.token).await
 }
 
 /// The login form again, with what went wrong.
@@ -170,7 +172,7 @@ fn login_refused(status: StatusCode, error: String) -> Result<Response, ApiError
     render(status, &page)
 }
 
-fn login_with(state: &AppState, client: Client, token: &str) -> Result<Response, ApiError> {
+async fn login_with(state: &AppState, client: Client, token: &str) -> Result<Response, ApiError> {
     if let Some(wait_s) = throttle_wait(state, client, Credential::PageLogin) {
         let mut r = login_refused(
             StatusCode::TOO_MANY_REQUESTS,
@@ -188,9 +190,10 @@ fn login_with(state: &AppState, client: Client, token: &str) -> Result<Response,
             "That is not the admin token.".into(),
         );
     }
-    let value = session::new_session(&state.secrets().admin, Millis::now());
+    let value = session::open(state, Millis::now()).await?;
+    tracing::info!(client = %client.ip, actor = session::BOOTSTRAP_ACTOR, "page login");
     let mut r = see_other("/admin");
-    let cookie = session::set_cookie(&value, session::SESSION_S);
+    let cookie = session::set_cookie(&value, session::SESSION_S, client.https);
     r.headers_mut().insert(
         SET_COOKIE,
         HeaderValue::from_str(&cookie).expect("cookie is ASCII"),
@@ -211,17 +214,21 @@ struct CsrfForm {
         (status = 303, description = "The cookie cleared, to `/admin/login`."),
     ))]
 async fn logout(
+    State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
+    client: Client,
     headers: HeaderMap,
     Form(form): Form<CsrfForm>,
 ) -> Result<Response, ApiError> {
     if !session::post_allowed(&viewer, &headers, form.csrf.as_deref()) {
         return Err(ApiError::forbidden("cross-site request refused"));
     }
+    // Ended on the server: the old cookie opens nothing from now on, anywhere.
+    session::close(&state, &headers).await?;
     let mut r = see_other("/admin/login");
     r.headers_mut().insert(
         SET_COOKIE,
-        HeaderValue::from_str(&session::set_cookie("", 0)).expect("ASCII"),
+        HeaderValue::from_str(&session::set_cookie("", 0, client.https)).expect("ASCII"),
     );
     Ok(r)
 }
@@ -300,7 +307,8 @@ async fn fleet_fragment(
     headers: HeaderMap,
 ) -> Result<Response, ApiError> {
     // The refresh script follows no redirect to a login page: an expired session is a 401.
-    let viewer = session::viewer(&headers, &state.secrets().admin, Millis::now())
+    let viewer = session::viewer(&state, &headers, Millis::now())
+        .await?
         .ok_or_else(|| ApiError::unauthorized("log in again"))?;
     let (as_of, pools, runners) = fleet_view(&state).await?;
     render(

@@ -1,41 +1,65 @@
-//! The health page's credentials: a signed session cookie set by logging in with the admin
-//! token, and a CSRF token for the page's own forms.
+//! The health page's credentials: a session cookie set by logging in with the admin token,
+//! and a CSRF token for the page's own forms.
 //!
-//! The cookie is stateless: its expiry, MAC'd with a key derived from the admin token, so any
-//! replica can check it and rotating the admin token ends every session. It is `HttpOnly`
-//! (scripts cannot read it) and `SameSite=Strict` (no browser sends it on a cross-site
-//! request). The page's POSTs also carry a CSRF token derived from the same session, and an
-//! `Origin` that is not this site is refused outright.
+//! A session is kept by the service (`Store::page_session`), not in the cookie: the cookie
+//! holds a random token, the store its hash, so logging out ends the session at once on every
+//! replica, and an old cookie is worth nothing after. A session is bound to the credential it
+//! was opened with, so rotating the admin token ends every session opened with the old one.
+//! The cookie is `HttpOnly` (scripts cannot read it), `SameSite=Strict` (no browser sends it
+//! on a cross-site request) and `Secure` when the page was reached over TLS (a trusted proxy
+//! says so: `X-Forwarded-Proto: https`). The page's POSTs also carry a CSRF token derived
+//! from the session's token, and an `Origin` that is not this site is refused outright.
 
+use crate::app::AppState;
 use crate::domain::time::Millis;
-use crate::secrets::secret_matches;
+use crate::secrets::{generate_token, hash_token, secret_matches};
+use crate::store::{PageSession, StoreResult};
 use axum::http::HeaderMap;
 use axum::http::header::{AUTHORIZATION, COOKIE, HOST, ORIGIN};
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
 
 pub const COOKIE_NAME: &str = "leasegate_session";
 /// How long a login lasts.
 pub const SESSION_S: i64 = 12 * 3600;
 
-fn mac(admin_token: &str, purpose: &str, message: &str) -> String {
-    let mut m =
-        Hmac::<Sha256>::new_from_slice(admin_token.as_bytes()).expect("HMAC takes any key length");
-    m.update(purpose.as_bytes());
-    m.update(b"\0");
-    m.update(message.as_bytes());
-    hex::encode(m.finalize().into_bytes())
+/// Who the bootstrap admin token logs in as.
+pub const BOOTSTRAP_ACTOR: &str = "bootstrap";
+
+/// The CSRF token of the session whose cookie holds `token`: unguessable without the cookie,
+/// which another site's page cannot read.
+fn csrf_of(token: &str) -> String {
+    hash_token(&format!("csrf\0{token}"))
 }
 
-/// A new session's cookie value, valid until `now + SESSION_S`.
-pub fn new_session(admin_token: &str, now: Millis) -> String {
-    let expires = now.plus_secs(SESSION_S).0.to_string();
-    format!("{expires}.{}", mac(admin_token, "session", &expires))
+/// Opens a session for the holder of the admin token; the cookie's value.
+pub async fn open(state: &AppState, now: Millis) -> StoreResult<String> {
+    let token = generate_token("lgs_");
+    state
+        .store()
+        .create_page_session(&PageSession {
+            token_hash: hash_token(&token),
+            actor: BOOTSTRAP_ACTOR.into(),
+            credential_hash: hash_token(&state.secrets().admin),
+            created_at: now,
+            expires_at: now.plus_secs(SESSION_S),
+        })
+        .await?;
+    Ok(token)
+}
+
+/// Ends the session whose cookie `headers` carry, if any.
+pub async fn close(state: &AppState, headers: &HeaderMap) -> StoreResult<()> {
+    match cookie_value(headers) {
+        Some(token) => state.store().end_page_session(&hash_token(token)).await,
+        None => Ok(()),
+    }
 }
 
 /// The `Set-Cookie` header value for a session (or for logging out, with an empty value).
-pub fn set_cookie(value: &str, max_age_s: i64) -> String {
-    format!("{COOKIE_NAME}={value}; Path=/admin; HttpOnly; SameSite=Strict; Max-Age={max_age_s}")
+pub fn set_cookie(value: &str, max_age_s: i64, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    format!(
+        "{COOKIE_NAME}={value}; Path=/admin; HttpOnly; SameSite=Strict; Max-Age={max_age_s}{secure}"
+    )
 }
 
 fn cookie_value(headers: &HeaderMap) -> Option<&str> {
@@ -47,13 +71,14 @@ fn cookie_value(headers: &HeaderMap) -> Option<&str> {
         .filter_map(|kv| kv.trim().split_once('='))
         .find(|(k, _)| *k == COOKIE_NAME)
         .map(|(_, v)| v)
+        .filter(|v| !v.is_empty())
 }
 
 /// Who is looking at the page.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Viewer {
     /// Logged in with the cookie; the CSRF token its forms must carry.
-    Session { csrf: String },
+    Session { actor: String, csrf: String },
     /// The admin bearer token (scripts, curl): no ambient credential, so no CSRF token needed.
     Bearer,
 }
@@ -61,14 +86,19 @@ pub enum Viewer {
 impl Viewer {
     pub fn csrf(&self) -> &str {
         match self {
-            Viewer::Session { csrf } => csrf,
+            Viewer::Session { csrf, .. } => csrf,
             Viewer::Bearer => "",
         }
     }
 }
 
 /// The viewer behind `headers`, if any credential is valid at `now`.
-pub fn viewer(headers: &HeaderMap, admin_token: &str, now: Millis) -> Option<Viewer> {
+pub async fn viewer(
+    state: &AppState,
+    headers: &HeaderMap,
+    now: Millis,
+) -> StoreResult<Option<Viewer>> {
+    let admin_token = &state.secrets().admin;
     let bearer = headers
         .get(AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -76,17 +106,22 @@ pub fn viewer(headers: &HeaderMap, admin_token: &str, now: Millis) -> Option<Vie
         .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
         .map(|(_, t)| t.trim());
     if bearer.is_some_and(|t| secret_matches(t, admin_token)) {
-        return Some(Viewer::Bearer);
+        return Ok(Some(Viewer::Bearer));
     }
-    let value = cookie_value(headers)?;
-    let (expires, tag) = value.split_once('.')?;
-    let expires_at: i64 = expires.parse().ok()?;
-    if now.0 >= expires_at || !secret_matches(tag, &mac(admin_token, "session", expires)) {
-        return None;
+    let Some(token) = cookie_value(headers) else {
+        return Ok(None);
+    };
+    let Some(session) = state.store().page_session(&hash_token(token), now).await? else {
+        return Ok(None);
+    };
+    // Opened with a credential that is no longer the admin token: ended by the rotation.
+    if !secret_matches(&session.credential_hash, &hash_token(admin_token)) {
+        return Ok(None);
     }
-    Some(Viewer::Session {
-        csrf: mac(admin_token, "csrf", value),
-    })
+    Ok(Some(Viewer::Session {
+        actor: session.actor,
+        csrf: csrf_of(token),
+    }))
 }
 
 /// Whether a POST from this viewer may change anything: the bearer token may; a session needs
@@ -97,7 +132,7 @@ pub fn post_allowed(viewer: &Viewer, headers: &HeaderMap, csrf_field: Option<&st
     }
     match viewer {
         Viewer::Bearer => true,
-        Viewer::Session { csrf } => csrf_field.is_some_and(|f| secret_matches(f, csrf)),
+        Viewer::Session { csrf, .. } => csrf_field.is_some_and(|f| secret_matches(f, csrf)),
     }
 }
 
@@ -122,32 +157,20 @@ mod tests {
     use super::*;
     use axum::http::HeaderValue;
 
-    fn with_cookie(value: &str) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        h.insert(
-            COOKIE,
-            HeaderValue::from_str(&format!("other=1; {COOKIE_NAME}={value}")).unwrap(),
-        );
-        h
-    }
-
     #[test]
-    fn a_session_is_valid_until_it_expires_and_only_for_its_token() {
-        let now = Millis(1_800_000_000_000);
-        let value = new_session("admin", now);
-        let v = viewer(&with_cookie(&value), "admin", now).unwrap();
-        assert!(matches!(v, Viewer::Session { .. }));
-        assert!(viewer(&with_cookie(&value), "rotated", now).is_none());
-        assert!(viewer(&with_cookie(&value), "admin", now.plus_secs(SESSION_S)).is_none());
-        let forged = format!("{}.{}", now.plus_secs(999_999).0, "00");
-        assert!(viewer(&with_cookie(&forged), "admin", now).is_none());
+    fn the_cookie_is_secure_only_over_tls() {
+        assert!(set_cookie("v", 60, true).ends_with("; Secure"));
+        assert!(!set_cookie("v", 60, false).contains("Secure"));
+        assert!(set_cookie("v", 60, false).contains("HttpOnly; SameSite=Strict"));
     }
 
     #[test]
     fn session_posts_need_the_csrf_token_and_no_foreign_origin() {
-        let now = Millis(1_800_000_000_000);
-        let mut headers = with_cookie(&new_session("admin", now));
-        let v = viewer(&headers, "admin", now).unwrap();
+        let mut headers = HeaderMap::new();
+        let v = Viewer::Session {
+            actor: "bootstrap".into(),
+            csrf: csrf_of("lgs_token"),
+        };
         assert!(!post_allowed(&v, &headers, None));
         assert!(!post_allowed(&v, &headers, Some("wrong")));
         assert!(post_allowed(&v, &headers, Some(v.csrf())));

@@ -94,6 +94,10 @@ pub struct PoolCard {
 pub struct RunnerRow {
     pub id: String,
     pub name: String,
+    /// The runner as a confirmation dialog names it: name, pool, id, and, for a name with
+    /// characters beyond ASCII, their code points, so that a look-alike (a Cyrillic `а` for a
+    /// Latin `a`) cannot pass for the runner meant.
+    pub confirm_label: String,
     pub simulated: bool,
     pub pool: String,
     pub status: &'static str,
@@ -129,6 +133,7 @@ pub fn runner_row(
     RunnerRow {
         id: runner.id.to_string(),
         name: runner.name.clone(),
+        confirm_label: confirm_label(runner),
         simulated: is_simulated(runner),
         pool: runner.pool.to_string(),
         status: observed.status.as_str(),
@@ -160,6 +165,23 @@ pub fn runner_row(
         cordoned: runner.gate.cordoned,
         revoked: runner.is_revoked(),
     }
+}
+
+fn confirm_label(runner: &Runner) -> String {
+    let mut label = format!("{} (pool {}, id {})", runner.name, runner.pool, runner.id);
+    let beyond_ascii: Vec<String> = runner
+        .name
+        .chars()
+        .filter(|c| !c.is_ascii())
+        .map(|c| format!("U+{:04X}", u32::from(c)))
+        .collect();
+    if !beyond_ascii.is_empty() {
+        label.push_str(&format!(
+            "; the name has characters beyond ASCII: {}",
+            beyond_ascii.join(" ")
+        ));
+    }
+    label
 }
 
 /// Runners sorted so that what needs attention comes first, then by pool and name.
