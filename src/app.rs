@@ -72,6 +72,8 @@ struct Inner {
     registry: Arc<Registry>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
     shutdown: CancellationToken,
+    /// The gate in front of a forge's runner API, when a forge is set.
+    forge_gate: Option<Arc<crate::forge_gate::ForgeGate>>,
 }
 
 impl AppState {
@@ -80,6 +82,7 @@ impl AppState {
         settings: Settings,
         secrets: Secrets,
         registry: Arc<Registry>,
+        forge_gate: Option<Arc<crate::forge_gate::ForgeGate>>,
         shutdown: CancellationToken,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
@@ -94,6 +97,7 @@ impl AppState {
             settings.auth_failure_window_s,
         );
         let inner = Inner {
+            forge_gate,
             throttle,
             store,
             settings,
@@ -138,6 +142,10 @@ impl AppState {
         }
         tracing::info!(runner_id = %id, leases_ended = ended.len(), "runner revoked");
         Ok(Some(runner))
+    }
+
+    pub fn forge_gate(&self) -> Option<&crate::forge_gate::ForgeGate> {
+        self.inner.forge_gate.as_deref()
     }
 
     pub fn throttle(&self) -> &crate::http::throttle::AuthThrottle {

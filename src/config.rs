@@ -37,6 +37,16 @@ pub enum LogFormat {
     Json,
 }
 
+/// What the forge gate does with a fetch from a forge runner bound to no leasegate runner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
+pub enum ForgeUnbound {
+    /// Answer "no work" (`unknown_runner`): only bound runners get jobs.
+    #[default]
+    Refuse,
+    /// Forward it: for a fleet that adopts the gate runner by runner.
+    Pass,
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct ServeArgs {
     /// Address to bind; the bound address is logged at start.
@@ -162,6 +172,39 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_METRICS_LISTEN")]
     pub metrics_listen: Option<SocketAddr>,
 
+    /// A Forgejo or Gitea to gate runners in front of (`https://forge.example`): every request
+    /// under `/api/actions/`, `/api/actions_pipeline/` and `/twirp/` is forwarded there, and
+    /// `FetchTask` is gated.
+    #[arg(long, env = "LEASEGATE_FORGEJO_UPSTREAM")]
+    pub forgejo_upstream: Option<String>,
+
+    /// A GitLab to gate runners in front of (`https://gitlab.example`): every request under
+    /// `/api/v4/` is forwarded there, and `POST /api/v4/jobs/request` is gated.
+    #[arg(long, env = "LEASEGATE_GITLAB_UPSTREAM")]
+    pub gitlab_upstream: Option<String>,
+
+    /// A PEM file of CA certificates to trust for the forges, besides the system's.
+    #[arg(long, env = "LEASEGATE_FORGE_CA_FILE")]
+    pub forge_ca_file: Option<PathBuf>,
+
+    /// The largest body forwarded to a forge, in bytes (artifacts run to hundreds of MB).
+    #[arg(long, env = "LEASEGATE_FORGE_MAX_BODY_BYTES", default_value_t = 1 << 30)]
+    pub forge_max_body_bytes: u64,
+
+    /// What to do with a fetch from a forge runner bound to no leasegate runner.
+    #[arg(long, env = "LEASEGATE_FORGE_UNBOUND", value_enum, default_value_t = ForgeUnbound::Refuse)]
+    pub forge_unbound: ForgeUnbound,
+
+    /// How long a refused GitLab runner's request is held before its "no job" (as GitLab holds
+    /// it), in seconds; it is forwarded instead as soon as the runner may have work.
+    #[arg(long, env = "LEASEGATE_FORGE_HOLD_S", default_value_t = 30)]
+    pub forge_hold_s: u64,
+
+    /// How long a forge may take to begin its answer (and pause within it), in seconds; then
+    /// 504. GitLab holds a runner's job request up to about 50 s.
+    #[arg(long, env = "LEASEGATE_FORGE_TIMEOUT_S", default_value_t = 120)]
+    pub forge_timeout_s: u64,
+
     /// PostgreSQL: the most connections this replica opens.
     #[arg(long, env = "LEASEGATE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -246,6 +289,40 @@ impl ServeArgs {
             acquire_timeout: std::time::Duration::from_millis(self.db_acquire_timeout_ms),
             statement_timeout: std::time::Duration::from_millis(self.db_statement_timeout_ms),
         }
+    }
+
+    /// The forge gate's settings; `None` when no forge is set. Names the variable at fault.
+    pub fn forge_settings(&self) -> anyhow::Result<Option<crate::forge_gate::ForgeSettings>> {
+        use crate::forge_gate::{ForgeSettings, Upstream};
+        let parse = |name: &str, url: &Option<String>| -> anyhow::Result<Option<Upstream>> {
+            match url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
+                Some(u) => Upstream::parse(u)
+                    .map(Some)
+                    .map_err(|e| anyhow::anyhow!("{name}: {e}")),
+                None => Ok(None),
+            }
+        };
+        let forgejo = parse("LEASEGATE_FORGEJO_UPSTREAM", &self.forgejo_upstream)?;
+        let gitlab = parse("LEASEGATE_GITLAB_UPSTREAM", &self.gitlab_upstream)?;
+        if forgejo.is_none() && gitlab.is_none() {
+            return Ok(None);
+        }
+        for (name, value) in [
+            ("LEASEGATE_FORGE_HOLD_S", self.forge_hold_s),
+            ("LEASEGATE_FORGE_TIMEOUT_S", self.forge_timeout_s),
+            ("LEASEGATE_FORGE_MAX_BODY_BYTES", self.forge_max_body_bytes),
+        ] {
+            anyhow::ensure!(value > 0, "{name} must be positive, got {value}");
+        }
+        Ok(Some(ForgeSettings {
+            forgejo,
+            gitlab,
+            ca_file: self.forge_ca_file.clone(),
+            max_body_bytes: self.forge_max_body_bytes,
+            pass_unbound: self.forge_unbound == ForgeUnbound::Pass,
+            hold: std::time::Duration::from_secs(self.forge_hold_s),
+            timeout: std::time::Duration::from_secs(self.forge_timeout_s),
+        }))
     }
 
     /// What the listener allows its clients; names the variable at fault.
@@ -356,6 +433,7 @@ impl ServeArgs {
         );
         self.registry_settings()?;
         self.listener_settings()?;
+        self.forge_settings()?;
         Ok(())
     }
 

@@ -10,7 +10,7 @@ use crate::config::ServeArgs;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::lease::{LeaseCall, Outcome};
-use crate::domain::pool::{ImagePolicy, ImageSource, PoolName, PoolSpec};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, PoolName, PoolSpec};
 use crate::domain::time::Millis;
 use crate::gate::Purpose;
 use crate::secrets::{generate_token, hash_token};
@@ -89,6 +89,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         expected_image_ids: vec![ImageDigest::parse(SUPERSEDED_IMAGE)?],
         image_policy: ImagePolicy::Enforce,
         image_source: ImageSource::Manual,
+        gate_mode: GateMode::Enforce,
         drift_grace_s: 40,
         resolve_interval_s: 300,
     };
@@ -116,6 +117,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         let key = RunnerKey::generate();
         let labels = BTreeMap::from([("simulated".to_string(), "true".to_string())]);
         let new = NewRunner {
+            forge_runners: vec![],
             id: RunnerId::generate(),
             name: name.into(),
             labels,

@@ -13,7 +13,7 @@
 
 use crate::domain::attestation::{Attestation, AttestationRules, RunningImage};
 use crate::domain::job::Job;
-use crate::domain::pool::Pool;
+use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, Refusal, RunnerStatus, judge};
@@ -79,6 +79,23 @@ pub struct Admitted {
 }
 
 impl Admitted {
+    /// The refusal that refuses: none when the pool only observes (`gate_mode: observe`),
+    /// whose refusals are recorded and counted but let the runner have its job.
+    pub fn enforced_refusal(&self) -> Option<&Refusal> {
+        match (&self.verdict, self.pool.gate_mode) {
+            (Err(r), GateMode::Enforce) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// What would have been refused in a pool that only observes.
+    pub fn observed_refusal(&self) -> Option<&Refusal> {
+        match (&self.verdict, self.pool.gate_mode) {
+            (Err(r), GateMode::Observe) => Some(r),
+            _ => None,
+        }
+    }
+
     pub fn status(&self) -> RunnerStatus {
         self.verdict
             .as_ref()
@@ -225,7 +242,7 @@ impl Gate {
             image,
             verdict,
         };
-        let claim = if admitted.verdict.is_ok() {
+        let claim = if admitted.enforced_refusal().is_none() {
             claim(&admitted)
         } else {
             None

@@ -22,6 +22,7 @@ pub mod bench;
 pub mod config;
 pub mod demo;
 pub mod domain;
+pub mod forge_gate;
 pub mod gate;
 pub mod http;
 pub mod metrics;

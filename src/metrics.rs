@@ -84,6 +84,13 @@ pub struct ReasonLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForgeFetchLabels {
+    pub forge: &'static str,
+    pub outcome: &'static str,
+    pub code: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CredentialLabel {
     pub credential: &'static str,
 }
@@ -98,6 +105,8 @@ pub struct Metrics {
     pub auth_failures: Family<CredentialLabel, Counter>,
     /// Requests refused 429 by the throttle, by credential.
     pub auth_throttled: Family<CredentialLabel, Counter>,
+    /// Job fetches of forge runners, by forge, outcome and refusal code.
+    pub forge_fetches: Family<ForgeFetchLabels, Counter>,
     pub leases_granted: Family<PoolLabel, Counter>,
     pub lease_refusals: Family<PoolCodeLabels, Counter>,
     pub attestations: Family<ResultLabel, Counter>,
@@ -124,6 +133,7 @@ impl Default for Metrics {
             connections_closed: Family::default(),
             auth_failures: Family::default(),
             auth_throttled: Family::default(),
+            forge_fetches: Family::default(),
             leases_granted: Family::default(),
             lease_refusals: Family::default(),
             attestations: Family::default(),
@@ -198,6 +208,11 @@ impl Metrics {
             "auth_failures",
             "Failed credential checks, by credential",
             self.auth_failures.clone(),
+        );
+        r.register(
+            "forge_fetches",
+            "Job fetches of forge runners through the forge gate, by forge, outcome (forwarded, refused, observed, unbound_passed) and code",
+            self.forge_fetches.clone(),
         );
         r.register(
             "auth_throttled",
@@ -282,6 +297,18 @@ impl Metrics {
     pub fn connection_closed(&self, reason: &'static str) {
         self.connections_closed
             .get_or_create(&ReasonLabel { reason })
+            .inc();
+    }
+
+    /// A forge runner's fetch: `outcome` `forwarded`, `refused`, `observed` (forwarded, would
+    /// have been refused) or `unbound_passed`; `code` the refusal's, or `none`.
+    pub fn forge_fetch(&self, forge: &'static str, outcome: &'static str, code: &'static str) {
+        self.forge_fetches
+            .get_or_create(&ForgeFetchLabels {
+                forge,
+                outcome,
+                code,
+            })
             .inc();
     }
 

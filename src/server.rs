@@ -178,6 +178,19 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
     let registry = Registry::new(args.registry_settings()?).context(
         "setting up the registry client (LEASEGATE_REGISTRY_AUTH_FILE, LEASEGATE_REGISTRY_AUTH)",
     )?;
+    let forge_gate = match args.forge_settings()? {
+        Some(settings) => {
+            let gate = crate::forge_gate::ForgeGate::new(settings)?;
+            let s = gate.settings();
+            tracing::info!(
+                forgejo = s.forgejo.as_ref().map(|u| u.host()),
+                gitlab = s.gitlab.as_ref().map(|u| u.host()),
+                "gating the forge's runners"
+            );
+            Some(Arc::new(gate))
+        }
+        None => None,
+    };
     // After every setting is checked, so that a bad one leaves no generated token behind.
     let secrets = load_secrets(args)?;
     let store: DynStore = store::open(&args.database_url, &args.pg_settings())
@@ -189,6 +202,7 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
         Settings::from_args(args)?,
         secrets,
         Arc::new(registry),
+        forge_gate,
         shutdown,
     ))
 }

@@ -43,6 +43,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/admin/runners/{id}/cordon"),
     ("post", "/api/v1/admin/runners/{id}/uncordon"),
     ("post", "/api/v1/admin/runners/{id}/revoke"),
+    ("put", "/api/v1/admin/runners/{id}/forge-runners"),
     ("get", "/api/v1/admin/drift"),
     // registry_events
     ("post", "/api/v1/admin/registry-events"),

@@ -6,6 +6,7 @@
 
 pub mod attestation;
 pub mod digest;
+pub mod forge;
 pub mod ids;
 pub mod job;
 pub mod json_object;

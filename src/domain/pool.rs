@@ -32,6 +32,36 @@ pub enum ImageSource {
     Registry,
 }
 
+/// Whether a pool's refusals refuse, or only say what they would have refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum GateMode {
+    /// A refused runner gets no job.
+    #[default]
+    Enforce,
+    /// Every refusal is recorded, counted and shown, but the runner gets its job (or its
+    /// forge's answer) all the same, marked with what would have been refused: for turning the
+    /// gate on without stopping a fleet, and reading what it would do first.
+    Observe,
+}
+
+impl GateMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateMode::Enforce => "enforce",
+            GateMode::Observe => "observe",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "enforce" => Some(GateMode::Enforce),
+            "observe" => Some(GateMode::Observe),
+            _ => None,
+        }
+    }
+}
+
 impl ImagePolicy {
     pub fn as_str(self) -> &'static str {
         match self {
@@ -123,6 +153,7 @@ pub struct PoolSpec {
     pub expected_image_ids: Vec<ImageDigest>,
     pub image_policy: ImagePolicy,
     pub image_source: ImageSource,
+    pub gate_mode: GateMode,
     pub drift_grace_s: i64,
     pub resolve_interval_s: i64,
 }
@@ -218,6 +249,7 @@ pub struct Pool {
     pub image_ref: Option<String>,
     pub image_policy: ImagePolicy,
     pub image_source: ImageSource,
+    pub gate_mode: GateMode,
     pub expected_image_ids: Vec<ImageDigest>,
     pub previous_image_ids: Vec<ImageDigest>,
     pub previous_valid_until: Option<Millis>,
@@ -315,6 +347,7 @@ impl Pool {
             image_ref: spec.image_ref,
             image_policy: spec.image_policy,
             image_source: spec.image_source,
+            gate_mode: spec.gate_mode,
             expected_image_ids: expected,
             previous_image_ids: previous,
             previous_valid_until,
@@ -454,6 +487,7 @@ mod tests {
 
     fn spec(images: Vec<ImageDigest>) -> PoolSpec {
         PoolSpec {
+            gate_mode: Default::default(),
             image_ref: Some("ci/runner:stable".into()),
             expected_image_ids: images,
             image_policy: ImagePolicy::Enforce,
@@ -516,6 +550,7 @@ mod tests {
 
     fn registry_spec(image_ref: &str, grace: i64) -> PoolSpec {
         PoolSpec {
+            gate_mode: Default::default(),
             image_ref: Some(image_ref.into()),
             expected_image_ids: vec![],
             image_policy: ImagePolicy::Enforce,

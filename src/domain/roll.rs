@@ -98,6 +98,7 @@ mod tests {
 
     fn pool(name: &str, policy: ImagePolicy, images: &[char]) -> Pool {
         let spec = PoolSpec {
+            gate_mode: Default::default(),
             image_ref: None,
             expected_image_ids: images.iter().map(|c| digest(*c)).collect(),
             image_policy: policy,
@@ -115,6 +116,7 @@ mod tests {
 
     fn runner(pool: &str, n: usize, image: Option<char>, ago_s: Option<i64>) -> Runner {
         Runner {
+            forge_runners: vec![],
             id: RunnerId(format!("{pool}-{n}")),
             name: format!("r{n}"),
             pool: PoolName::parse(pool).unwrap(),
@@ -207,6 +209,7 @@ mod tests {
             rolled.name.clone(),
             Some(&rolled),
             PoolSpec {
+                gate_mode: Default::default(),
                 image_ref: None,
                 expected_image_ids: vec![digest('b')],
                 image_policy: ImagePolicy::Enforce,

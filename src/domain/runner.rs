@@ -26,6 +26,8 @@ pub struct Runner {
     pub registered_at: Millis,
     pub latest: Option<LatestAttestation>,
     pub current_lease: Option<CurrentLease>,
+    /// The forge runners on its machine that the forge gate knows it by.
+    pub forge_runners: Vec<super::forge::ForgeBinding>,
 }
 
 /// The live lease a runner holds, if any.
@@ -175,6 +177,7 @@ mod tests {
 
     fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
         let spec = PoolSpec {
+            gate_mode: Default::default(),
             image_ref: None,
             expected_image_ids: images,
             image_policy: policy,
@@ -192,6 +195,7 @@ mod tests {
 
     fn runner(image: Option<char>, received_ago_s: Option<i64>) -> Runner {
         Runner {
+            forge_runners: vec![],
             id: RunnerId("r".into()),
             name: "r".into(),
             pool: PoolName::parse("p").unwrap(),

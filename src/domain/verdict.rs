@@ -247,6 +247,7 @@ mod tests {
 
     fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
         let spec = PoolSpec {
+            gate_mode: Default::default(),
             image_ref: Some("ci/runner:stable".into()),
             expected_image_ids: images,
             image_policy: policy,
@@ -393,6 +394,7 @@ mod tests {
     fn previous_image_is_accepted_inside_the_grace_but_not_current() {
         let first = pool(ImagePolicy::Enforce, vec![digest('a')]);
         let spec = PoolSpec {
+            gate_mode: Default::default(),
             image_ref: first.image_ref.clone(),
             expected_image_ids: vec![digest('b')],
             image_policy: ImagePolicy::Enforce,

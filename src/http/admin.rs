@@ -13,8 +13,8 @@ use crate::app::AppState;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{
-    DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, ImagePolicy, ImageSource, Pool, PoolName,
-    PoolSpec, PoolSpecError,
+    DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
+    PoolName, PoolSpec, PoolSpecError,
 };
 use crate::domain::roll::roll_health;
 use crate::domain::runner::{DriftEntry, Runner, drift_entry};
@@ -43,6 +43,10 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/admin/runners/{id}/cordon", post(cordon))
         .route("/api/v1/admin/runners/{id}/uncordon", post(uncordon))
         .route("/api/v1/admin/runners/{id}/revoke", post(revoke))
+        .route(
+            "/api/v1/admin/runners/{id}/forge-runners",
+            axum::routing::put(put_forge_runners),
+        )
         .route("/api/v1/admin/pools/{name}/resolve", post(resolve))
         .route("/api/v1/admin/drift", get(drift))
 }
@@ -63,6 +67,10 @@ struct PoolBody {
     image_policy: ImagePolicy,
     #[serde(default)]
     image_source: ImageSource,
+    /// `enforce` (default): refusals refuse. `observe`: refusals are recorded and marked, and
+    /// the runner gets its work all the same.
+    #[serde(default)]
+    gate_mode: GateMode,
     #[serde(default)]
     drift_grace_s: Option<i64>,
     #[serde(default)]
@@ -138,6 +146,7 @@ async fn put_pool(
         expected_image_ids: body.expected_image_ids,
         image_policy: body.image_policy,
         image_source: body.image_source,
+        gate_mode: body.gate_mode,
         drift_grace_s: body.drift_grace_s.unwrap_or(DEFAULT_DRIFT_GRACE_S),
         resolve_interval_s: body
             .resolve_interval_s
@@ -415,6 +424,41 @@ async fn revoke(
         .revoke_runner(&id, Millis::now())
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
+    Ok(Json(runner_detail(&state, &id).await?))
+}
+
+#[derive(Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+struct ForgeRunnersBody {
+    /// Every forge runner on the runner's machine; replaces what it had.
+    forge_runners: Vec<super::forge_bindings::ForgeRunnerSpec>,
+}
+
+#[utoipa::path(put, path = "/api/v1/admin/runners/{id}/forge-runners", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id.")),
+    request_body = ForgeRunnersBody,
+    responses(
+        (status = 200, description = "Replaced; the runner detail.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`forge_runner_taken`: one of them is bound to another runner (nothing changed); `runner_revoked`.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn put_forge_runners(
+    _: AdminAuth,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+    JsonBody(body): JsonBody<ForgeRunnersBody>,
+) -> Result<Json<Value>, ApiError> {
+    let id = RunnerId::parse("id", &id)?;
+    let identities = super::forge_bindings::identities(&body.forge_runners)?;
+    state
+        .store()
+        .set_forge_runners(&id, &identities, Millis::now())
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    tracing::info!(runner_id = %id, forge_runners = identities.len(), "forge runners bound");
     Ok(Json(runner_detail(&state, &id).await?))
 }
 

@@ -175,7 +175,8 @@ async fn gate_check(
     _: ForgeAuth,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<AttestationBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
     let refuse = |code: &str, detail: String, runner: Option<String>, pool: Option<String>| json!({"decision": "refuse", "code": code, "detail": detail, "runner_id": runner, "pool": pool});
     match state
         .gate()
@@ -185,15 +186,25 @@ async fn gate_check(
         Ok(admitted) => {
             let runner = Some(admitted.runner.id.to_string());
             let pool = Some(admitted.pool.name.to_string());
+            if let Some(r) = admitted.observed_refusal() {
+                // A pool that observes allows, and says what it would have refused.
+                let mut answer = Json(json!({"decision": "allow", "code": r.code(), "detail": r.detail(), "runner_id": runner, "pool": pool})).into_response();
+                answer.headers_mut().insert(
+                    crate::forge_gate::WOULD_REFUSE_HEADER,
+                    axum::http::HeaderValue::from_static(r.code()),
+                );
+                return Ok(answer);
+            }
             Ok(Json(match &admitted.verdict {
                 Ok(()) => {
                     json!({"decision": "allow", "code": null, "detail": null, "runner_id": runner, "pool": pool})
                 }
                 Err(r) => refuse(r.code(), r.detail(), runner, pool),
-            }))
+            })
+            .into_response())
         }
         Err(AdmitError::Store(e)) => Err(e.into()),
         Err(e @ AdmitError::BadRequest(_)) => Err(e.into()),
-        Err(e) => Ok(Json(refuse(e.code(), e.to_string(), None, None))),
+        Err(e) => Ok(Json(refuse(e.code(), e.to_string(), None, None)).into_response()),
     }
 }

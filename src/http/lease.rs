@@ -79,13 +79,36 @@ async fn lease(
     // requests then hold little more than their runner's id and pool.
     match Box::pin(admit(&state, body.attestation)).await? {
         Admission::Granted(response) => Ok(response),
-        Admission::Wait { runner_id, pool } => wait_for_job(&state, runner_id, pool, wait_s).await,
+        Admission::Wait {
+            runner_id,
+            pool,
+            observed,
+        } => Ok(mark_observed(
+            wait_for_job(&state, runner_id, pool, wait_s).await?,
+            observed,
+        )),
     }
 }
 
 enum Admission {
     Granted(Response),
-    Wait { runner_id: RunnerId, pool: PoolName },
+    Wait {
+        runner_id: RunnerId,
+        pool: PoolName,
+        /// What would have been refused, in a pool that only observes.
+        observed: Option<&'static str>,
+    },
+}
+
+/// An answer in a pool that observes, marked with what it would have refused.
+fn mark_observed(mut response: Response, observed: Option<&'static str>) -> Response {
+    if let Some(code) = observed {
+        response.headers_mut().insert(
+            crate::forge_gate::WOULD_REFUSE_HEADER,
+            axum::http::HeaderValue::from_static(code),
+        );
+    }
+    response
 }
 
 /// Rules 1–13, and the first claim in the same round as the attestation's record.
@@ -102,18 +125,20 @@ async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiEr
             claim
         })
         .await?;
-    if let Err(refusal) = &admitted.verdict {
+    if let Some(refusal) = admitted.enforced_refusal() {
         return Err(ApiError::conflict(refusal.code(), refusal.detail())
             .retry_after(refusal.retry_after_s(state.settings().heartbeat_interval_s)));
     }
+    let observed = admitted.observed_refusal().map(|r| r.code());
     Ok(match first_grant {
         Some((lease, job)) => {
             let token = first_token.expect("a grant follows a claim, which made its token");
-            Admission::Granted(granted(state, token, lease, job))
+            Admission::Granted(mark_observed(granted(state, token, lease, job), observed))
         }
         None => Admission::Wait {
             runner_id: admitted.runner.id,
             pool: admitted.pool.name,
+            observed,
         },
     })
 }

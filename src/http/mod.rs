@@ -5,6 +5,7 @@ pub mod admin;
 pub mod auth;
 pub mod client;
 pub mod forge;
+pub mod forge_bindings;
 pub mod json;
 pub mod lease;
 pub mod listener;
@@ -30,7 +31,10 @@ use tower_http::trace::TraceLayer;
 pub fn router(state: AppState) -> Router {
     // `/metrics` is here unless it has a listener of its own.
     let metrics_here = state.settings().metrics_listen.is_none();
-    with_layers(
+    // The forge's routes stay outside the API's layers: forwarded as they came, answered as
+    // the forge answered.
+    let forge = crate::forge_gate::router(&state).map(|r| r.with_state(state.clone()));
+    let api = with_layers(
         state,
         Router::new()
             .merge(ops::router(metrics_here))
@@ -40,7 +44,11 @@ pub fn router(state: AppState) -> Router {
             .merge(admin::router())
             .merge(page::router())
             .merge(registry_events::router()),
-    )
+    );
+    match forge {
+        Some(forge) => api.merge(forge),
+        None => api,
+    }
 }
 
 /// The router of `LEASEGATE_METRICS_LISTEN`: `/metrics` alone.

@@ -192,7 +192,21 @@ impl From<RegisterError> for ApiError {
                 e.to_string(),
             ),
             RegisterError::NameTaken => ApiError::conflict("runner_exists", e.to_string()),
+            RegisterError::ForgeRunnerTaken(_) => {
+                ApiError::conflict("forge_runner_taken", e.to_string())
+            }
             RegisterError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<crate::store::BindError> for ApiError {
+    fn from(e: crate::store::BindError) -> Self {
+        use crate::store::BindError;
+        match e {
+            BindError::Taken(_) => ApiError::conflict("forge_runner_taken", e.to_string()),
+            BindError::Revoked => ApiError::conflict("runner_revoked", e.to_string()),
+            BindError::Store(s) => s.into(),
         }
     }
 }

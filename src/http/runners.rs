@@ -2,6 +2,7 @@
 
 use super::auth::{Credential, throttled};
 use super::client::Client;
+use super::forge_bindings::{ForgeRunnerSpec, identities};
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::schema::{Heartbeat, Problem, Registered};
@@ -44,6 +45,9 @@ struct RegisterBody {
     public_key: Jwk,
     #[serde(default)]
     labels: BTreeMap<String, String>,
+    /// The forge runners on this machine, for the forge gate.
+    #[serde(default)]
+    forge_runners: Vec<ForgeRunnerSpec>,
 }
 
 /// The `x` of an Ed25519 public JWK, checked to be a valid curve point.
@@ -108,7 +112,7 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
         (status = 201, description = "Registered.", body = Registered),
         (status = 400, description = "`bad_request`: a bad name, labels or public key (checked before the token).", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`registration_token_invalid`: unknown, used or expired.", body = Problem, content_type = "application/problem+json"),
-        (status = 409, description = "`runner_exists`: the name is taken in the pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`runner_exists`: the name is taken in the pool; `forge_runner_taken`: a forge runner is bound to another runner. Nothing is spent.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn register(
     State(state): State<AppState>,
@@ -118,7 +122,9 @@ async fn register(
     check_name(&body.name)?;
     check_labels(&body.labels)?;
     let public_key_x = ed25519_x(&body.public_key)?;
+    let forge_runners = identities(&body.forge_runners)?;
     let new = NewRunner {
+        forge_runners,
         id: RunnerId::generate(),
         name: body.name,
         labels: body.labels,

@@ -190,6 +190,7 @@ pub struct PoolView {
     pub image_ref: Option<String>,
     pub image_policy: crate::domain::pool::ImagePolicy,
     pub image_source: crate::domain::pool::ImageSource,
+    pub gate_mode: crate::domain::pool::GateMode,
     pub expected_image_ids: Vec<String>,
     pub previous_image_ids: Vec<String>,
     #[schema(required = true)]
@@ -283,6 +284,21 @@ pub struct RunnerView {
     pub registered_at: String,
     #[schema(required = true)]
     pub current_lease: Option<CurrentLease>,
+    /// The forge runners bound to it, for the forge gate.
+    pub forge_runners: Vec<ForgeRunnerView>,
+}
+
+/// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
+/// `gitlab`.
+#[derive(Serialize, ToSchema)]
+pub struct ForgeRunnerView {
+    /// `forgejo` (Gitea's runners too) or `gitlab`.
+    pub kind: String,
+    pub uuid: Option<String>,
+    pub token_sha256: Option<String>,
+    /// The last time the gate saw it ask for work (written at most every 30 s).
+    #[schema(required = true)]
+    pub last_fetch_at: Option<String>,
 }
 
 /// `200` to `GET /api/v1/admin/runners`.
@@ -428,6 +444,7 @@ pub struct PoolsResolving {
         admin::cordon,
         admin::uncordon,
         admin::revoke,
+        admin::put_forge_runners,
         admin::drift,
         registry_events::registry_events,
         page::fleet,

@@ -79,6 +79,7 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> Value {
         "image_ref": pool.image_ref,
         "image_policy": pool.image_policy,
         "image_source": pool.image_source,
+        "gate_mode": pool.gate_mode,
         "expected_image_ids": pool.expected_image_ids,
         "previous_image_ids": pool.previous_image_ids,
         "previous_valid_until": pool.previous_valid_until,
@@ -133,6 +134,7 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
             "state": l.state.as_str(),
             "expires_at": l.expires_at,
         })),
+        "forge_runners": runner.forge_runners.iter().map(super::forge_bindings::view).collect::<Vec<_>>(),
     })
 }
 

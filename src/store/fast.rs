@@ -216,6 +216,36 @@ impl Store for FastStore {
         result
     }
 
+    async fn set_forge_runners(
+        &self,
+        runner: &RunnerId,
+        identities: &[ForgeIdentity],
+        now: Millis,
+    ) -> Result<Option<Runner>, BindError> {
+        retrying(|| self.engine.set_forge_runners(runner, identities, now)).await
+    }
+
+    async fn forge_runner(
+        &self,
+        identity: &ForgeIdentity,
+    ) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+        self.engine.forge_runner(identity).await
+    }
+
+    async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()> {
+        retrying(|| self.engine.note_forge_fetch(identity, now)).await
+    }
+
+    async fn record_refusal(
+        &self,
+        runner: &RunnerId,
+        code: &str,
+        detail: &str,
+        now: Millis,
+    ) -> StoreResult<()> {
+        retrying(|| self.engine.record_refusal(runner, code, detail, now)).await
+    }
+
     async fn create_page_session(&self, session: &PageSession) -> StoreResult<()> {
         retrying(|| self.engine.create_page_session(session)).await
     }

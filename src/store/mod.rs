@@ -26,6 +26,7 @@ pub use signal::JobSignal;
 pub use sql_store::CLAIM_CANDIDATE_SQL;
 
 use crate::domain::attestation::RunningImage;
+use crate::domain::forge::{ForgeBinding, ForgeIdentity};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{LeaseCall, LeaseCallError, LeaseState};
@@ -112,6 +113,8 @@ pub struct NewRunner {
     pub name: String,
     pub labels: BTreeMap<String, String>,
     pub public_key_x: String,
+    /// The forge runners on its machine, bound with it.
+    pub forge_runners: Vec<ForgeIdentity>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -120,6 +123,18 @@ pub enum RegisterError {
     TokenInvalid,
     #[error("a runner with this name is already registered in the pool")]
     NameTaken,
+    #[error("forge runner {} {} is bound to another runner", .0.kind.as_str(), .0.key)]
+    ForgeRunnerTaken(ForgeIdentity),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BindError {
+    #[error("forge runner {} {} is bound to another runner", .0.kind.as_str(), .0.key)]
+    Taken(ForgeIdentity),
+    #[error("the runner is revoked")]
+    Revoked,
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -408,6 +423,30 @@ pub trait Store: Send + Sync + 'static {
         call: &LeaseCall,
         now: Millis,
     ) -> Result<(Lease, Job), LeaseCallFailure>;
+
+    /// Replaces the forge runners bound to `runner` (keeping when each was last seen). Refused
+    /// as a whole when one of them is bound to another runner; `None` for an unknown runner.
+    async fn set_forge_runners(
+        &self,
+        runner: &RunnerId,
+        identities: &[ForgeIdentity],
+        now: Millis,
+    ) -> Result<Option<Runner>, BindError>;
+    /// The runner a forge runner is bound to, and the binding.
+    async fn forge_runner(
+        &self,
+        identity: &ForgeIdentity,
+    ) -> StoreResult<Option<(RunnerId, ForgeBinding)>>;
+    /// Notes that the forge runner asked for work at `now`.
+    async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()>;
+    /// Records a refusal on the runner's refusal ring: a forge fetch the gate answered itself.
+    async fn record_refusal(
+        &self,
+        runner: &RunnerId,
+        code: &str,
+        detail: &str,
+        now: Millis,
+    ) -> StoreResult<()>;
 
     async fn create_page_session(&self, session: &PageSession) -> StoreResult<()>;
     /// The unexpired session whose token hashes to `token_hash`.

@@ -7,7 +7,7 @@
 //! nothing, so running it again is safe; a few tries with a short, jittered pause, then the
 //! conflict is the caller's (503 `unavailable`, never 500).
 
-use super::{CancelError, EnqueueError, LeaseCallFailure, RegisterError, StoreError};
+use super::{BindError, CancelError, EnqueueError, LeaseCallFailure, RegisterError, StoreError};
 use rand::Rng;
 use std::time::Duration;
 
@@ -34,7 +34,13 @@ macro_rules! conflicting_via_store {
         }
     )*};
 }
-conflicting_via_store!(LeaseCallFailure, CancelError, RegisterError, EnqueueError);
+conflicting_via_store!(
+    LeaseCallFailure,
+    CancelError,
+    RegisterError,
+    EnqueueError,
+    BindError
+);
 
 /// Runs `op`, and again (up to `RETRIES` times) while it fails with a conflict.
 pub async fn retrying<T, E, F, Fut>(mut op: F) -> Result<T, E>

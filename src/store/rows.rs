@@ -6,10 +6,11 @@
 use super::{AttestationEntry, Lease, RefusalEntry, StatusChange, StoreError, StoreResult};
 use crate::domain::attestation::{Probe, RunningImage};
 use crate::domain::digest::ImageDigest;
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::LeaseState;
-use crate::domain::pool::{ImagePolicy, ImageSource, Pool, PoolName, Resolution};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
 use crate::domain::runner::{CurrentLease, LatestAttestation, Runner};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, GateState};
@@ -80,6 +81,7 @@ where
     fn pool(&self) -> StoreResult<Pool> {
         let policy: String = get(self, "image_policy")?;
         let source: String = get(self, "image_source")?;
+        let gate_mode: String = get(self, "gate_mode")?;
         let resolution_at = opt_millis(self, "last_resolution_at")?;
         Ok(Pool {
             name: PoolName::from_trusted(get(self, "name")?),
@@ -88,6 +90,8 @@ where
                 .ok_or_else(|| corrupt("image policy", &policy))?,
             image_source: ImageSource::parse(&source)
                 .ok_or_else(|| corrupt("image source", &source))?,
+            gate_mode: GateMode::parse(&gate_mode)
+                .ok_or_else(|| corrupt("gate mode", &gate_mode))?,
             expected_image_ids: digests(&get::<_, String>(self, "expected_image_ids")?)?,
             previous_image_ids: digests(&get::<_, String>(self, "previous_image_ids")?)?,
             previous_valid_until: opt_millis(self, "previous_valid_until")?,
@@ -107,6 +111,18 @@ where
             next_resolve_at: opt_millis(self, "next_resolve_at")?,
             created_at: millis(self, "created_at")?,
             updated_at: millis(self, "updated_at")?,
+        })
+    }
+
+    /// A row of `forge_runners`.
+    fn forge_binding(&self) -> StoreResult<ForgeBinding> {
+        let kind: String = get(self, "kind")?;
+        Ok(ForgeBinding {
+            identity: ForgeIdentity {
+                kind: ForgeKind::parse(&kind).ok_or_else(|| corrupt("forge kind", &kind))?,
+                key: get(self, "identity")?,
+            },
+            last_fetch_at: opt_millis(self, "last_fetch_at")?,
         })
     }
 
@@ -158,6 +174,7 @@ where
             registered_at: millis(self, "registered_at")?,
             latest,
             current_lease,
+            forge_runners: vec![],
         })
     }
 

@@ -31,6 +31,7 @@ macro_rules! impl_sql_store {
         row_lock: $row_lock:literal,
         claim_lock: $claim_lock:literal
     ) => {
+        use $crate::domain::forge::{ForgeBinding, ForgeIdentity};
         use $crate::domain::ids::{JobId, LeaseId, RunnerId};
         use $crate::domain::job::{EventKind, Job, JobEvent, JobState};
         use $crate::domain::lease::{self as lease_rules, EndCause, LeaseCall, LeaseState, Snapshot, Transition};
@@ -225,7 +226,47 @@ macro_rules! impl_sql_store {
                 .bind(id.as_str())
                 .fetch_optional(&mut *exec)
                 .await?;
-            row.map(|r| r.runner()).transpose()
+            let Some(mut runner) = row.map(|r| r.runner()).transpose()? else {
+                return Ok(None);
+            };
+            let bindings = sqlx::query("SELECT * FROM forge_runners WHERE runner_id = $1 ORDER BY kind, identity")
+                .bind(id.as_str())
+                .fetch_all(&mut *exec)
+                .await?;
+            runner.forge_runners = bindings.iter().map(|r| r.forge_binding()).collect::<StoreResult<_>>()?;
+            Ok(Some(runner))
+        }
+
+        /// Binds `identities` to `runner` inside `tx`, keeping those it already has; the first
+        /// one bound to another runner, if any.
+        async fn bind_forge_runners(
+            tx: &mut Tx,
+            runner: &RunnerId,
+            identities: &[ForgeIdentity],
+            now: Millis,
+        ) -> StoreResult<Option<ForgeIdentity>> {
+            for identity in identities {
+                sqlx::query(
+                    "INSERT INTO forge_runners (kind, identity, runner_id, bound_at) VALUES ($1, $2, $3, $4) \
+                     ON CONFLICT (kind, identity) DO NOTHING",
+                )
+                .bind(identity.kind.as_str())
+                .bind(&identity.key)
+                .bind(runner.as_str())
+                .bind(now.0)
+                .execute(&mut **tx)
+                .await?;
+                let row = sqlx::query("SELECT runner_id FROM forge_runners WHERE kind = $1 AND identity = $2")
+                    .bind(identity.kind.as_str())
+                    .bind(&identity.key)
+                    .fetch_one(&mut **tx)
+                    .await?;
+                let owner: String = get(&row, "runner_id")?;
+                if owner != runner.as_str() {
+                    return Ok(Some(identity.clone()));
+                }
+            }
+            Ok(None)
         }
 
         impl $store {
@@ -272,10 +313,12 @@ macro_rules! impl_sql_store {
                 sqlx::query(
                     "INSERT INTO pools (name, image_ref, image_policy, image_source, expected_image_ids, \
                      previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, \
-                     resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, created_at, updated_at) \
-                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15) \
+                     resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, created_at, updated_at, \
+                     gate_mode) \
+                     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
                      ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
                      image_policy = excluded.image_policy, image_source = excluded.image_source, \
+                     gate_mode = excluded.gate_mode, \
                      expected_image_ids = excluded.expected_image_ids, previous_image_ids = excluded.previous_image_ids, \
                      previous_valid_until = excluded.previous_valid_until, drift_grace_s = excluded.drift_grace_s, \
                      resolve_interval_s = excluded.resolve_interval_s, resolution_failures = excluded.resolution_failures, \
@@ -297,6 +340,7 @@ macro_rules! impl_sql_store {
                 .bind(pool.next_resolve_at.map(|m| m.0))
                 .bind(pool.created_at.0)
                 .bind(pool.updated_at.0)
+                .bind(pool.gate_mode.as_str())
                 .execute(&mut *tx)
                 .await?;
                 self.announce_change(&mut tx, &verdict_cache::pool_key(&pool.name)).await?;
@@ -457,6 +501,9 @@ macro_rules! impl_sql_store {
                 if inserted != 1 {
                     return Err(RegisterError::NameTaken);
                 }
+                if let Some(taken) = bind_forge_runners(&mut tx, &runner.id, &runner.forge_runners, now).await? {
+                    return Err(RegisterError::ForgeRunnerTaken(taken));
+                }
                 let stored = fetch_runner(&mut tx, &runner.id).await?;
                 tx.commit().await.map_err(StoreError::from)?;
                 stored.ok_or_else(|| StoreError::Internal("runner vanished after insert".into()).into())
@@ -477,7 +524,20 @@ macro_rules! impl_sql_store {
                         .fetch_all(self.reader())
                         .await?,
                 };
-                rows.iter().map(|r| r.runner()).collect()
+                let mut runners: Vec<Runner> = rows.iter().map(|r| r.runner()).collect::<StoreResult<_>>()?;
+                let bindings = sqlx::query("SELECT * FROM forge_runners ORDER BY kind, identity")
+                    .fetch_all(self.reader())
+                    .await?;
+                let mut by_runner: BTreeMap<String, Vec<_>> = BTreeMap::new();
+                for row in &bindings {
+                    by_runner.entry(get(row, "runner_id")?).or_default().push(row.forge_binding()?);
+                }
+                for runner in &mut runners {
+                    if let Some(b) = by_runner.remove(runner.id.as_str()) {
+                        runner.forge_runners = b;
+                    }
+                }
+                Ok(runners)
             }
 
             async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory> {
@@ -545,6 +605,11 @@ macro_rules! impl_sql_store {
                         ended.extend(end_lease(&mut tx, &lease, &job, EndCause::RunnerRevoked, now).await?);
                     }
                 }
+                // A revoked runner's forge runners are free to be bound again.
+                sqlx::query("DELETE FROM forge_runners WHERE runner_id = $1")
+                    .bind(id.as_str())
+                    .execute(&mut *tx)
+                    .await?;
                 let runner = fetch_runner(&mut tx, id).await?;
                 self.announce_change(&mut tx, &verdict_cache::runner_key(id)).await?;
                 let pools: Vec<PoolName> = ended.iter().map(|e| e.pool.clone()).collect();
@@ -728,6 +793,81 @@ macro_rules! impl_sql_store {
                     (Some(l), Some(j)) => Ok((l, j)),
                     _ => Err(StoreError::Internal("lease or job vanished".into()).into()),
                 }
+            }
+
+            async fn set_forge_runners(
+                &self,
+                runner: &RunnerId,
+                identities: &[ForgeIdentity],
+                now: Millis,
+            ) -> Result<Option<Runner>, BindError> {
+                let mut tx = self.begin().await?;
+                let Some(current) = fetch_runner(&mut tx, runner).await? else {
+                    return Ok(None);
+                };
+                if current.is_revoked() {
+                    return Err(BindError::Revoked);
+                }
+                for kept in &current.forge_runners {
+                    if !identities.contains(&kept.identity) {
+                        sqlx::query("DELETE FROM forge_runners WHERE kind = $1 AND identity = $2")
+                            .bind(kept.identity.kind.as_str())
+                            .bind(&kept.identity.key)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(StoreError::from)?;
+                    }
+                }
+                if let Some(taken) = bind_forge_runners(&mut tx, runner, identities, now).await? {
+                    return Err(BindError::Taken(taken));
+                }
+                let stored = fetch_runner(&mut tx, runner).await?;
+                tx.commit().await.map_err(StoreError::from)?;
+                Ok(stored)
+            }
+
+            async fn forge_runner(&self, identity: &ForgeIdentity) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+                let row = sqlx::query("SELECT * FROM forge_runners WHERE kind = $1 AND identity = $2")
+                    .bind(identity.kind.as_str())
+                    .bind(&identity.key)
+                    .fetch_optional(self.reader())
+                    .await?;
+                row.map(|r| Ok((RunnerId(get(&r, "runner_id")?), r.forge_binding()?))).transpose()
+            }
+
+            async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()> {
+                sqlx::query("UPDATE forge_runners SET last_fetch_at = $3 WHERE kind = $1 AND identity = $2")
+                    .bind(identity.kind.as_str())
+                    .bind(&identity.key)
+                    .bind(now.0)
+                    .execute(self.writer())
+                    .await?;
+                Ok(())
+            }
+
+            async fn record_refusal(&self, runner: &RunnerId, code: &str, detail: &str, now: Millis) -> StoreResult<()> {
+                let mut tx = self.begin().await?;
+                let row = sqlx::query("UPDATE runners SET refusal_seq = refusal_seq + 1 WHERE id = $1 RETURNING refusal_seq")
+                    .bind(runner.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+                let Some(row) = row else { return Ok(()) };
+                let seq: i64 = get(&row, "refusal_seq")?;
+                sqlx::query(
+                    "INSERT INTO refusals (runner_id, slot, seq, at, code, detail) VALUES ($1, $2, $3, $4, $5, $6) \
+                     ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, at = excluded.at, \
+                     code = excluded.code, detail = excluded.detail",
+                )
+                .bind(runner.as_str())
+                .bind(seq % REFUSAL_HISTORY)
+                .bind(seq)
+                .bind(now.0)
+                .bind(code)
+                .bind(detail)
+                .execute(&mut *tx)
+                .await?;
+                tx.commit().await?;
+                Ok(())
             }
 
             async fn create_page_session(&self, s: &PageSession) -> StoreResult<()> {

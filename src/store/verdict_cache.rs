@@ -143,6 +143,7 @@ mod tests {
 
     fn runner(id: &str) -> Runner {
         Runner {
+            forge_runners: vec![],
             id: RunnerId(id.into()),
             name: id.into(),
             pool: PoolName::from_trusted("p".into()),
@@ -174,6 +175,7 @@ mod tests {
             PoolName::from_trusted("p".into()),
             None,
             PoolSpec {
+                gate_mode: Default::default(),
                 image_ref: None,
                 expected_image_ids: vec![],
                 image_policy: ImagePolicy::Report,

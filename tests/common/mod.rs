@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod agent;
+pub mod forges;
 pub mod oci;
 pub mod pg;
 pub mod proxy;
@@ -80,6 +81,31 @@ macro_rules! on_both_engines {
 }
 pub(crate) use on_both_engines;
 
+/// For cases that build their own app (say, after starting a test forge the app points at):
+/// `each_engine!(case, …)` makes a test of each `async fn case(engine: Engine)` on SQLite and
+/// on PostgreSQL, which gets its app from `spawn_app_on_with(engine, …)` (`None`: skipped).
+macro_rules! each_engine {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Engine::Sqlite).await
+                }
+            )*
+        }
+        mod postgres {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(crate::common::Engine::Postgres).await
+                }
+            )*
+        }
+    };
+}
+pub(crate) use each_engine;
+
 /// The configuration a test app runs with; tests adjust it before spawning.
 pub fn test_args(dir: &std::path::Path) -> ServeArgs {
     ServeArgs {
@@ -111,6 +137,13 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         metrics_token: None,
         metrics_token_file: None,
         metrics_listen: None,
+        forgejo_upstream: None,
+        gitlab_upstream: None,
+        forge_ca_file: None,
+        forge_max_body_bytes: 1 << 30,
+        forge_unbound: leasegate::config::ForgeUnbound::Refuse,
+        forge_hold_s: 30,
+        forge_timeout_s: 120,
         db_max_connections: 8,
         db_acquire_timeout_ms: 3000,
         db_statement_timeout_ms: 5000,

@@ -1,0 +1,354 @@
+//! The forge gate's rules: which forge runner is which leasegate runner, and may it fetch a job
+//! from its forge now?
+//!
+//! A forge (Forgejo, Gitea, GitLab) hands out work when its runner asks for it, in one call.
+//! leasegate, in front of the forge, answers that call itself ("no work") for a runner the gate
+//! refuses, so the job stays queued in the forge and nothing is counted against it. The forge's
+//! runner is known by what it presents: a Forgejo/Gitea runner by its uuid, a GitLab runner by
+//! its authentication token, kept only as its SHA-256. Each is bound to the leasegate runner
+//! on the same machine, whose heartbeats carry the signed probe and image.
+//!
+//! The verdict on a fetch is the lease's verdict (rules 7–13) over the runner's *latest*
+//! recorded attestation, which must also be fresh: a runner whose agent stopped attesting gets
+//! no work, as a lease with an old attestation would get none.
+
+use super::runner::Runner;
+use super::time::Millis;
+use super::verdict::{Refusal, judge};
+
+/// The forges whose runners leasegate can gate. Gitea and Forgejo speak one protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ForgeKind {
+    Forgejo,
+    Gitlab,
+}
+
+impl ForgeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ForgeKind::Forgejo => "forgejo",
+            ForgeKind::Gitlab => "gitlab",
+        }
+    }
+
+    /// `gitea` is accepted as `forgejo`: the same runner protocol.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "forgejo" | "gitea" => Some(ForgeKind::Forgejo),
+            "gitlab" => Some(ForgeKind::Gitlab),
+            _ => None,
+        }
+    }
+}
+
+/// A forge runner as the forge knows it: a Forgejo/Gitea runner's uuid (lowercase,
+/// hyphenated), or the SHA-256 of a GitLab runner's authentication token (64 lowercase hex).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ForgeIdentity {
+    pub kind: ForgeKind,
+    /// The uuid, or the token's SHA-256.
+    pub key: String,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum BadIdentity {
+    #[error("kind: `{0}` is not forgejo, gitea or gitlab")]
+    Kind(String),
+    #[error(
+        "uuid: a forgejo or gitea runner is named by its uuid (the `uuid` of its .runner file)"
+    )]
+    Uuid,
+    #[error(
+        "token_sha256: a gitlab runner is named by the SHA-256 of its token, 64 lowercase hex characters"
+    )]
+    TokenSha256,
+}
+
+impl ForgeIdentity {
+    /// A Forgejo/Gitea runner by the uuid it sends as `x-runner-uuid`.
+    pub fn forgejo(uuid: &str) -> Result<Self, BadIdentity> {
+        let uuid = uuid::Uuid::parse_str(uuid.trim()).map_err(|_| BadIdentity::Uuid)?;
+        Ok(ForgeIdentity {
+            kind: ForgeKind::Forgejo,
+            key: uuid.hyphenated().to_string(),
+        })
+    }
+
+    /// A GitLab runner by the SHA-256 of its token, as an operator or the agent gives it.
+    pub fn gitlab_sha256(token_sha256: &str) -> Result<Self, BadIdentity> {
+        let ok = token_sha256.len() == 64
+            && token_sha256
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        if !ok {
+            return Err(BadIdentity::TokenSha256);
+        }
+        Ok(ForgeIdentity {
+            kind: ForgeKind::Gitlab,
+            key: token_sha256.to_string(),
+        })
+    }
+
+    /// A GitLab runner by the token it presents (never kept: only its SHA-256 is).
+    pub fn gitlab_token(token: &str) -> Self {
+        use sha2::{Digest, Sha256};
+        ForgeIdentity {
+            kind: ForgeKind::Gitlab,
+            key: hex::encode(Sha256::digest(token.as_bytes())),
+        }
+    }
+
+    /// From the parts of a binding as the API writes it.
+    pub fn parse(
+        kind: &str,
+        uuid: Option<&str>,
+        token_sha256: Option<&str>,
+    ) -> Result<Self, BadIdentity> {
+        match ForgeKind::parse(kind) {
+            Some(ForgeKind::Forgejo) => Self::forgejo(uuid.ok_or(BadIdentity::Uuid)?),
+            Some(ForgeKind::Gitlab) => {
+                Self::gitlab_sha256(token_sha256.ok_or(BadIdentity::TokenSha256)?)
+            }
+            None => Err(BadIdentity::Kind(kind.to_string())),
+        }
+    }
+}
+
+/// A binding of a forge runner to a leasegate runner, as views show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ForgeBinding {
+    pub identity: ForgeIdentity,
+    /// The last fetch the gate saw from it (updated at most every `FETCH_NOTE_INTERVAL_S`).
+    pub last_fetch_at: Option<Millis>,
+}
+
+/// How often a binding's `last_fetch_at` is written: a forge runner asks every few seconds,
+/// and a write per ask would be most of the store's work.
+pub const FETCH_NOTE_INTERVAL_S: i64 = 30;
+
+impl ForgeBinding {
+    /// Whether a fetch at `now` should be written down.
+    pub fn fetch_worth_noting(&self, now: Millis) -> bool {
+        self.last_fetch_at
+            .is_none_or(|at| now.secs_since(at) >= FETCH_NOTE_INTERVAL_S)
+    }
+}
+
+/// Why a forge runner's fetch is answered "no work". Each has the code a lease would get in
+/// the same state.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum FetchRefusal {
+    /// Bound to no leasegate runner.
+    UnknownRunner,
+    Revoked,
+    /// No attestation recorded, or the latest is older than an attestation may be.
+    NoFreshAttestation {
+        age_s: Option<i64>,
+        max_age_s: i64,
+    },
+    /// Rules 7–13 over the latest attestation.
+    Refused(Refusal),
+}
+
+impl FetchRefusal {
+    pub fn code(&self) -> &'static str {
+        match self {
+            FetchRefusal::UnknownRunner => "unknown_runner",
+            FetchRefusal::Revoked => "runner_revoked",
+            FetchRefusal::NoFreshAttestation { .. } => "attestation_expired",
+            FetchRefusal::Refused(r) => r.code(),
+        }
+    }
+
+    pub fn detail(&self) -> String {
+        match self {
+            FetchRefusal::UnknownRunner => {
+                "this forge runner is bound to no leasegate runner".into()
+            }
+            FetchRefusal::Revoked => "the runner is revoked".into(),
+            FetchRefusal::NoFreshAttestation { age_s: None, .. } => {
+                "the runner has never attested: is its leasegate heartbeat running?".into()
+            }
+            FetchRefusal::NoFreshAttestation {
+                age_s: Some(age),
+                max_age_s,
+            } => format!(
+                "the runner's latest attestation is {age} s old (at most {max_age_s} s allowed): is its leasegate heartbeat running?"
+            ),
+            FetchRefusal::Refused(r) => r.detail(),
+        }
+    }
+}
+
+/// The settings a fetch is judged by.
+#[derive(Clone, Copy, Debug)]
+pub struct FetchRules {
+    /// How old the latest attestation may be (an attestation's maximum age).
+    pub attestation_max_age_s: i64,
+    pub probe_max_age_s: i64,
+}
+
+/// May `runner` (in `pool`) fetch work from its forge at `now`?
+pub fn judge_fetch(
+    runner: &Runner,
+    pool: &super::pool::Pool,
+    now: Millis,
+    rules: FetchRules,
+) -> Result<(), FetchRefusal> {
+    if runner.is_revoked() {
+        return Err(FetchRefusal::Revoked);
+    }
+    let Some(latest) = &runner.latest else {
+        return Err(FetchRefusal::NoFreshAttestation {
+            age_s: None,
+            max_age_s: rules.attestation_max_age_s,
+        });
+    };
+    let age_s = now.secs_since(latest.received_at);
+    if age_s > rules.attestation_max_age_s {
+        return Err(FetchRefusal::NoFreshAttestation {
+            age_s: Some(age_s),
+            max_age_s: rules.attestation_max_age_s,
+        });
+    }
+    judge(&latest.state, runner.gate, pool, now, rules.probe_max_age_s)
+        .map_err(FetchRefusal::Refused)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::attestation::{Probe, RunningImage};
+    use crate::domain::digest::ImageDigest;
+    use crate::domain::ids::RunnerId;
+    use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName};
+    use crate::domain::runner::LatestAttestation;
+    use crate::domain::verdict::{AttestedState, GateState};
+
+    const NOW: Millis = Millis(1_800_000_000_000);
+    const RULES: FetchRules = FetchRules {
+        attestation_max_age_s: 60,
+        probe_max_age_s: 300,
+    };
+
+    fn image() -> ImageDigest {
+        ImageDigest::parse(&format!("sha256:{}", "a".repeat(64))).unwrap()
+    }
+
+    fn pool() -> Pool {
+        Pool {
+            name: PoolName::parse("linux").unwrap(),
+            image_ref: None,
+            image_policy: ImagePolicy::Enforce,
+            image_source: ImageSource::Manual,
+            gate_mode: GateMode::Enforce,
+            expected_image_ids: vec![image()],
+            previous_image_ids: vec![],
+            previous_valid_until: None,
+            drift_grace_s: 0,
+            resolve_interval_s: 300,
+            last_resolution: None,
+            resolution_failures: 0,
+            resolved_digest: None,
+            resolved_image_id: None,
+            next_resolve_at: None,
+            created_at: NOW,
+            updated_at: NOW,
+        }
+    }
+
+    fn runner(received_s_ago: Option<i64>, ok: bool) -> Runner {
+        Runner {
+            id: RunnerId("r1".into()),
+            name: "r1".into(),
+            pool: PoolName::parse("linux").unwrap(),
+            labels: Default::default(),
+            public_key_x: String::new(),
+            gate: GateState::default(),
+            revoked_at: None,
+            registered_at: NOW,
+            latest: received_s_ago.map(|s| LatestAttestation {
+                received_at: NOW.minus_secs(s),
+                state: AttestedState {
+                    probe: Probe {
+                        ok,
+                        runtime: "podman".into(),
+                        runtime_version: None,
+                        checked_at: NOW.minus_secs(s),
+                        error: (!ok).then(|| "crun not found".into()),
+                        exit_code: None,
+                    },
+                    image: RunningImage {
+                        id: Some(image()),
+                        ..Default::default()
+                    },
+                },
+            }),
+            current_lease: None,
+            forge_runners: vec![],
+        }
+    }
+
+    #[test]
+    fn a_fetch_is_judged_as_a_lease_on_the_latest_fresh_attestation() {
+        assert_eq!(
+            judge_fetch(&runner(Some(10), true), &pool(), NOW, RULES),
+            Ok(())
+        );
+        let failed = judge_fetch(&runner(Some(10), false), &pool(), NOW, RULES).unwrap_err();
+        assert_eq!(failed.code(), "probe_failed");
+        assert!(failed.detail().contains("crun not found"));
+        let old = judge_fetch(&runner(Some(61), true), &pool(), NOW, RULES).unwrap_err();
+        assert_eq!(old.code(), "attestation_expired");
+        assert!(old.detail().contains("61 s old"));
+        let never = judge_fetch(&runner(None, true), &pool(), NOW, RULES).unwrap_err();
+        assert_eq!(never.code(), "attestation_expired");
+        let mut revoked = runner(Some(1), true);
+        revoked.revoked_at = Some(NOW);
+        assert_eq!(
+            judge_fetch(&revoked, &pool(), NOW, RULES),
+            Err(FetchRefusal::Revoked)
+        );
+        let mut cordoned = runner(Some(1), true);
+        cordoned.gate.cordoned = true;
+        assert_eq!(
+            judge_fetch(&cordoned, &pool(), NOW, RULES)
+                .unwrap_err()
+                .code(),
+            "runner_cordoned"
+        );
+    }
+
+    #[test]
+    fn identities_are_normalised_and_checked() {
+        let a = ForgeIdentity::forgejo("0B9A7E3C-55A1-4D4A-9C9D-1E2F3A4B5C6D").unwrap();
+        assert_eq!(a.key, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d");
+        assert_eq!(
+            ForgeIdentity::parse("gitea", Some(&a.key), None).unwrap(),
+            a
+        );
+        assert_eq!(ForgeIdentity::forgejo("not-a-uuid"), Err(BadIdentity::Uuid));
+        let t = ForgeIdentity::gitlab_token("glrt-secret");
+        assert_eq!(t.key.len(), 64);
+        assert_eq!(ForgeIdentity::gitlab_sha256(&t.key).unwrap(), t);
+        assert_eq!(
+            ForgeIdentity::gitlab_sha256(&t.key.to_uppercase()),
+            Err(BadIdentity::TokenSha256)
+        );
+        assert!(matches!(
+            ForgeIdentity::parse("github", None, None),
+            Err(BadIdentity::Kind(_))
+        ));
+    }
+
+    #[test]
+    fn fetches_are_noted_at_most_every_interval() {
+        let b = |at: Option<Millis>| ForgeBinding {
+            identity: ForgeIdentity::gitlab_token("t"),
+            last_fetch_at: at,
+        };
+        assert!(b(None).fetch_worth_noting(NOW));
+        assert!(!b(Some(NOW.minus_secs(5))).fetch_worth_noting(NOW));
+        assert!(b(Some(NOW.minus_secs(FETCH_NOTE_INTERVAL_S))).fetch_worth_noting(NOW));
+    }
+}

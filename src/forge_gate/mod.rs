@@ -1,0 +1,116 @@
+//! The forge gate: leasegate in front of a Forgejo/Gitea or a GitLab, gating unmodified
+//! runners on unmodified forges.
+//!
+//! Every request under the forge's runner API is forwarded to the forge untouched
+//! (`upstream.rs`) except the one call with which a runner asks for work: Forgejo's
+//! `FetchTask` (`forgejo.rs`) and GitLab's `POST /api/v4/jobs/request` (`gitlab.rs`). That call
+//! is judged (`decide.rs`: the lease's rules over the bound runner's latest attestation) and,
+//! for a runner the gate refuses, answered "no work" by leasegate itself: the forge never sees
+//! it, so it claims no job and counts nothing. Every other call (updates, logs, traces,
+//! artifacts) is forwarded even for a refused runner, so a job already running can finish.
+//!
+//! The routes live outside the API's layers: no 64 KiB body limit (`LEASEGATE_FORGE_MAX_BODY_BYTES`
+//! instead), no security headers or problem rewriting of the forge's answers.
+
+mod decide;
+mod forgejo;
+mod gitlab;
+mod upstream;
+
+pub use decide::Verdict;
+pub use upstream::Upstream;
+
+use crate::app::AppState;
+use crate::domain::forge::ForgeKind;
+use crate::http::client::{Client, client_of};
+use axum::Router;
+use axum::extract::ConnectInfo;
+use axum::http::request::Parts;
+use axum::routing::any;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+use upstream::{Forwarder, Peer};
+
+/// The header a refused fetch's "no work" carries: the refusal's code.
+pub const REFUSAL_HEADER: &str = "x-leasegate-refusal";
+/// The header a forwarded fetch of an observing pool carries: what would have been refused.
+pub const WOULD_REFUSE_HEADER: &str = "x-leasegate-would-refuse";
+
+/// The forge gate's settings (`LEASEGATE_FORGEJO_UPSTREAM`, `LEASEGATE_GITLAB_UPSTREAM`, …).
+#[derive(Clone, Debug)]
+pub struct ForgeSettings {
+    pub forgejo: Option<Upstream>,
+    pub gitlab: Option<Upstream>,
+    pub ca_file: Option<PathBuf>,
+    pub max_body_bytes: u64,
+    /// Forward the fetches of forge runners bound to no leasegate runner.
+    pub pass_unbound: bool,
+    /// How long a refused GitLab runner's request is held.
+    pub hold: Duration,
+    /// How long a forge may take to begin an answer.
+    pub timeout: Duration,
+}
+
+/// The forge gate of a running service.
+pub struct ForgeGate {
+    settings: ForgeSettings,
+    forwarder: Forwarder,
+    recent: decide::Recent,
+}
+
+impl ForgeGate {
+    pub fn new(settings: ForgeSettings) -> anyhow::Result<Self> {
+        let forwarder = Forwarder::new(
+            settings.ca_file.as_deref(),
+            settings.max_body_bytes,
+            settings.timeout,
+        )?;
+        Ok(ForgeGate {
+            settings,
+            forwarder,
+            recent: decide::Recent::default(),
+        })
+    }
+
+    pub fn settings(&self) -> &ForgeSettings {
+        &self.settings
+    }
+}
+
+/// The forge routes, for the forges that are set; `None` when none is.
+pub fn router(state: &AppState) -> Option<Router<AppState>> {
+    let gate = state.forge_gate()?;
+    let mut router = Router::new();
+    if gate.settings.forgejo.is_some() {
+        for prefix in ["/api/actions", "/api/actions_pipeline", "/twirp"] {
+            router = router.route(&format!("{prefix}/{{*rest}}"), any(forgejo::handle));
+        }
+    }
+    if gate.settings.gitlab.is_some() {
+        router = router.route("/api/v4/{*rest}", any(gitlab::handle));
+    }
+    Some(router)
+}
+
+/// Who sent a request, as the client (for logs) and as the peer (for the forge's headers).
+fn peer_of(state: &AppState, parts: &Parts) -> Peer {
+    let peer = parts
+        .extensions
+        .get::<ConnectInfo<SocketAddr>>()
+        .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
+    let trusted = &state.settings().listener.trusted_proxies;
+    let client: Client = client_of(peer, &parts.headers, trusted);
+    Peer::of(client, peer, trusted.iter().any(|n| n.contains(&peer)))
+}
+
+/// The metric of a fetch's final outcome.
+fn count(state: &AppState, forge: ForgeKind, verdict: &Verdict, bound: bool) {
+    let (outcome, code) = match verdict {
+        Verdict::Forward if bound => ("forwarded", "none"),
+        Verdict::Forward => ("unbound_passed", "none"),
+        Verdict::Observe(r) => ("observed", r.code()),
+        Verdict::Refuse(r) => ("refused", r.code()),
+    };
+    state.metrics().forge_fetch(forge.as_str(), outcome, code);
+}

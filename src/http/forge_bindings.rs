@@ -1,0 +1,59 @@
+//! Forge runners as the API writes and shows them: `{"kind": "forgejo", "uuid": "…"}` for a
+//! Forgejo or Gitea runner (`"gitea"` is accepted as the same), `{"kind": "gitlab",
+//! "token_sha256": "…"}` for a GitLab runner. A registration may carry them; an operator
+//! replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`.
+
+use super::problem::ApiError;
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+/// The most forge runners one leasegate runner may carry (a gitlab-runner `config.toml` with
+/// many `[[runners]]` stays far below it).
+pub const MAX_FORGE_RUNNERS: usize = 64;
+
+/// One forge runner in a request.
+#[derive(Deserialize, Clone, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgeRunnerSpec {
+    /// `forgejo` (or `gitea`) or `gitlab`.
+    #[schema(example = "forgejo")]
+    kind: String,
+    /// A Forgejo or Gitea runner's uuid (its `.runner` file's `uuid`).
+    #[serde(default)]
+    uuid: Option<String>,
+    /// The SHA-256 of a GitLab runner's authentication token, 64 lowercase hex characters.
+    #[serde(default)]
+    token_sha256: Option<String>,
+}
+
+/// The identities of `specs`, checked, without repeats.
+pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeIdentity>, ApiError> {
+    if specs.len() > MAX_FORGE_RUNNERS {
+        return Err(ApiError::bad_request(format!(
+            "forge_runners: at most {MAX_FORGE_RUNNERS}"
+        )));
+    }
+    let mut out: Vec<ForgeIdentity> = Vec::with_capacity(specs.len());
+    for (i, s) in specs.iter().enumerate() {
+        let identity = ForgeIdentity::parse(&s.kind, s.uuid.as_deref(), s.token_sha256.as_deref())
+            .map_err(|e| ApiError::bad_request(format!("forge_runners[{i}].{e}")))?;
+        if !out.contains(&identity) {
+            out.push(identity);
+        }
+    }
+    Ok(out)
+}
+
+/// A binding as views show it.
+pub fn view(b: &ForgeBinding) -> Value {
+    let key_name = match b.identity.kind {
+        ForgeKind::Forgejo => "uuid",
+        ForgeKind::Gitlab => "token_sha256",
+    };
+    json!({
+        "kind": b.identity.kind.as_str(),
+        key_name: b.identity.key,
+        "last_fetch_at": b.last_fetch_at,
+    })
+}
