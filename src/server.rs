@@ -78,15 +78,26 @@ fn secrets_dir(database_url: &str) -> PathBuf {
 /// guessed, throttle or not.
 pub const MIN_SECRET_CHARS: usize = 32;
 
-/// The secret given directly, read from its file, or generated and kept (mode 0600).
+/// The secret `name` (`LEASEGATE_ADMIN_TOKEN`) given directly, read from its file
+/// (`name_FILE`), or generated and kept (mode 0600). A given one must be strong enough.
 fn load_secret(
+    name: &str,
     value: &Option<String>,
     file: &Option<PathBuf>,
     generated: PathBuf,
     what: &str,
 ) -> anyhow::Result<String> {
+    let strong = |source: String, secret: String| -> anyhow::Result<String> {
+        let chars = secret.chars().count();
+        anyhow::ensure!(
+            chars >= MIN_SECRET_CHARS,
+            "the {what} ({source}) is {chars} characters long; it must be at least \
+             {MIN_SECRET_CHARS} (`openssl rand -hex 32` makes one)"
+        );
+        Ok(secret)
+    };
     if let Some(v) = value.as_ref().filter(|v| !v.is_empty()) {
-        return Ok(v.clone());
+        return strong(name.to_string(), v.clone());
     }
     let read = |path: &Path| -> anyhow::Result<String> {
         let s = std::fs::read_to_string(path)
@@ -96,7 +107,7 @@ fn load_secret(
         Ok(s)
     };
     if let Some(path) = file {
-        return read(path);
+        return strong(format!("{name}_FILE {}", path.display()), read(path)?);
     }
     if generated.exists() {
         tracing::info!(path = %generated.display(), "using the {what} kept from an earlier start");
@@ -145,29 +156,20 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
         );
     }
     let dir = secrets_dir(&args.database_url);
-    let strong = |name: &str, secret: String| -> anyhow::Result<String> {
-        let chars = secret.chars().count();
-        anyhow::ensure!(
-            chars >= MIN_SECRET_CHARS,
-            "{name} is {chars} characters long; it must be at least {MIN_SECRET_CHARS} \
-             (`openssl rand -hex 32` makes one)"
-        );
-        Ok(secret)
-    };
     let admin = load_secret(
+        "LEASEGATE_ADMIN_TOKEN",
         &args.admin_token,
         &args.admin_token_file,
         dir.join("leasegate-admin.token"),
         "admin token",
-    )
-    .and_then(|s| strong("the admin token (LEASEGATE_ADMIN_TOKEN)", s))?;
+    )?;
     let forge = load_secret(
+        "LEASEGATE_FORGE_TOKEN",
         &args.forge_token,
         &args.forge_token_file,
         dir.join("leasegate-forge.token"),
         "forge token",
-    )
-    .and_then(|s| strong("the forge token (LEASEGATE_FORGE_TOKEN)", s))?;
+    )?;
     anyhow::ensure!(admin != forge, "the admin and forge tokens must differ");
     Ok(Secrets { admin, forge })
 }
@@ -271,7 +273,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("binding {}", args.listen))?;
     let addr = listener.local_addr()?;
-    tracing::info!(%addr, "listening");
+    let caps = &state.settings().listener.caps;
+    tracing::info!(
+        %addr,
+        max_connections = caps.max_total,
+        max_connections_per_peer = caps.max_per_peer,
+        "listening"
+    );
     tokio::spawn(cancel_on_signal(shutdown));
     run(listener, state).await?;
     tracing::info!("stopped");

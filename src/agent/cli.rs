@@ -81,6 +81,16 @@ pub struct RegisterArgs {
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
 
+    /// A Forgejo or Gitea runner's registration file (`.runner`) on this machine, for the
+    /// forge gate; may be repeated.
+    #[arg(long = "forgejo-runner-file")]
+    pub forgejo_runner_files: Vec<PathBuf>,
+
+    /// gitlab-runner's `config.toml` on this machine: every `[[runners]]` in it is bound, by
+    /// the SHA-256 of its token (the token is never sent); may be repeated.
+    #[arg(long = "gitlab-config")]
+    pub gitlab_configs: Vec<PathBuf>,
+
     #[command(flatten)]
     pub key: KeyArg,
 

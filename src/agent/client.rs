@@ -253,12 +253,22 @@ impl AgentClient {
         name: &str,
         public_jwk: &Value,
         labels: &BTreeMap<String, String>,
+        forge_runners: &[crate::domain::forge::ForgeIdentity],
     ) -> Result<Registration, ClientError> {
+        use crate::domain::forge::ForgeKind;
+        let forge_runners: Vec<Value> = forge_runners
+            .iter()
+            .map(|f| match f.kind {
+                ForgeKind::Forgejo => json!({"kind": "forgejo", "uuid": f.key}),
+                ForgeKind::Gitlab => json!({"kind": "gitlab", "token_sha256": f.key}),
+            })
+            .collect();
         let body = json!({
             "registration_token": registration_token,
             "name": name,
             "public_key": public_jwk,
             "labels": labels,
+            "forge_runners": forge_runners,
         });
         let r = self.post("/api/v1/runners", None, Some(body), None).await?;
         self.typed(r).await

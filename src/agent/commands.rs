@@ -12,7 +12,7 @@ use super::exit::Exit;
 use super::keys::RunnerKey;
 use super::probe::{self, Depth, ProbeSpec};
 use super::state::RunnerState;
-use super::{attestation, heartbeat, key_file};
+use super::{attestation, forge_runners, heartbeat, key_file};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -75,10 +75,23 @@ async fn register(a: RegisterArgs) -> Outcome {
     let key = key_file::load(&a.key.key).map_err(|e| e.to_string())?;
     // Before the token is spent: a taken state file would otherwise lose the new runner's ID.
     RunnerState::ensure_absent(&a.state).map_err(|e| e.to_string())?;
+    let mut forge_runners = Vec::new();
+    for path in &a.forgejo_runner_files {
+        forge_runners.push(forge_runners::from_forgejo_runner_file(path)?);
+    }
+    for path in &a.gitlab_configs {
+        forge_runners.extend(forge_runners::from_gitlab_config(path)?);
+    }
     let client = AgentClient::new(&a.server).map_err(|e| e.to_string())?;
     let labels: BTreeMap<String, String> = a.labels.into_iter().collect();
     let reg = match client
-        .register(&a.registration_token, &a.name, &key.public_jwk(), &labels)
+        .register(
+            &a.registration_token,
+            &a.name,
+            &key.public_jwk(),
+            &labels,
+            &forge_runners,
+        )
         .await
     {
         Ok(r) => r,

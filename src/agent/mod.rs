@@ -13,6 +13,7 @@ pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod exit;
+pub mod forge_runners;
 pub mod heartbeat;
 pub mod key_file;
 pub mod keys;
