@@ -565,14 +565,28 @@ async fn register_binds_the_forge_runners_it_reads_from_their_own_files() {
     )
     .unwrap();
     let key = dir.path().join("runner.key");
-    assert_eq!(run(runner(&["keygen", "--key", key.to_str().unwrap()])).await.code, 0);
+    assert_eq!(
+        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
+            .await
+            .code,
+        0
+    );
     let token = app.registration_token("linux").await;
     let state = dir.path().join("runner.json");
     let mut cmd = runner(&[
-        "register", "--server", &app.base, "--name", "build-01",
-        "--key", key.to_str().unwrap(), "--state", state.to_str().unwrap(),
-        "--forgejo-runner-file", dot_runner.to_str().unwrap(),
-        "--gitlab-config", config.to_str().unwrap(),
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        "build-01",
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--forgejo-runner-file",
+        dot_runner.to_str().unwrap(),
+        "--gitlab-config",
+        config.to_str().unwrap(),
     ]);
     cmd.env("LEASEGATE_REGISTRATION_TOKEN", &token);
     let ran = run(cmd).await;
@@ -587,10 +601,22 @@ async fn register_binds_the_forge_runners_it_reads_from_their_own_files() {
         .as_array()
         .unwrap()
         .iter()
-        .map(|b| (b["kind"].as_str().unwrap().to_string(), b["uuid"].as_str().or(b["token_sha256"].as_str()).unwrap().to_string()))
+        .map(|b| {
+            (
+                b["kind"].as_str().unwrap().to_string(),
+                b["uuid"]
+                    .as_str()
+                    .or(b["token_sha256"].as_str())
+                    .unwrap()
+                    .to_string(),
+            )
+        })
         .collect();
     let mut expected = vec![
-        ("forgejo".to_string(), "7d1c9f0e-2b3a-4c5d-8e9f-0a1b2c3d4e5f".to_string()),
+        (
+            "forgejo".to_string(),
+            "7d1c9f0e-2b3a-4c5d-8e9f-0a1b2c3d4e5f".to_string(),
+        ),
         ("gitlab".to_string(), sha("glrt-first")),
         ("gitlab".to_string(), sha("glrt-second")),
     ];
@@ -605,9 +631,17 @@ async fn register_binds_the_forge_runners_it_reads_from_their_own_files() {
     let broken = dir.path().join("broken.toml");
     std::fs::write(&broken, "concurrent = 1\n").unwrap();
     let mut cmd = runner(&[
-        "register", "--server", &app.base, "--name", "build-02",
-        "--key", key.to_str().unwrap(), "--state", dir.path().join("other.json").to_str().unwrap(),
-        "--gitlab-config", broken.to_str().unwrap(),
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        "build-02",
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        dir.path().join("other.json").to_str().unwrap(),
+        "--gitlab-config",
+        broken.to_str().unwrap(),
     ]);
     let spare = app.registration_token("linux").await;
     cmd.env("LEASEGATE_REGISTRATION_TOKEN", &spare);
@@ -615,5 +649,9 @@ async fn register_binds_the_forge_runners_it_reads_from_their_own_files() {
     assert_ne!(ran.code, 0);
     assert!(ran.stderr.contains("no [[runners]]"), "{ran:?}");
     let r = app.post("/api/v1/runners", json!({"registration_token": spare, "name": "build-02", "public_key": leasegate::agent::keys::RunnerKey::generate().public_jwk()})).await;
-    assert_eq!(r.status(), reqwest::StatusCode::CREATED, "the token was spent");
+    assert_eq!(
+        r.status(),
+        reqwest::StatusCode::CREATED,
+        "the token was spent"
+    );
 }

@@ -10,12 +10,19 @@ pub fn from_forgejo_runner_file(path: &Path) -> Result<ForgeIdentity, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--forgejo-runner-file {}: {e}", path.display()))?;
     let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!("--forgejo-runner-file {}: not the runner's JSON registration ({e})", path.display())
+        format!(
+            "--forgejo-runner-file {}: not the runner's JSON registration ({e})",
+            path.display()
+        )
     })?;
     let uuid = v["uuid"].as_str().ok_or_else(|| {
-        format!("--forgejo-runner-file {}: no `uuid` (is the runner registered?)", path.display())
+        format!(
+            "--forgejo-runner-file {}: no `uuid` (is the runner registered?)",
+            path.display()
+        )
     })?;
-    ForgeIdentity::forgejo(uuid).map_err(|e| format!("--forgejo-runner-file {}: {e}", path.display()))
+    ForgeIdentity::forgejo(uuid)
+        .map_err(|e| format!("--forgejo-runner-file {}: {e}", path.display()))
 }
 
 /// The forge runners of a gitlab-runner `config.toml`: one per `[[runners]]` with a token.
@@ -59,7 +66,10 @@ mod tests {
         )
         .unwrap();
         let id = from_forgejo_runner_file(&runner).unwrap();
-        assert_eq!((id.kind, id.key.as_str()), (ForgeKind::Forgejo, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d"));
+        assert_eq!(
+            (id.kind, id.key.as_str()),
+            (ForgeKind::Forgejo, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d")
+        );
 
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -68,12 +78,22 @@ mod tests {
         )
         .unwrap();
         let ids = from_gitlab_config(&config).unwrap();
-        assert_eq!(ids, vec![ForgeIdentity::gitlab_token("glrt-one"), ForgeIdentity::gitlab_token("glrt-two")]);
+        assert_eq!(
+            ids,
+            vec![
+                ForgeIdentity::gitlab_token("glrt-one"),
+                ForgeIdentity::gitlab_token("glrt-two")
+            ]
+        );
         // The token itself never leaves: only its hash is an identity.
         assert!(!ids[0].key.contains("glrt"));
 
         std::fs::write(&config, "concurrent = 1\n").unwrap();
-        assert!(from_gitlab_config(&config).unwrap_err().contains("no [[runners]]"));
+        assert!(
+            from_gitlab_config(&config)
+                .unwrap_err()
+                .contains("no [[runners]]")
+        );
         assert!(from_forgejo_runner_file(&dir.path().join("missing")).is_err());
     }
 }
