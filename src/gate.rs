@@ -196,7 +196,11 @@ impl Gate {
             Ok(image) => image,
             Err(bad) => {
                 // Rules 5 and 6 still come first; then the bad digest, with nothing recorded.
-                if self.store.jti_seen(&runner.id, &attestation.jti).await? {
+                if self
+                    .store
+                    .jti_seen(&runner.id, &attestation.jti, now)
+                    .await?
+                {
                     return Err(AdmitError::Replayed);
                 }
                 if runner.is_revoked() {

@@ -6,7 +6,6 @@ mod common;
 
 use common::*;
 use reqwest::StatusCode;
-use sqlx::Connection;
 use std::time::{Duration, Instant};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -20,13 +19,13 @@ async fn a_locked_database_file_answers_503_and_recovers() {
     );
 
     // Another process takes the write lock and keeps it.
-    let mut other = sqlx::SqliteConnection::connect(&app.database_url)
-        .await
-        .unwrap();
-    sqlx::raw_sql("BEGIN IMMEDIATE")
-        .execute(&mut other)
-        .await
-        .unwrap();
+    let leasegate::store::DatabaseUrl::Sqlite(path) =
+        leasegate::store::DatabaseUrl::parse(&app.database_url).unwrap()
+    else {
+        panic!("not a SQLite URL")
+    };
+    let other = rusqlite::Connection::open(path).unwrap();
+    other.execute_batch("BEGIN IMMEDIATE").unwrap();
 
     let started = Instant::now();
     let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
@@ -43,8 +42,8 @@ async fn a_locked_database_file_answers_503_and_recovers() {
         started.elapsed()
     );
 
-    sqlx::raw_sql("ROLLBACK").execute(&mut other).await.unwrap();
-    other.close().await.unwrap();
+    other.execute_batch("ROLLBACK").unwrap();
+    drop(other);
     let ready = app.client.get(app.url("/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), StatusCode::OK);
     assert_eq!(

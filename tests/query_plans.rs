@@ -12,6 +12,16 @@ use common::*;
 use leasegate::store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 use sqlx::Connection;
 
+/// A connection of its own to the app's SQLite file.
+fn sqlite(url: &str) -> rusqlite::Connection {
+    let leasegate::store::DatabaseUrl::Sqlite(path) =
+        leasegate::store::DatabaseUrl::parse(url).unwrap()
+    else {
+        panic!("not a SQLite URL: {url}")
+    };
+    rusqlite::Connection::open(path).unwrap()
+}
+
 /// The single claim (the raw baseline's) and a round's claim of 64 jobs at once.
 fn candidates_for(pool: &str) -> [String; 2] {
     [
@@ -26,26 +36,24 @@ fn candidates_for(pool: &str) -> [String; 2] {
 async fn sqlite_claim_uses_the_partial_queue_index() {
     let app = spawn_app().await;
     app.pool("linux", &[IMAGE_A]).await;
-    let mut conn = sqlx::SqliteConnection::connect(&app.database_url)
-        .await
-        .unwrap();
-    sqlx::raw_sql(
+    let conn = sqlite(&app.database_url);
+    conn.execute_batch(
         "WITH RECURSIVE n(i) AS (SELECT 1 UNION ALL SELECT i + 1 FROM n WHERE i < 20000) \
          INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
          SELECT 'j' || i, 'linux', '{}', CASE WHEN i % 100 = 0 THEN 'queued' ELSE 'succeeded' END, 3, i, i FROM n; \
          ANALYZE;",
     )
-    .execute(&mut conn)
-    .await
     .unwrap();
     for candidate in candidates_for("linux") {
-        let plan: Vec<(i64, i64, i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN QUERY PLAN {candidate}"
-        )))
-        .fetch_all(&mut conn)
-        .await
-        .unwrap();
-        let text: Vec<&str> = plan.iter().map(|r| r.3.as_str()).collect();
+        let mut explain = conn
+            .prepare(&format!("EXPLAIN QUERY PLAN {candidate}"))
+            .unwrap();
+        let plan: Vec<String> = explain
+            .query_map([], |r| r.get::<_, String>(3))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        let text: Vec<&str> = plan.iter().map(String::as_str).collect();
         assert!(
             text.iter().any(|d| d.contains("jobs_queue_order")),
             "plan of {candidate}: {text:?}"

@@ -2,9 +2,10 @@
 //! machine: raw EdDSA verifications with the very check the service makes, and the claim
 //! transaction run directly on the engine.
 
+use super::baseline;
 use super::fleet::{self, Fleet};
 use super::{BenchArgs, Target};
-use crate::store::raw_claims;
+use crate::store::DatabaseUrl;
 use std::time::{Duration, Instant};
 
 /// Verifications per second on one core, and the number of cores.
@@ -42,7 +43,7 @@ pub fn verifications_per_second(sample: &(String, String)) -> (f64, usize) {
 /// Raw claim transactions per second on the service's own engine, against a pool of its own
 /// filled with `args.jobs` jobs, while the service is idle.
 pub async fn raw_claims(
-    url: &str,
+    url: &DatabaseUrl,
     fleet: &Fleet,
     client: &reqwest::Client,
     target: &Target,
@@ -79,28 +80,14 @@ pub async fn raw_claims(
     )
     .await?;
     let limit = Duration::from_secs(args.duration_s.max(1));
-    let result = if let Some(path) = url
-        .strip_prefix("sqlite://")
-        .or_else(|| url.strip_prefix("sqlite:"))
-    {
-        let (path, pool, runner_id, n) = (
-            path.split('?').next().unwrap_or(path).to_string(),
-            pool.clone(),
-            runner.runner_id().to_string(),
-            args.jobs as u64,
-        );
-        tokio::task::spawn_blocking(move || raw_claims::sqlite(&path, &pool, &runner_id, n, limit))
-            .await??
-    } else {
-        raw_claims::postgres(
-            url,
-            &pool,
-            runner.runner_id(),
-            args.jobs as u64,
-            args.concurrency as u32,
-            limit,
-        )
-        .await?
-    };
-    Ok(result.per_second())
+    let claimed = baseline::raw_claims(
+        url,
+        &pool,
+        runner.runner_id(),
+        args.jobs as u64,
+        args.concurrency as u32,
+        limit,
+    )
+    .await?;
+    Ok(claimed.per_second())
 }

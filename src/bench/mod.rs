@@ -7,6 +7,7 @@
 //! claim transaction executed directly on the engine. Timings on a shared machine are noisy, so
 //! it reports ratios measured in one run rather than absolute thresholds.
 
+mod baseline;
 mod fleet;
 mod limits;
 mod load;
@@ -14,6 +15,7 @@ mod long_polls;
 mod wire;
 
 use crate::config::ServeArgs;
+use crate::store::DatabaseUrl;
 use clap::Args;
 use clap::Parser;
 use load::{Drive, OpReport};
@@ -142,7 +144,7 @@ struct Target {
     base: String,
     admin: String,
     forge: String,
-    database_url: Option<String>,
+    database_url: Option<DatabaseUrl>,
     shutdown: Option<CancellationToken>,
     _dir: Option<TempDir>,
 }
@@ -182,7 +184,11 @@ async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
             base,
             admin,
             forge,
-            database_url: args.database_url.clone(),
+            database_url: args
+                .database_url
+                .as_deref()
+                .map(DatabaseUrl::parse)
+                .transpose()?,
             shutdown: None,
             _dir: None,
         });
@@ -216,7 +222,7 @@ async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
         base,
         admin,
         forge,
-        database_url: Some(database_url),
+        database_url: Some(DatabaseUrl::parse(&database_url)?),
         shutdown: Some(shutdown),
         _dir: Some(dir),
     })
@@ -232,11 +238,10 @@ fn ratio(numerator: Option<&OpReport>, denominator: Option<f64>) -> Option<f64> 
 /// Runs the benchmark and prints (and optionally writes) its report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let target = start(&args).await?;
-    let engine = match target.database_url.as_deref() {
-        Some(u) if u.starts_with("postgres") => "postgres",
-        Some(_) => "sqlite",
-        None => "unknown",
-    };
+    let engine = target
+        .database_url
+        .as_ref()
+        .map_or("unknown", DatabaseUrl::engine);
     let client = reqwest::Client::builder()
         .pool_max_idle_per_host(args.concurrency * 2)
         .build()?;
@@ -250,11 +255,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     if args.preload > 0 {
         let url = target
             .database_url
-            .as_deref()
+            .as_ref()
             .ok_or_else(|| anyhow::anyhow!("--preload needs --database-url"))?;
-        crate::store::raw_claims::preload(url, &fleet.pool, args.preload).await?;
+        baseline::preload(url, &fleet.pool, args.preload).await?;
         if args.preclaim > 0 {
-            crate::store::raw_claims::preclaim(url, &fleet.pool, args.preclaim).await?;
+            baseline::preclaim(url, &fleet.pool, args.preclaim).await?;
         }
     }
     let mut ops = Vec::new();

@@ -5,7 +5,9 @@
 //! to do, and writes the result fenced by the lease id and its prior state, so that a late call
 //! from an expired lease can never complete or extend a job that moved on.
 
+use super::ids::{JobId, LeaseId, RunnerId};
 use super::job::{EventKind, JobState};
+use super::pool::PoolName;
 use super::time::Millis;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -52,6 +54,49 @@ impl LeaseState {
 
     pub fn is_live(self) -> bool {
         matches!(self, LeaseState::Leased | LeaseState::Running)
+    }
+}
+
+/// A lease as the lease calls answer it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Lease {
+    pub id: LeaseId,
+    pub job_id: JobId,
+    pub runner_id: RunnerId,
+    pub pool: PoolName,
+    pub state: LeaseState,
+    /// The attempt number this lease is (or will be, once started).
+    pub attempt: i64,
+    pub granted_at: Millis,
+    pub started_at: Option<Millis>,
+    pub expires_at: Millis,
+    pub ended_at: Option<Millis>,
+}
+
+impl Lease {
+    /// The lease a claim grants at `now` on a job that has used `attempts`: the attempt it will
+    /// be once started (none is used until then), alive for `ttl_s` without an `extend`.
+    pub fn granted(
+        id: LeaseId,
+        job_id: JobId,
+        runner_id: RunnerId,
+        pool: PoolName,
+        attempts: i64,
+        now: Millis,
+        ttl_s: i64,
+    ) -> Lease {
+        Lease {
+            id,
+            job_id,
+            runner_id,
+            pool,
+            state: LeaseState::Leased,
+            attempt: attempts + 1,
+            granted_at: now,
+            started_at: None,
+            expires_at: now.plus_secs(ttl_s),
+            ended_at: None,
+        }
     }
 }
 

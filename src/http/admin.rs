@@ -364,7 +364,7 @@ async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json
     let id = RunnerId::parse("id", &id)?;
     state
         .store()
-        .set_cordoned(&id, cordoned, Millis::now())
+        .set_cordoned(&id, cordoned)
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
     tracing::info!(runner_id = %id, cordoned, "runner cordon changed");

@@ -336,12 +336,19 @@ pub struct StatusChange {
     pub detail: Option<String>,
 }
 
-/// One refused lease or gate check.
+/// A run of refused leases, gate checks or forge fetches with one code, one entry however
+/// many it holds.
 #[derive(Serialize, ToSchema)]
 pub struct RefusalRecord {
+    /// The run's latest refusal.
     pub at: String,
     pub code: String,
+    /// The latest refusal's detail.
     pub detail: String,
+    /// How many refusals the run holds.
+    pub count: i64,
+    /// The run's first refusal.
+    pub first_at: String,
 }
 
 /// One of a runner's leases.

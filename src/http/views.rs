@@ -154,8 +154,11 @@ pub fn runner_history(history: &RunnerHistory) -> Value {
         "status_changes": history.status_changes.iter().map(|c| json!({
             "at": c.at, "from": c.from, "to": c.to, "detail": c.detail,
         })).collect::<Vec<_>>(),
+        // One entry per run of refusals with one code: its latest time and detail, its first
+        // time and how many it holds.
         "refusals": history.refusals.iter().map(|r| json!({
-            "at": r.at, "code": r.code, "detail": r.detail,
+            "at": r.at, "code": r.code, "detail": r.detail, "count": r.count,
+            "first_at": r.first_at,
         })).collect::<Vec<_>>(),
         "leases": history.leases.iter().map(|l| json!({
             "lease_id": l.id, "job_id": l.job_id, "state": l.state.as_str(), "attempt": l.attempt,

@@ -4,13 +4,15 @@
 //! Under a light load a round holds one request and costs what a transaction of its own would;
 //! under a heavy one, rounds grow and the cost per request falls, since a round's statements and
 //! its commit are shared. Each request is answered only after the round that holds it commits.
-//! Several lanes may write rounds at once: one on SQLite, which has one writer anyway; several on
+//! Several lanes may write rounds at once: one on SQLite, which has one writer anyway; two on
 //! PostgreSQL, where their claims skip each other's locked jobs and, since each runner keeps to
 //! one lane, they never lock the same runner.
 
-use super::retry::{Conflicting, retrying};
-use super::round::{RoundItem, RoundOutcome};
-use super::{DynStore, StoreError, StoreResult};
+use super::engine::{Engine, work};
+use super::gated::Held;
+use super::retry::retrying;
+use super::sql::round::{self, RoundItem, RoundOutcome};
+use super::{StoreError, StoreResult};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
@@ -32,11 +34,12 @@ impl GroupCommit {
     /// Starts `lanes` round writers on `engine`, each with its own queue. A runner's requests
     /// always take the same lane, so rounds written at once never lock the same runner's row
     /// and never wait on each other. The writers stop when every `GroupCommit` is gone.
-    pub fn start(engine: DynStore, lanes: usize) -> Self {
+    /// What a round changed (a quarantine it lifted) is applied to `held` once it commits.
+    pub fn start<E: Engine>(engine: Arc<E>, held: Held, lanes: usize) -> Self {
         let lanes = (0..lanes.max(1))
             .map(|_| {
                 let (queue, rx) = mpsc::unbounded_channel();
-                tokio::spawn(write_rounds(engine.clone(), rx));
+                tokio::spawn(write_rounds(engine.clone(), held.clone(), rx));
                 queue
             })
             .collect();
@@ -70,52 +73,79 @@ fn lane_of(item: &RoundItem, lanes: usize) -> usize {
     (hasher.finish() % lanes as u64) as usize
 }
 
-async fn write_rounds(engine: DynStore, mut rx: mpsc::UnboundedReceiver<Waiting>) {
+/// `items` as one round in one transaction; what it changed applied to `held` after.
+async fn write<E: Engine>(
+    engine: &E,
+    held: &Held,
+    items: Arc<Vec<RoundItem>>,
+) -> StoreResult<Vec<RoundOutcome>> {
+    let (outcomes, changes) = engine
+        .write(work(move |db| {
+            Box::pin(async move { round::write(db, &items).await })
+        }))
+        .await?;
+    for change in &changes {
+        held.apply(change);
+    }
+    Ok(outcomes)
+}
+
+async fn write_rounds<E: Engine>(
+    engine: Arc<E>,
+    held: Held,
+    mut rx: mpsc::UnboundedReceiver<Waiting>,
+) {
     // A round is whatever is waiting when the previous one is done, up to MAX_ROUND.
     while let Some(first) = rx.recv().await {
-        let mut round = vec![first];
-        while round.len() < MAX_ROUND {
+        let mut waiting = vec![first];
+        while waiting.len() < MAX_ROUND {
             match rx.try_recv() {
-                Ok(w) => round.push(w),
+                Ok(w) => waiting.push(w),
                 Err(_) => break,
             }
         }
-        let (size, started) = (round.len(), std::time::Instant::now());
-        write_round(&engine, round).await;
+        let (size, started) = (waiting.len(), std::time::Instant::now());
+        let (items, replies): (Vec<RoundItem>, Vec<_>) =
+            waiting.into_iter().map(|w| (w.item, w.reply)).unzip();
+        // Shared with the round's work, and kept for a retry one by one.
+        let items = Arc::new(items);
+        match write(&*engine, &held, items.clone()).await {
+            Ok(outcomes) => {
+                for (reply, outcome) in replies.into_iter().zip(outcomes) {
+                    let _ = reply.send(Ok(outcome));
+                }
+            }
+            // Nothing of a failed round was written. Retried one by one, a failure that belongs
+            // to one request (a conflict, a constraint) stays with it and the others go through;
+            // a conflict is tried again (`retry`). An unavailable database is everyone's
+            // failure: retrying each request would only make each wait for its own timeout.
+            Err(e @ (StoreError::Internal(_) | StoreError::Conflict(_)))
+                if items.len() > 1 || e.is_conflict() =>
+            {
+                tracing::debug!(error = %e, size, "a round failed; retrying its requests one by \
+                    one");
+                for (item, reply) in items.iter().zip(replies) {
+                    let alone = retrying(|| async {
+                        let mut outcomes =
+                            write(&*engine, &held, Arc::new(vec![item.clone()])).await?;
+                        outcomes.pop().ok_or_else(|| {
+                            StoreError::Internal("a round answered no outcome".into())
+                        })
+                    })
+                    .await;
+                    let _ = reply.send(alone);
+                }
+            }
+            Err(e) => {
+                for reply in replies {
+                    let _ = reply.send(Err(e.clone()));
+                }
+            }
+        }
         tracing::trace!(
             size,
             elapsed_us = started.elapsed().as_micros() as u64,
             "round written"
         );
-    }
-}
-
-async fn write_round(engine: &DynStore, round: Vec<Waiting>) {
-    let (items, replies): (Vec<RoundItem>, Vec<_>) =
-        round.into_iter().map(|w| (w.item, w.reply)).unzip();
-    match engine.write_round(&items).await {
-        Ok(outcomes) => {
-            for (reply, outcome) in replies.into_iter().zip(outcomes) {
-                let _ = reply.send(Ok(outcome));
-            }
-        }
-        // Nothing of a failed round was written. Retried one by one, a failure that belongs
-        // to one request (a conflict, a constraint) stays with it and the others go through;
-        // a conflict is tried again (`retry`). An unavailable database is everyone's failure:
-        // retrying each request would only make each wait for its own timeout.
-        Err(e @ (StoreError::Internal(_) | StoreError::Conflict(_)))
-            if items.len() > 1 || e.is_conflict() =>
-        {
-            tracing::debug!(error = %e, size = items.len(), "a round failed; retrying its requests one by one");
-            for (item, reply) in items.into_iter().zip(replies) {
-                // The engine's own `submit`: a round of one.
-                let _ = reply.send(retrying(|| engine.submit(item.clone())).await);
-            }
-        }
-        Err(e) => {
-            for reply in replies {
-                let _ = reply.send(Err(e.clone()));
-            }
-        }
     }
 }

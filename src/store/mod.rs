@@ -1,41 +1,40 @@
-//! Persistence: the `Store` trait and one implementation per engine.
+//! Persistence: the service's `Store`, its one implementation, and the two engines under it.
 //!
 //! This is the only place SQL lives and the only place that knows which engine is in use.
-//! Handlers hold an `Arc<dyn Store>`. Every rule that decides what a write should be comes from
-//! `domain`; the engines only load, fence and write, each in one transaction.
+//! Handlers hold an `Arc<dyn Store>`: the service's API, nothing of how it is written. Under
+//! it, `gated::GatedStore` is group commit and the gate's cache over an `engine::Engine`;
+//! every statement is a function of `sql/`, once, over the engine interface; `sqlite.rs` and
+//! `postgres.rs` are that interface over each engine. Every rule that decides what a write
+//! should be comes from `domain`; the store only loads, fences and writes, each call in one
+//! transaction. `docs/ARCHITECTURE.md` draws the map.
 
-mod fast;
+pub mod engine;
+mod gated;
 mod group_commit;
-mod pg_rounds;
 pub mod postgres;
-pub mod raw_claims;
 pub mod retry;
-pub mod round;
-mod round_sql;
-mod round_writer;
-mod rows;
 pub mod signal;
-mod sql_store;
+pub mod sql;
 pub mod sqlite;
-mod sqlite_rounds;
 pub mod verdict_cache;
 
-pub use round::{Rejection, RoundItem, RoundOutcome, RoundResult};
-pub use round_sql::CLAIM_BATCH_SQL;
+pub use crate::domain::lease::Lease;
 pub use signal::JobSignal;
-pub use sql_store::CLAIM_CANDIDATE_SQL;
+pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
+pub use sql::round::{Rejection, RoundItem, RoundOutcome};
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent};
-use crate::domain::lease::{LeaseCall, LeaseCallError, LeaseState};
+use crate::domain::lease::{LeaseCall, LeaseCallError};
 use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, RunnerStatus};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// How many attestations and refusals are kept per runner (rings), and status changes.
@@ -104,6 +103,13 @@ pub(crate) fn is_unavailable(code: Option<&str>, message: &str) -> bool {
     .any(|s| m.contains(s))
 }
 
+impl StoreError {
+    /// A conflict with another transaction: worth another try (`retry`).
+    pub fn is_conflict(&self) -> bool {
+        matches!(self, StoreError::Conflict(_))
+    }
+}
+
 pub type StoreResult<T> = Result<T, StoreError>;
 
 /// A runner about to be registered.
@@ -153,22 +159,6 @@ pub struct AttestationRecord {
     pub status: RunnerStatus,
     /// The refusal to record, for a lease or gate check refused under rules 7–13.
     pub refusal: Option<(String, String)>,
-}
-
-/// A lease as the lease calls answer it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Lease {
-    pub id: LeaseId,
-    pub job_id: JobId,
-    pub runner_id: RunnerId,
-    pub pool: PoolName,
-    pub state: LeaseState,
-    /// The attempt number this lease is (or will be, once started).
-    pub attempt: i64,
-    pub granted_at: Millis,
-    pub started_at: Option<Millis>,
-    pub expires_at: Millis,
-    pub ended_at: Option<Millis>,
 }
 
 /// What a claim needs: who claims, from which pool, and the new lease's identity.
@@ -247,10 +237,19 @@ pub struct StatusChange {
     pub detail: Option<String>,
 }
 
+/// A run of refusals with one code: the ring keeps one entry per run, not one per refusal.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RefusalEntry {
+    /// The run's place in the runner's refusal ring (increasing).
+    pub seq: i64,
+    /// The run's first refusal.
+    pub first_at: Millis,
+    /// Its latest refusal.
     pub at: Millis,
+    /// How many refusals the run holds.
+    pub count: i64,
     pub code: String,
+    /// The latest refusal's detail.
     pub detail: String,
 }
 
@@ -295,15 +294,17 @@ pub struct EndedLease {
     pub job_state: crate::domain::job::JobState,
 }
 
+/// The service's store. One implementation (`gated::GatedStore`) over either engine; every
+/// write is committed before it is answered.
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
     /// `sqlite` or `postgres`, for logs and metrics.
     fn engine(&self) -> &'static str;
 
-    /// Wakes long polls when a job is enqueued (in-process or across replicas).
+    /// Wakes long polls when a job is enqueued or returned (in-process or across replicas).
     fn job_signal(&self) -> &JobSignal;
 
-    /// Does the database answer?
+    /// Does the database answer (and, for SQLite, may it be written)?
     async fn ping(&self) -> StoreResult<()>;
 
     async fn put_pool(
@@ -359,14 +360,10 @@ pub trait Store: Send + Sync + 'static {
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
     async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>>;
     async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory>;
-    /// Refusals recorded since `since`, per runner (bounded by the refusal ring).
+    /// Refusals since `since`, per runner: the runs of refusals that went on since then,
+    /// counted whole (bounded by the refusal ring).
     async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>>;
-    async fn set_cordoned(
-        &self,
-        id: &RunnerId,
-        cordoned: bool,
-        now: Millis,
-    ) -> StoreResult<Option<Runner>>;
+    async fn set_cordoned(&self, id: &RunnerId, cordoned: bool) -> StoreResult<Option<Runner>>;
     /// Revokes the runner and ends its live leases as an expiry would.
     async fn revoke_runner(
         &self,
@@ -374,47 +371,28 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>>;
 
-    /// Whether `jti` was already accepted from this runner (a read; rule 5 without a write).
-    async fn jti_seen(&self, runner: &RunnerId, jti: &str) -> StoreResult<bool>;
+    /// Whether `jti` was already accepted from this runner (rule 5 as a read, without a write).
+    async fn jti_seen(&self, runner: &RunnerId, jti: &str, now: Millis) -> StoreResult<bool>;
 
-    /// Writes a round of requests in one transaction (see `round`): for each, rules 5 and 6
-    /// and the record of its attestation, then its claim.
-    async fn write_round(&self, items: &[RoundItem]) -> RoundResult;
-
-    /// One request's round. The service's store gathers concurrent ones into shared rounds
-    /// (group commit); either way the outcome is committed before it is returned.
-    async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome> {
-        let mut outcomes = self.write_round(std::slice::from_ref(&item)).await?;
-        outcomes
-            .pop()
-            .ok_or_else(|| StoreError::Internal("a round answered no outcome".into()))
-    }
+    /// One request's share of a round (group commit): rules 5 and 6 and the record of its
+    /// attestation, then its claim. Answered once the round that holds it has committed.
+    async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome>;
 
     /// The runner as the gate judges it: key, pool, cordon, quarantine, revocation. May come
     /// from a cache kept true by invalidation; views use `get_runner`.
-    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
-        self.get_runner(id).await
-    }
+    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
 
-    /// The pool as the gate judges with it (may come from the same cache).
-    async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
-        self.get_pool(name).await
-    }
+    /// The pool as the gate judges with it (from the same cache).
+    async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;
 
     async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError>;
     async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>>;
     async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>>;
     async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError>;
 
-    /// Takes the pool's oldest queued job for the runner, atomically; `None` when there is none
-    /// (or the runner was revoked or cordoned meanwhile).
-    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
-        let item = RoundItem {
-            attestation: None,
-            claim: Some(claim.clone()),
-        };
-        Ok(self.submit(item).await?.granted)
-    }
+    /// Takes the pool's oldest queued job for the runner (a round with a claim and no
+    /// attestation); `None` when there is none, or the runner was revoked or cordoned.
+    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>>;
     /// A runner's call on its lease, checked against the token hash and fenced by the lease.
     async fn lease_call(
         &self,
@@ -439,7 +417,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Option<(RunnerId, ForgeBinding)>>;
     /// Notes that the forge runner asked for work at `now`.
     async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()>;
-    /// Records a refusal on the runner's refusal ring: a forge fetch the gate answered itself.
+    /// Records a refusal on the runner: a forge fetch the gate answered itself.
     async fn record_refusal(
         &self,
         runner: &RunnerId,
@@ -461,23 +439,168 @@ pub trait Store: Send + Sync + 'static {
 
 pub type DynStore = Arc<dyn Store>;
 
-/// Opens the store that `database_url` names, migrated, behind group commit and the gate's
-/// cache (`FastStore`).
-pub async fn open(database_url: &str, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
-    let cache = verdict_cache::VerdictCache::default();
-    let (engine, round_workers): (DynStore, usize) = if database_url.starts_with("sqlite:") {
-        // Wake-ups are not lost in one process, but one may be swallowed by a waiter that was
-        // cordoned while it waited: re-check now and then all the same.
-        let signal = JobSignal::with_recheck(sqlite::RECHECK_INTERVAL);
-        let store = sqlite::SqliteStore::open(database_url, signal).await?;
-        // One writer: a second round could only wait for the first.
-        (Arc::new(store), 1)
-    } else if database_url.starts_with("postgres:") || database_url.starts_with("postgresql:") {
-        let signal = JobSignal::with_recheck(postgres::RECHECK_INTERVAL);
-        let store = postgres::PgStore::open(database_url, pg, signal, cache.clone()).await?;
-        (Arc::new(store), pg.round_workers())
-    } else {
-        anyhow::bail!("DATABASE_URL must start with sqlite:// or postgres://")
-    };
-    Ok(Arc::new(fast::FastStore::new(engine, cache, round_workers)))
+/// What `DATABASE_URL` names: the one place its scheme is read.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum DatabaseUrl {
+    /// `sqlite://PATH` or `sqlite:PATH`: the file (created if missing).
+    Sqlite(PathBuf),
+    /// `postgres://…` or `postgresql://…`, as given.
+    Postgres(String),
+}
+
+#[derive(Debug, PartialEq, Eq, thiserror::Error)]
+pub enum DatabaseUrlError {
+    #[error("DATABASE_URL must start with sqlite:// (a file) or postgres:// (a server), not {0:?}")]
+    Scheme(String),
+    #[error("DATABASE_URL names no SQLite file: write sqlite://PATH, as sqlite://leasegate.db")]
+    NoPath,
+    #[error(
+        "DATABASE_URL: an in-memory SQLite database would be lost at every restart and is not \
+         shared between connections; name a file"
+    )]
+    InMemory,
+    #[error("DATABASE_URL: a SQLite URL takes no options (found ?{0}); name the file only")]
+    SqliteOptions(String),
+}
+
+impl DatabaseUrl {
+    pub fn parse(url: &str) -> Result<Self, DatabaseUrlError> {
+        let url = url.trim();
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(DatabaseUrl::Postgres(url.to_string()));
+        }
+        let Some(rest) = url
+            .strip_prefix("sqlite://")
+            .or_else(|| url.strip_prefix("sqlite:"))
+        else {
+            // Only the scheme is shown: the rest may hold a password.
+            let scheme = url.split_once(':').map_or(url, |(s, _)| s);
+            return Err(DatabaseUrlError::Scheme(scheme.chars().take(32).collect()));
+        };
+        let (path, options) = rest.split_once('?').unwrap_or((rest, ""));
+        if path.contains(":memory:") || options.contains("mode=memory") {
+            return Err(DatabaseUrlError::InMemory);
+        }
+        if !options.is_empty() {
+            return Err(DatabaseUrlError::SqliteOptions(options.to_string()));
+        }
+        if path.is_empty() {
+            return Err(DatabaseUrlError::NoPath);
+        }
+        Ok(DatabaseUrl::Sqlite(PathBuf::from(path)))
+    }
+
+    /// `sqlite` or `postgres`.
+    pub fn engine(&self) -> &'static str {
+        match self {
+            DatabaseUrl::Sqlite(_) => "sqlite",
+            DatabaseUrl::Postgres(_) => "postgres",
+        }
+    }
+
+    /// Whether replicas may share the database (and so must share their secrets).
+    pub fn is_shared(&self) -> bool {
+        matches!(self, DatabaseUrl::Postgres(_))
+    }
+
+    /// The SQLite file's directory (`.` for a bare file name); `None` for PostgreSQL.
+    pub fn sqlite_dir(&self) -> Option<&Path> {
+        match self {
+            DatabaseUrl::Sqlite(path) => Some(match path.parent() {
+                Some(dir) if !dir.as_os_str().is_empty() => dir,
+                _ => Path::new("."),
+            }),
+            DatabaseUrl::Postgres(_) => None,
+        }
+    }
+}
+
+/// Opens the store that `url` names, migrated, behind group commit and the gate's cache.
+pub async fn open(url: &DatabaseUrl, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
+    Ok(match url {
+        DatabaseUrl::Sqlite(path) => {
+            // Wake-ups are not lost in one process, but one may be swallowed by a waiter that
+            // was cordoned while it waited: re-check now and then all the same.
+            let held = gated::Held::new(JobSignal::with_recheck(sqlite::RECHECK_INTERVAL));
+            let engine = sqlite::SqliteEngine::open(path, sqlite::Synchronous::from_env()?)?;
+            // One writer: a second round could only wait for the first.
+            Arc::new(gated::GatedStore::new(Arc::new(engine), held, 1))
+        }
+        DatabaseUrl::Postgres(url) => {
+            let held = gated::Held::new(JobSignal::with_recheck(postgres::RECHECK_INTERVAL));
+            let listener = held.clone();
+            let announced = Arc::new(move |a: postgres::Announced| match a {
+                postgres::Announced::Change(change) => listener.apply(&change),
+                postgres::Announced::Lost => listener.lost(),
+            });
+            let engine = postgres::PgEngine::open(url, pg, announced).await?;
+            Arc::new(gated::GatedStore::new(
+                Arc::new(engine),
+                held,
+                pg.round_workers(),
+            ))
+        }
+    })
+}
+
+/// An engine opened bare, without group commit, caches or wake-ups: the bench's baseline
+/// (`bench/baseline.rs`) runs the store's own statements (`sql::queue`) on it.
+pub enum Bare {
+    Sqlite(sqlite::Direct),
+    Postgres(postgres::PgEngine),
+}
+
+impl Bare {
+    pub async fn open(url: &DatabaseUrl, connections: u32) -> anyhow::Result<Bare> {
+        Ok(match url {
+            DatabaseUrl::Sqlite(path) => Bare::Sqlite(sqlite::Direct::open(path)?),
+            DatabaseUrl::Postgres(url) => {
+                let settings = postgres::PgSettings {
+                    max_connections: connections.max(1),
+                    ..Default::default()
+                };
+                Bare::Postgres(postgres::PgEngine::open(url, &settings, Arc::new(|_| {})).await?)
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn database_urls_name_their_engine_or_say_what_is_wrong() {
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///var/lib/leasegate/leasegate.db"),
+            Ok(DatabaseUrl::Sqlite(
+                "/var/lib/leasegate/leasegate.db".into()
+            ))
+        );
+        let relative = DatabaseUrl::parse("sqlite:leasegate.db").unwrap();
+        assert_eq!(relative.sqlite_dir(), Some(Path::new(".")));
+        assert_eq!(
+            DatabaseUrl::parse("sqlite:///var/lib/x.db")
+                .unwrap()
+                .sqlite_dir(),
+            Some(Path::new("/var/lib"))
+        );
+        let pg = DatabaseUrl::parse("postgresql://u:secret@db/leasegate").unwrap();
+        assert!(pg.is_shared() && pg.engine() == "postgres" && pg.sqlite_dir().is_none());
+        let wrong = DatabaseUrl::parse("mysql://u:secret@db/x").unwrap_err();
+        assert_eq!(wrong, DatabaseUrlError::Scheme("mysql".into()));
+        assert!(!wrong.to_string().contains("secret"));
+        assert_eq!(
+            DatabaseUrl::parse("sqlite://"),
+            Err(DatabaseUrlError::NoPath)
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite::memory:"),
+            Err(DatabaseUrlError::InMemory)
+        );
+        assert_eq!(
+            DatabaseUrl::parse("sqlite://x.db?mode=ro"),
+            Err(DatabaseUrlError::SqliteOptions("mode=ro".into()))
+        );
+    }
 }

@@ -1,24 +1,36 @@
-//! The engine for more than one machine: any number of stateless replicas on one PostgreSQL.
+//! The engine for more than one machine: any number of stateless replicas on one PostgreSQL,
+//! through sqlx.
 //!
-//! Claims take the oldest queued job with `FOR UPDATE SKIP LOCKED`, so concurrent claims on
-//! many replicas never wait on each other's rows; every other lease-scoped write locks its lease
-//! row and is fenced by its prior state. Wake-ups travel by `LISTEN/NOTIFY` on one channel;
-//! since a notification can be lost while the listener reconnects, waiters also re-check on a
-//! timer, so a lost notification only delays a waiter, never strands it.
+//! Claims take the oldest queued jobs with `FOR UPDATE SKIP LOCKED`, so concurrent claims on
+//! many replicas never wait on each other's rows; every other write locks its rows (`FOR
+//! UPDATE`) in the one order and is fenced by their prior state. What a write changes for
+//! others (`engine::Change`) is announced with `pg_notify` inside its transaction, delivered on
+//! commit to every replica's listener: the gate's cached inputs on `leasegate_changes`, long
+//! polls' wake-ups on `leasegate_jobs`. A notification can be lost while a listener reconnects,
+//! so a lost connection forgets every cached input and wakes every waiter, and waiters also
+//! re-check on a timer: a lost notification only delays a waiter, never strands it.
 
-use super::round::{RoundItem, RoundResult};
-use super::sql_store::impl_sql_store;
-use super::verdict_cache::VerdictCache;
-use super::{JobSignal, StoreResult};
-use sqlx::postgres::{PgConnectOptions, PgListener, PgPool, PgPoolOptions};
+use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
+use super::{StoreError, StoreResult};
+use crate::domain::ids::RunnerId;
+use crate::domain::pool::PoolName;
+use sqlx::postgres::{
+    PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow, Postgres,
+};
+use sqlx::{Column, Row as _, TypeInfo, ValueRef};
 use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-/// The channel enqueues and requeues are announced on (`JobSignal::announced`).
-const CHANNEL: &str = "leasegate_jobs";
+/// The channel enqueues and requeues are announced on.
+const JOBS: &str = "leasegate_jobs";
 
-/// The channel changes to the gate's inputs are announced on (`verdict_cache` keys).
+/// The channel changes to the gate's inputs are announced on.
 const CHANGES: &str = "leasegate_changes";
+
+/// Prefix of a jobs announcement that wakes every waiter of the pool it names (a requeue); a
+/// bare pool name wakes one (an enqueue).
+const WAKE_ALL: &str = "all:";
 
 /// How often a long poll re-checks for work even without a notification: the bound on a delay
 /// should a notification be lost, and, with 10,000 waiting, 2,000 claims a second of load.
@@ -50,31 +62,37 @@ impl Default for PgSettings {
     }
 }
 
-pub struct PgStore {
+/// What another replica announced, for this one to apply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Announced {
+    Change(Change),
+    /// The listener's connection was lost: anything may have changed meanwhile.
+    Lost,
+}
+
+pub struct PgEngine {
     pool: PgPool,
-    signal: JobSignal,
     listener: tokio::task::JoinHandle<()>,
 }
 
-impl Drop for PgStore {
+impl Drop for PgEngine {
     fn drop(&mut self) {
         self.listener.abort();
     }
 }
 
-impl PgStore {
+impl PgEngine {
     /// Connects, migrates (under PostgreSQL's advisory lock, so replicas may start together)
-    /// and starts listening for enqueues on other replicas.
+    /// and starts listening for other replicas' announcements, handed to `announced`.
     pub async fn open(
         url: &str,
         settings: &PgSettings,
-        signal: JobSignal,
-        changes: VerdictCache,
+        announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)?
             .application_name("leasegate")
-            // Room for the rounds' statements in each of their sizes (`round::chunks`).
+            // Room for the rounds' statements in each of their sizes (`sql::chunks`).
             .statement_cache_capacity(256)
             .options([
                 ("statement_timeout", timeout_ms.as_str()),
@@ -86,75 +104,219 @@ impl PgStore {
             .connect_with(options)
             .await?;
         sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        let listener = tokio::spawn(listen(pool.clone(), signal.clone(), changes));
-        Ok(PgStore {
-            pool,
-            signal,
-            listener,
-        })
+        let listener = tokio::spawn(listen(pool.clone(), announced));
+        Ok(PgEngine { pool, listener })
+    }
+}
+
+impl Engine for PgEngine {
+    type Db = PgDb;
+
+    fn name(&self) -> &'static str {
+        "postgres"
     }
 
-    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Postgres>> {
-        Ok(self.pool.begin().await?)
+    async fn write<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<(T, Vec<Change>)> {
+        let mut db = PgDb {
+            conn: PgConn::Tx(self.pool.begin().await?),
+            changes: Vec::new(),
+            discard: false,
+        };
+        let result = work(&mut db).await;
+        let PgDb {
+            conn,
+            changes,
+            discard,
+        } = db;
+        let PgConn::Tx(tx) = conn else {
+            unreachable!("a write runs in a transaction")
+        };
+        match result {
+            Ok(value) if !discard => {
+                tx.commit().await?;
+                Ok((value, changes))
+            }
+            other => {
+                tx.rollback().await?;
+                other.map(|v| (v, Vec::new()))
+            }
+        }
     }
 
-    async fn health_check(&self) -> StoreResult<()> {
+    async fn read<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
+        let mut db = PgDb {
+            conn: PgConn::Pooled(self.pool.acquire().await?),
+            changes: Vec::new(),
+            discard: false,
+        };
+        work(&mut db).await
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
-        Ok(())
-    }
-
-    fn reader(&self) -> &PgPool {
-        &self.pool
-    }
-
-    fn writer(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// Announces an enqueue to every replica; delivered when the transaction commits.
-    async fn announce_job(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        pool: &str,
-    ) -> StoreResult<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANNEL)
-            .bind(pool)
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
-    /// Tells every replica that a gate input changed; delivered when the transaction commits.
-    async fn announce_change(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Postgres>,
-        key: &str,
-    ) -> StoreResult<()> {
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(CHANGES)
-            .bind(key)
-            .execute(&mut **tx)
-            .await?;
         Ok(())
     }
 }
 
-/// Feeds notifications from other replicas into the in-process signal and the gate's cache,
-/// reconnecting with a capped backoff when the connection drops.
-async fn listen(pool: PgPool, signal: JobSignal, changes: VerdictCache) {
+enum PgConn {
+    Tx(sqlx::Transaction<'static, Postgres>),
+    Pooled(sqlx::pool::PoolConnection<Postgres>),
+}
+
+/// An open PostgreSQL transaction (or, for reads, a pooled connection).
+pub struct PgDb {
+    conn: PgConn,
+    changes: Vec<Change>,
+    discard: bool,
+}
+
+impl PgDb {
+    fn connection(&mut self) -> &mut sqlx::PgConnection {
+        match &mut self.conn {
+            PgConn::Tx(tx) => tx,
+            PgConn::Pooled(c) => c,
+        }
+    }
+}
+
+/// The statement's text as PostgreSQL reads it, its tail written out.
+fn pg_sql(st: &Statement<'_>) -> String {
+    let tail = match st.tail {
+        Tail::None => "",
+        Tail::RowLock => " FOR UPDATE",
+        Tail::SkipLocked => " FOR UPDATE SKIP LOCKED",
+        // `RETURNING *` of an `UPDATE … FROM` would return the joined columns too.
+        Tail::ReturningJobs => " RETURNING jobs.*",
+    };
+    format!("{}{tail}", st.sql)
+}
+
+/// `st` as a sqlx query, its parameters bound in order. Nulls carry their type: PostgreSQL
+/// types a `VALUES` column from its rows.
+fn query<'q>(
+    sql: &'q str,
+    params: &'q [Param<'q>],
+) -> sqlx::query::Query<'q, Postgres, PgArguments> {
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(sql));
+    for p in params {
+        q = match p {
+            Param::Text(s) => q.bind(*s),
+            Param::Int(i) => q.bind(*i),
+            Param::OptText(s) => q.bind(*s),
+            Param::OptInt(i) => q.bind(*i),
+            Param::Owned(s) => q.bind(s.as_deref()),
+        };
+    }
+    q
+}
+
+fn row_of(row: &PgRow, columns: &Arc<[String]>) -> StoreResult<Row> {
+    let mut values = Vec::with_capacity(columns.len());
+    for (i, column) in row.columns().iter().enumerate() {
+        let raw = row.try_get_raw(i)?;
+        if raw.is_null() {
+            values.push(Value::Null);
+            continue;
+        }
+        let value = match column.type_info().name() {
+            "INT8" => Value::Int(row.try_get::<i64, _>(i)?),
+            "INT4" => Value::Int(i64::from(row.try_get::<i32, _>(i)?)),
+            "INT2" => Value::Int(i64::from(row.try_get::<i16, _>(i)?)),
+            "BOOL" => Value::Int(i64::from(row.try_get::<bool, _>(i)?)),
+            "TEXT" | "VARCHAR" | "NAME" | "BPCHAR" => Value::Text(row.try_get::<String, _>(i)?),
+            other => {
+                return Err(StoreError::Internal(format!(
+                    "column {} has type {other}, which the store does not read",
+                    column.name()
+                )));
+            }
+        };
+        values.push(value);
+    }
+    Ok(Row::new(columns.clone(), values))
+}
+
+impl Db for PgDb {
+    async fn execute(&mut self, st: Statement<'_>) -> StoreResult<u64> {
+        let sql = pg_sql(&st);
+        let done = query(&sql, &st.params).execute(self.connection()).await?;
+        Ok(done.rows_affected())
+    }
+
+    async fn fetch(&mut self, st: Statement<'_>) -> StoreResult<Vec<Row>> {
+        let sql = pg_sql(&st);
+        let found = query(&sql, &st.params).fetch_all(self.connection()).await?;
+        let Some(first) = found.first() else {
+            return Ok(Vec::new());
+        };
+        let columns: Arc<[String]> = first
+            .columns()
+            .iter()
+            .map(|c| c.name().to_string())
+            .collect();
+        found.iter().map(|r| row_of(r, &columns)).collect()
+    }
+
+    async fn changed(&mut self, change: Change) -> StoreResult<()> {
+        if self.changes.contains(&change) {
+            return Ok(());
+        }
+        let (channel, payload) = announcement(&change);
+        sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(self.connection())
+            .await?;
+        self.changes.push(change);
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        self.discard = true;
+    }
+}
+
+/// A change as a notification: its channel and payload.
+fn announcement(change: &Change) -> (&'static str, String) {
+    match change {
+        Change::Runner(id) => (CHANGES, format!("runner:{id}")),
+        Change::Pool(name) => (CHANGES, format!("pool:{name}")),
+        Change::JobQueued(pool) => (JOBS, pool.to_string()),
+        Change::JobsReturned(pool) => (JOBS, format!("{WAKE_ALL}{pool}")),
+    }
+}
+
+/// A notification as a change; `None` for one this version does not know.
+fn announced(channel: &str, payload: &str) -> Option<Change> {
+    if channel == JOBS {
+        return Some(match payload.strip_prefix(WAKE_ALL) {
+            Some(pool) => Change::JobsReturned(PoolName::from_trusted(pool.to_string())),
+            None => Change::JobQueued(PoolName::from_trusted(payload.to_string())),
+        });
+    }
+    if let Some(id) = payload.strip_prefix("runner:") {
+        return Some(Change::Runner(RunnerId(id.to_string())));
+    }
+    payload
+        .strip_prefix("pool:")
+        .map(|name| Change::Pool(PoolName::from_trusted(name.to_string())))
+}
+
+/// Hands other replicas' announcements to `apply`, reconnecting with a capped backoff when the
+/// connection drops (and telling `apply` so).
+async fn listen(pool: PgPool, apply: Arc<dyn Fn(Announced) + Send + Sync>) {
     let mut backoff = Duration::from_millis(200);
     loop {
         let mut listener = match PgListener::connect_with(&pool).await {
             Ok(l) => l,
             Err(e) => {
-                tracing::warn!(error = %e, "cannot LISTEN for enqueues; retrying");
+                tracing::warn!(error = %e, "cannot LISTEN for other replicas' changes; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
         };
-        if let Err(e) = listener.listen_all([CHANNEL, CHANGES]).await {
+        if let Err(e) = listener.listen_all([JOBS, CHANGES]).await {
             tracing::warn!(error = %e, "LISTEN failed; retrying");
             tokio::time::sleep(backoff).await;
             continue;
@@ -162,18 +324,15 @@ async fn listen(pool: PgPool, signal: JobSignal, changes: VerdictCache) {
         backoff = Duration::from_millis(200);
         loop {
             match listener.try_recv().await {
-                Ok(Some(n)) if n.channel() == CHANGES => changes.forget_key(n.payload()),
-                Ok(Some(n)) => signal.announced(n.payload()),
-                Ok(None) => {
-                    // The connection was lost and will be re-established: wake everyone and
-                    // forget every cached input, since notifications may have been missed.
-                    signal.notify_all();
-                    changes.forget_all();
-                }
+                Ok(Some(n)) => match announced(n.channel(), n.payload()) {
+                    Some(change) => apply(Announced::Change(change)),
+                    None => apply(Announced::Lost),
+                },
+                // The connection was lost and will be re-established.
+                Ok(None) => apply(Announced::Lost),
                 Err(e) => {
-                    tracing::warn!(error = %e, "the enqueue listener lost its connection");
-                    signal.notify_all();
-                    changes.forget_all();
+                    tracing::warn!(error = %e, "the change listener lost its connection");
+                    apply(Announced::Lost);
                     tokio::time::sleep(backoff).await;
                     break;
                 }
@@ -182,17 +341,21 @@ async fn listen(pool: PgPool, signal: JobSignal, changes: VerdictCache) {
     }
 }
 
-impl_sql_store! {
-    store: PgStore,
-    db: sqlx::Postgres,
-    engine: "postgres",
-    row_lock: " FOR UPDATE",
-    claim_lock: " FOR UPDATE SKIP LOCKED"
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl PgStore {
-    /// Writes `items` as one round in one transaction (`round_writer`).
-    async fn run_round(&self, items: &[RoundItem]) -> RoundResult {
-        super::pg_rounds::run(self.begin().await?, items).await
+    #[test]
+    fn every_change_is_announced_and_read_back_as_itself() {
+        for change in [
+            Change::Runner(RunnerId("r1".into())),
+            Change::Pool(PoolName::parse("linux").unwrap()),
+            Change::JobQueued(PoolName::parse("linux").unwrap()),
+            Change::JobsReturned(PoolName::parse("linux").unwrap()),
+        ] {
+            let (channel, payload) = announcement(&change);
+            assert_eq!(announced(channel, &payload), Some(change));
+        }
+        assert_eq!(announced(CHANGES, "something:new"), None);
     }
 }

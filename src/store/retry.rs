@@ -7,47 +7,18 @@
 //! nothing, so running it again is safe; a few tries with a short, jittered pause, then the
 //! conflict is the caller's (503 `unavailable`, never 500).
 
-use super::{BindError, CancelError, EnqueueError, LeaseCallFailure, RegisterError, StoreError};
+use super::StoreResult;
 use rand::Rng;
 use std::time::Duration;
 
 /// Tries after the first.
 const RETRIES: u32 = 3;
 
-/// An error that may be a conflict worth another try.
-pub trait Conflicting {
-    fn is_conflict(&self) -> bool;
-}
-
-impl Conflicting for StoreError {
-    fn is_conflict(&self) -> bool {
-        matches!(self, StoreError::Conflict(_))
-    }
-}
-
-macro_rules! conflicting_via_store {
-    ($($t:ty),*) => {$(
-        impl Conflicting for $t {
-            fn is_conflict(&self) -> bool {
-                matches!(self, Self::Store(StoreError::Conflict(_)))
-            }
-        }
-    )*};
-}
-conflicting_via_store!(
-    LeaseCallFailure,
-    CancelError,
-    RegisterError,
-    EnqueueError,
-    BindError
-);
-
 /// Runs `op`, and again (up to `RETRIES` times) while it fails with a conflict.
-pub async fn retrying<T, E, F, Fut>(mut op: F) -> Result<T, E>
+pub async fn retrying<T, F, Fut>(mut op: F) -> StoreResult<T>
 where
-    E: Conflicting + std::fmt::Display,
     F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, E>>,
+    Fut: Future<Output = StoreResult<T>>,
 {
     let mut tries = 0;
     loop {
@@ -66,6 +37,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::StoreError;
     use std::sync::atomic::{AtomicU32, Ordering};
 
     #[tokio::test]

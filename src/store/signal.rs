@@ -7,17 +7,14 @@
 //! dropped). A requeue of several jobs at once wakes every waiter of the pool.
 //!
 //! A waiter registers (`Notified::enable`) before it tries to claim, so an enqueue that lands
-//! between its failed claim and its wait still wakes it. Engines that span replicas feed this
-//! from their own channel (PostgreSQL: `LISTEN/NOTIFY`).
+//! between its failed claim and its wait still wakes it. Writes say when they queue jobs
+//! (`engine::Change`); the store applies that here once they commit, and other PostgreSQL
+//! replicas from the `NOTIFY` the write sent.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
-
-/// Prefix of a cross-replica announcement that wakes every waiter of the pool it names (a
-/// requeue); a bare pool name wakes one (an enqueue).
-pub const WAKE_ALL: &str = "all:";
 
 #[derive(Clone, Default)]
 pub struct JobSignal {
@@ -37,14 +34,6 @@ impl JobSignal {
 
     pub fn recheck_interval(&self) -> Option<Duration> {
         self.recheck
-    }
-
-    /// Applies an announcement from another replica (see `WAKE_ALL`).
-    pub fn announced(&self, payload: &str) {
-        match payload.strip_prefix(WAKE_ALL) {
-            Some(pool) => self.notify(pool),
-            None => self.notify_one(payload),
-        }
     }
 
     /// Wakes every waiter of every pool (after a lost connection, say).

@@ -1,129 +1,435 @@
-//! The embedded engine: one SQLite file in WAL mode.
+//! The embedded engine: one SQLite file in WAL mode, through its C library (rusqlite).
 //!
-//! All writes go through a single writer connection and begin `IMMEDIATE`: SQLite has one
-//! writer at a time anyway, and a deferred transaction that reads then writes fails at once with
-//! `SQLITE_BUSY_SNAPSHOT` whatever the busy timeout. Write rounds (attestations and claims) run
-//! on a thread of their own (`sqlite_rounds`) while holding that writer, so writes still go one
-//! at a time. Reads use a separate pool, which WAL lets run beside the writer. `synchronous=NORMAL` survives a crash of the process; set
-//! `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` to survive power loss too.
+//! SQLite has one writer at a time, so every write runs on one thread that owns the only
+//! writing connection, each in a `BEGIN IMMEDIATE` transaction (a deferred one that reads then
+//! writes fails at once with `SQLITE_BUSY_SNAPSHOT`, whatever the busy timeout). A round of
+//! group commit is one such write: one hop to the thread and back, however many statements it
+//! runs. Reads run on a few threads of their own with read-only connections, which WAL lets
+//! run beside the writer. The connections' settings are made once, in `connection`.
+//!
+//! The statements are the store's (`sql/`), written with `$n` placeholders; SQLite reads them
+//! as `?n` (which binds by number, where `$n` would bind by first appearance). `sync=NORMAL`
+//! survives a crash of the process; `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` survives power loss
+//! too, at the cost of an fsync per commit.
+//!
+//! Migrations are the files of `migrations/sqlite/`, embedded; they are applied here and
+//! recorded in `_sqlx_migrations` as sqlx records them, so databases migrated by earlier
+//! versions (which ran them through sqlx) go on from where they were.
 
-use super::round::{RoundItem, RoundResult};
-use super::sql_store::impl_sql_store;
-use super::sqlite_rounds::RoundThread;
-use super::{JobSignal, StoreResult};
-use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use std::str::FromStr;
+use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
+use super::{StoreError, StoreResult};
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use rusqlite::{Connection, OpenFlags, ToSql, params_from_iter};
+use std::future::Future;
+use std::path::Path;
+use std::sync::{Arc, Mutex, mpsc};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 /// How often a long poll re-checks for work without a wake-up (see `store::open`).
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(10);
 
-/// Prepared statements kept per connection.
-const STATEMENT_CACHE: usize = 256;
+/// Connections that read beside the writer.
+const READERS: usize = 4;
 
-pub struct SqliteStore {
-    rounds: RoundThread,
-    writer: SqlitePool,
-    reader: SqlitePool,
-    signal: JobSignal,
+/// How long a statement waits for another process holding the file's lock.
+const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A job for a connection's thread: it borrows the thread's connection (taking it out of the
+/// slot while it runs, and putting it back).
+type Job = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
+
+pub struct SqliteEngine {
+    writer: mpsc::Sender<Job>,
+    readers: mpsc::Sender<Job>,
 }
 
-impl SqliteStore {
-    /// Opens (creating if missing) and migrates the database at `url` (`sqlite://path`).
-    pub async fn open(url: &str, signal: JobSignal) -> anyhow::Result<Self> {
-        let full = matches!(
-            std::env::var("LEASEGATE_SQLITE_SYNCHRONOUS").as_deref(),
-            Ok("FULL") | Ok("full")
-        );
-        let synchronous = if full {
-            SqliteSynchronous::Full
-        } else {
-            SqliteSynchronous::Normal
+/// Whether commits wait for the disk (`LEASEGATE_SQLITE_SYNCHRONOUS`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Synchronous {
+    Normal,
+    Full,
+}
+
+impl Synchronous {
+    /// `LEASEGATE_SQLITE_SYNCHRONOUS`: `NORMAL` (the default) or `FULL`.
+    pub fn from_env() -> anyhow::Result<Self> {
+        const VAR: &str = "LEASEGATE_SQLITE_SYNCHRONOUS";
+        let Some(value) = std::env::var_os(VAR) else {
+            return Ok(Synchronous::Normal);
         };
-        let options = SqliteConnectOptions::from_str(url)?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .synchronous(synchronous)
-            .busy_timeout(Duration::from_secs(5))
-            .foreign_keys(true)
-            // Room for the rounds' statements in each of their sizes (`round::chunks`) beside
-            // the rest, so that none is evicted and parsed again.
-            .statement_cache_capacity(STATEMENT_CACHE);
-        let writer = SqlitePoolOptions::new()
-            .max_connections(1)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.clone())
-            .await?;
-        sqlx::migrate!("migrations/sqlite").run(&writer).await?;
-        let rounds = RoundThread::open(options.get_filename(), full)?;
-        let reader = SqlitePoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options.read_only(true))
-            .await?;
-        Ok(SqliteStore {
-            rounds,
-            writer,
-            reader,
-            signal,
-        })
+        match value.to_string_lossy().to_ascii_uppercase().as_str() {
+            "NORMAL" => Ok(Synchronous::Normal),
+            "FULL" => Ok(Synchronous::Full),
+            _ => anyhow::bail!("{VAR} must be NORMAL or FULL, not {value:?}"),
+        }
     }
 
-    async fn begin(&self) -> StoreResult<sqlx::Transaction<'static, sqlx::Sqlite>> {
-        Ok(self.writer.begin_with("BEGIN IMMEDIATE").await?)
+    fn pragma(self) -> &'static str {
+        match self {
+            Synchronous::Normal => "NORMAL",
+            Synchronous::Full => "FULL",
+        }
+    }
+}
+
+/// A connection to `path` with the engine's settings: WAL, the synchronous level, the busy
+/// timeout, foreign keys, and statements kept prepared.
+fn connection(path: &Path, read_only: bool, sync: Synchronous) -> rusqlite::Result<Connection> {
+    let flags = if read_only {
+        OpenFlags::SQLITE_OPEN_READ_ONLY | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    } else {
+        OpenFlags::SQLITE_OPEN_READ_WRITE
+            | OpenFlags::SQLITE_OPEN_CREATE
+            | OpenFlags::SQLITE_OPEN_NO_MUTEX
+    };
+    let conn = Connection::open_with_flags(path, flags)?;
+    conn.busy_timeout(BUSY_TIMEOUT)?;
+    if !read_only {
+        conn.pragma_update(None, "journal_mode", "WAL")?;
+    }
+    conn.pragma_update(None, "synchronous", sync.pragma())?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    // Room for the rounds' statements in each of their sizes (`sql::chunks`) beside the
+    // rest, so that none is evicted and parsed again.
+    conn.set_prepared_statement_cache_capacity(if read_only { 64 } else { 256 });
+    Ok(conn)
+}
+
+/// Runs `jobs` on a thread that owns a connection opened by `open`, until every sender is
+/// gone. A job that panics loses nothing but its own answer: the connection is opened again.
+fn spawn_thread(
+    name: &str,
+    open: impl Fn() -> rusqlite::Result<Connection> + Send + 'static,
+    jobs: Arc<Mutex<mpsc::Receiver<Job>>>,
+) -> anyhow::Result<()> {
+    let mut slot = Some(open()?);
+    std::thread::Builder::new().name(name.into()).spawn(move || {
+        loop {
+            let job = match jobs.lock() {
+                Ok(rx) => rx.recv(),
+                Err(_) => return,
+            };
+            let Ok(job) = job else { return };
+            if slot.is_none() {
+                slot = open().ok();
+            }
+            let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(&mut slot)));
+            if ran.is_err() {
+                tracing::error!(thread = %std::thread::current().name().unwrap_or(""), "a SQLite \
+                    job panicked");
+                slot = None;
+            }
+        }
+    })?;
+    Ok(())
+}
+
+impl SqliteEngine {
+    /// Opens (creating if missing) and migrates the database at `path`.
+    pub fn open(path: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        migrate(&mut connection(path, false, sync)?)?;
+        let (writer, writer_jobs) = mpsc::channel::<Job>();
+        let at = path.to_path_buf();
+        spawn_thread(
+            "sqlite-writer",
+            move || connection(&at, false, sync),
+            Arc::new(Mutex::new(writer_jobs)),
+        )?;
+        let (readers, reader_jobs) = mpsc::channel::<Job>();
+        let reader_jobs = Arc::new(Mutex::new(reader_jobs));
+        for i in 0..READERS {
+            let at = path.to_path_buf();
+            spawn_thread(
+                &format!("sqlite-reader-{i}"),
+                move || connection(&at, true, sync),
+                reader_jobs.clone(),
+            )?;
+        }
+        Ok(SqliteEngine { writer, readers })
+    }
+
+    /// Runs `job` on `queue`'s thread and waits for its answer.
+    async fn on_thread<T: Send + 'static>(
+        queue: &mpsc::Sender<Job>,
+        job: impl FnOnce(Connection) -> (Connection, StoreResult<T>) + Send + 'static,
+    ) -> StoreResult<T> {
+        let (reply, answer) = oneshot::channel();
+        queue
+            .send(Box::new(move |slot| {
+                let Some(conn) = slot.take() else {
+                    let _ = reply.send(Err(StoreError::Unavailable(
+                        "the SQLite database cannot be opened".into(),
+                    )));
+                    return;
+                };
+                let (conn, result) = job(conn);
+                *slot = Some(conn);
+                let _ = reply.send(result);
+            }))
+            .map_err(|_| StoreError::Unavailable("the SQLite threads stopped".into()))?;
+        answer
+            .await
+            .map_err(|_| StoreError::Unavailable("the SQLite threads stopped".into()))?
+    }
+}
+
+/// Runs `work` over `conn` in a transaction begun with `begin`; commits unless it failed or
+/// was discarded. The connection moves into the work's `Db` and comes back after.
+fn transaction<T>(
+    conn: Connection,
+    begin: &str,
+    work: Work<SqliteDb, T>,
+) -> (Connection, StoreResult<(T, Vec<Change>)>) {
+    if let Err(e) = conn.execute_batch(begin) {
+        return (conn, Err(store_error(e)));
+    }
+    let mut db = SqliteDb {
+        conn,
+        changes: Vec::new(),
+        discard: false,
+    };
+    let result = run_to_completion(work(&mut db));
+    let SqliteDb {
+        conn,
+        changes,
+        discard,
+    } = db;
+    let end = match &result {
+        Ok(_) if !discard => "COMMIT",
+        _ => "ROLLBACK",
+    };
+    if let Err(e) = conn.execute_batch(end) {
+        return (conn, Err(store_error(e)));
+    }
+    let result = result.map(|v| (v, if discard { Vec::new() } else { changes }));
+    (conn, result)
+}
+
+/// Runs a future that never waits (every statement here is a blocking call) to its end.
+fn run_to_completion<T>(future: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(result) => result,
+        std::task::Poll::Pending => Err(StoreError::Internal(
+            "a SQLite transaction waited, which it never should".into(),
+        )),
+    }
+}
+
+impl Engine for SqliteEngine {
+    type Db = SqliteDb;
+
+    fn name(&self) -> &'static str {
+        "sqlite"
+    }
+
+    async fn write<T: Send + 'static>(
+        &self,
+        work: Work<SqliteDb, T>,
+    ) -> StoreResult<(T, Vec<Change>)> {
+        Self::on_thread(&self.writer, move |conn| {
+            transaction(conn, "BEGIN IMMEDIATE", work)
+        })
+        .await
+    }
+
+    async fn read<T: Send + 'static>(&self, work: Work<SqliteDb, T>) -> StoreResult<T> {
+        Self::on_thread(&self.readers, move |conn| {
+            let (conn, result) = transaction(conn, "BEGIN", work);
+            (conn, result.map(|(t, _)| t))
+        })
+        .await
     }
 
     /// Ready means writable: take the write lock and give it back. A file that cannot be
     /// written, or is locked by another process, fails here rather than on the next lease.
-    async fn health_check(&self) -> StoreResult<()> {
-        let tx = self.begin().await?;
-        tx.rollback().await?;
-        Ok(())
-    }
-
-    fn reader(&self) -> &SqlitePool {
-        &self.reader
-    }
-
-    fn writer(&self) -> &SqlitePool {
-        &self.writer
-    }
-
-    /// In-process wake-ups need no announcement inside the transaction; the caller notifies
-    /// after commit.
-    async fn announce_job(
-        &self,
-        _tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        _pool: &str,
-    ) -> StoreResult<()> {
-        Ok(())
-    }
-
-    /// One process holds the file: `FastStore` forgets changed inputs itself.
-    async fn announce_change(
-        &self,
-        _tx: &mut sqlx::Transaction<'static, sqlx::Sqlite>,
-        _key: &str,
-    ) -> StoreResult<()> {
-        Ok(())
+    async fn ping(&self) -> StoreResult<()> {
+        Self::on_thread(&self.writer, |conn| {
+            let result = conn
+                .execute_batch("BEGIN IMMEDIATE; ROLLBACK")
+                .map_err(store_error);
+            (conn, result)
+        })
+        .await
     }
 }
 
-impl_sql_store! {
-    store: SqliteStore,
-    db: sqlx::Sqlite,
-    engine: "sqlite",
-    row_lock: "",
-    claim_lock: ""
+/// One writing connection used on the caller's own thread, with no writer thread between:
+/// the bench's baseline (`store::Bare`).
+pub struct Direct {
+    conn: Option<Connection>,
 }
 
-impl SqliteStore {
-    /// Writes `items` as one round on the round thread, holding the sqlx writer meanwhile so
-    /// that the process's writes still go one at a time (`sqlite_rounds`).
-    async fn run_round(&self, items: &[RoundItem]) -> RoundResult {
-        let _one_writer = self.writer.acquire().await?;
-        self.rounds.write(items).await
+impl Direct {
+    /// Opens the database at `path`, which the service has created and migrated.
+    pub fn open(path: &Path) -> anyhow::Result<Self> {
+        Ok(Direct {
+            conn: Some(connection(path, false, Synchronous::Normal)?),
+        })
     }
+
+    /// Runs `work` in one `BEGIN IMMEDIATE` transaction, here.
+    pub fn write<T>(&mut self, work: Work<SqliteDb, T>) -> StoreResult<T> {
+        let conn = self
+            .conn
+            .take()
+            .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
+        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", work);
+        self.conn = Some(conn);
+        result.map(|(value, _)| value)
+    }
+}
+
+/// An open SQLite transaction.
+pub struct SqliteDb {
+    conn: Connection,
+    changes: Vec<Change>,
+    discard: bool,
+}
+
+/// The statement's text as SQLite reads it.
+fn sqlite_sql(st: &Statement<'_>) -> String {
+    let mut sql = st.sql.replace('$', "?");
+    if st.tail == Tail::ReturningJobs {
+        sql.push_str(" RETURNING *");
+    }
+    sql
+}
+
+impl ToSql for Param<'_> {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        match self {
+            Param::Text(s) => s.to_sql(),
+            Param::Int(i) => i.to_sql(),
+            Param::OptText(s) => s.to_sql(),
+            Param::OptInt(i) => i.to_sql(),
+            Param::Owned(s) => s.to_sql(),
+        }
+    }
+}
+
+impl SqliteDb {
+    fn rows(&mut self, st: &Statement<'_>) -> StoreResult<Vec<Row>> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&sqlite_sql(st))
+            .map_err(store_error)?;
+        let columns: Arc<[String]> = stmt.column_names().into_iter().map(String::from).collect();
+        let mut rows = stmt
+            .query(params_from_iter(st.params.iter()))
+            .map_err(store_error)?;
+        let mut out = Vec::new();
+        while let Some(row) = rows.next().map_err(store_error)? {
+            let mut values = Vec::with_capacity(columns.len());
+            for i in 0..columns.len() {
+                values.push(match row.get_ref(i).map_err(store_error)? {
+                    ValueRef::Null => Value::Null,
+                    ValueRef::Integer(n) => Value::Int(n),
+                    ValueRef::Text(t) => Value::Text(String::from_utf8_lossy(t).into_owned()),
+                    ValueRef::Real(r) => Value::Int(r as i64),
+                    ValueRef::Blob(_) => {
+                        return Err(StoreError::Internal(format!(
+                            "column {} holds a blob",
+                            columns[i]
+                        )));
+                    }
+                });
+            }
+            out.push(Row::new(columns.clone(), values));
+        }
+        Ok(out)
+    }
+}
+
+impl Db for SqliteDb {
+    async fn execute(&mut self, st: Statement<'_>) -> StoreResult<u64> {
+        let mut stmt = self
+            .conn
+            .prepare_cached(&sqlite_sql(&st))
+            .map_err(store_error)?;
+        let n = stmt
+            .execute(params_from_iter(st.params.iter()))
+            .map_err(store_error)?;
+        Ok(n as u64)
+    }
+
+    async fn fetch(&mut self, st: Statement<'_>) -> StoreResult<Vec<Row>> {
+        self.rows(&st)
+    }
+
+    async fn changed(&mut self, change: Change) -> StoreResult<()> {
+        if !self.changes.contains(&change) {
+            self.changes.push(change);
+        }
+        Ok(())
+    }
+
+    fn discard(&mut self) {
+        self.discard = true;
+    }
+}
+
+/// SQLite's errors as the store's: busy, locked, I/O and read-only are `unavailable`.
+fn store_error(e: rusqlite::Error) -> StoreError {
+    let code = match &e {
+        rusqlite::Error::SqliteFailure(f, _) => Some(f.extended_code.to_string()),
+        _ => None,
+    };
+    if super::is_unavailable(code.as_deref(), &e.to_string()) {
+        StoreError::Unavailable(e.to_string())
+    } else {
+        StoreError::Internal(e.to_string())
+    }
+}
+
+/// Applies the embedded migrations not applied yet, each in its own transaction, recording
+/// them in `_sqlx_migrations` as sqlx does (version, description, checksum); a migration
+/// applied before with another checksum stops the start.
+fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
+    use anyhow::Context;
+    conn.execute_batch(
+        "CREATE TABLE IF NOT EXISTS _sqlx_migrations (
+            version BIGINT PRIMARY KEY,
+            description TEXT NOT NULL,
+            installed_on TIMESTAMP NOT NULL DEFAULT CURRENT_TIMESTAMP,
+            success BOOLEAN NOT NULL,
+            checksum BLOB NOT NULL,
+            execution_time BIGINT NOT NULL
+        )",
+    )?;
+    let applied: Vec<(i64, Vec<u8>, bool)> = {
+        let mut stmt = conn.prepare("SELECT version, checksum, success FROM _sqlx_migrations")?;
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
+            .collect::<rusqlite::Result<_>>()?
+    };
+    for m in sqlx::migrate!("migrations/sqlite").iter() {
+        if let Some((_, checksum, success)) = applied.iter().find(|(v, _, _)| *v == m.version) {
+            anyhow::ensure!(*success, "migration {} was left half applied", m.version);
+            anyhow::ensure!(
+                checksum.as_slice() == m.checksum.as_ref(),
+                "migration {} changed since it was applied to this database",
+                m.version
+            );
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let tx = conn.transaction()?;
+        tx.execute_batch(m.sql.as_str())
+            .with_context(|| format!("migration {} ({})", m.version, m.description))?;
+        tx.execute(
+            "INSERT INTO _sqlx_migrations (version, description, success, checksum, \
+                execution_time) \
+             VALUES (?1, ?2, TRUE, ?3, ?4)",
+            rusqlite::params![
+                m.version,
+                m.description.as_ref(),
+                m.checksum.as_ref(),
+                started.elapsed().as_nanos() as i64
+            ],
+        )?;
+        tx.commit()?;
+    }
+    Ok(())
 }

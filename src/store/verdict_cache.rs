@@ -4,8 +4,9 @@
 //! Every attestation needs them and they change rarely (an operator's cordon, a revocation, an
 //! abandoned lease's quarantine, a pool edit or a registry roll), so reading them from the
 //! database on every request would double its reads. Entries are dropped by the writes that
-//! change them: in this process by `FastStore`, on other PostgreSQL replicas by a `NOTIFY` the
-//! write sends in its transaction. A TTL bounds what a lost notification could leave stale.
+//! change them, as each write says (`engine::Change`, applied by `gated::Held`): in this process
+//! once the write has committed, on other PostgreSQL replicas from the `NOTIFY` the write sends
+//! in its transaction. A TTL bounds what a lost notification could leave stale.
 //!
 //! A read that started before a write and finishes after its invalidation must not put the old
 //! value back: every invalidation bumps a generation, and a value read under an older
@@ -25,15 +26,6 @@ use std::time::{Duration, Instant};
 /// How long an entry may live without an invalidation: the bound on staleness should a
 /// cross-replica notification be lost.
 pub const TTL: Duration = Duration::from_secs(30);
-
-/// What a change notification names: `runner:<id>` or `pool:<name>`.
-pub fn runner_key(id: &RunnerId) -> String {
-    format!("runner:{id}")
-}
-
-pub fn pool_key(name: &PoolName) -> String {
-    format!("pool:{name}")
-}
 
 #[derive(Clone, Default)]
 pub struct VerdictCache {
@@ -118,17 +110,6 @@ impl VerdictCache {
             .clear();
     }
 
-    /// Applies a change notification (`runner_key`/`pool_key`); anything else forgets all.
-    pub fn forget_key(&self, key: &str) {
-        if let Some(id) = key.strip_prefix("runner:") {
-            self.forget_runner(&RunnerId(id.to_string()));
-        } else if let Some(name) = key.strip_prefix("pool:") {
-            self.forget_pool(&PoolName::from_trusted(name.to_string()));
-        } else {
-            self.forget_all();
-        }
-    }
-
     fn bump(&self) {
         self.inner.generation.fetch_add(1, Ordering::AcqRel);
     }
@@ -169,7 +150,7 @@ mod tests {
     }
 
     #[test]
-    fn notifications_forget_what_they_name() {
+    fn forgetting_drops_what_it_names_and_forget_all_everything() {
         let cache = VerdictCache::default();
         let pool = Pool::apply(
             PoolName::from_trusted("p".into()),
@@ -188,12 +169,12 @@ mod tests {
         cache.keep_runner(cache.generation(), &runner("r1"));
         cache.keep_runner(cache.generation(), &runner("r2"));
         cache.keep_pool(cache.generation(), &pool);
-        cache.forget_key(&runner_key(&RunnerId("r1".into())));
+        cache.forget_runner(&RunnerId("r1".into()));
         assert!(cache.runner(&RunnerId("r1".into())).is_none());
         assert!(cache.runner(&RunnerId("r2".into())).is_some());
-        cache.forget_key(&pool_key(&pool.name));
+        cache.forget_pool(&pool.name);
         assert!(cache.pool(&pool.name).is_none());
-        cache.forget_key("something else");
+        cache.forget_all();
         assert!(cache.runner(&RunnerId("r2".into())).is_none());
     }
 }

@@ -339,10 +339,19 @@ struct RunnerPage {
     row: RunnerRow,
     labels: Vec<(String, String)>,
     actions: Vec<(&'static str, &'static str)>,
-    refusals: Vec<(String, String, String)>,
+    refusals: Vec<RefusalLine>,
     changes: Vec<(String, String, String, String)>,
     attestations: Vec<AttestationLine>,
     leases: Vec<(String, String, i64, &'static str)>,
+}
+
+/// A run of refusals, as the runner page shows it.
+struct RefusalLine {
+    at: String,
+    first_at: String,
+    count: i64,
+    code: String,
+    detail: String,
 }
 
 #[utoipa::path(get, path = "/admin/runners/{id}", tag = "page",
@@ -370,11 +379,13 @@ async fn runner_page(
         .await?
         .ok_or_else(|| ApiError::not_found("pool"))?;
     let history = store.runner_history(&id).await?;
+    // The runs that went on in the last hour, counted whole (as the fleet page counts them).
     let refusals_last_hour = history
         .refusals
         .iter()
         .filter(|r| r.at >= now.minus_secs(3600))
-        .count() as i64;
+        .map(|r| r.count)
+        .sum();
     let row = views::runner_row(&runner, &pool, state.settings(), refusals_last_hour, now);
     let actions = if row.cordoned {
         vec![("uncordon", "Uncordon")]
@@ -389,7 +400,13 @@ async fn runner_page(
         refusals: history
             .refusals
             .iter()
-            .map(|r| (r.at.rfc3339(), r.code.clone(), r.detail.clone()))
+            .map(|r| RefusalLine {
+                at: r.at.rfc3339(),
+                first_at: r.first_at.rfc3339(),
+                count: r.count,
+                code: r.code.clone(),
+                detail: r.detail.clone(),
+            })
             .collect(),
         changes: history
             .status_changes
@@ -459,8 +476,8 @@ async fn runner_action(
     let now = Millis::now();
     let store = state.store();
     let done = match action.as_str() {
-        "cordon" => store.set_cordoned(&id, true, now).await?,
-        "uncordon" => store.set_cordoned(&id, false, now).await?,
+        "cordon" => store.set_cordoned(&id, true).await?,
+        "uncordon" => store.set_cordoned(&id, false).await?,
         "revoke" => state.revoke_runner(&id, now).await?,
         _ => return Err(ApiError::not_found("action")),
     };

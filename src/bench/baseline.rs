@@ -1,0 +1,192 @@
+//! The raw claims the service's grants are measured against: the claim transaction run
+//! directly on the engine, without HTTP, JWT, group commit or the gate, and the bulk
+//! statements that build deep queues before the clock starts.
+//!
+//! It runs the store's own queue statements (`store::sql::queue`: the same queue order, the
+//! job update, the lease insert), one transaction per claim, over the engine opened bare
+//! (`store::Bare`): SQLite in WAL with `synchronous=NORMAL` and `BEGIN IMMEDIATE` on the
+//! caller's thread, PostgreSQL over plain pooled connections with `FOR UPDATE SKIP LOCKED`.
+
+use crate::domain::time::Millis;
+use crate::store::engine::{Db, Engine, Work, work};
+use crate::store::sql::queue;
+use crate::store::{Bare, DatabaseUrl};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+/// How many claims ran and for how long.
+#[derive(Clone, Copy, Debug)]
+pub struct RawClaims {
+    pub claims: u64,
+    pub elapsed: Duration,
+}
+
+impl RawClaims {
+    pub fn per_second(&self) -> f64 {
+        self.claims as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// What one raw claim needs.
+#[derive(Clone)]
+struct Claimer {
+    pool: String,
+    runner_id: String,
+}
+
+impl Claimer {
+    /// One claim as one piece of work: `false` when the queue is empty.
+    fn claim<D: Db + 'static>(&self) -> Work<D, bool> {
+        let me = self.clone();
+        let lease_id = uuid::Uuid::now_v7().to_string();
+        let now = Millis::now().0;
+        work(move |db| {
+            Box::pin(
+                async move { queue::raw_claim(db, &me.pool, &me.runner_id, &lease_id, now).await },
+            )
+        })
+    }
+}
+
+/// Claims up to `n` jobs of `pool` for `runner_id`, one transaction each, for at most
+/// `limit`: on SQLite from one connection (there is one writer), on PostgreSQL from
+/// `concurrency` connections at once.
+pub async fn raw_claims(
+    url: &DatabaseUrl,
+    pool: &str,
+    runner_id: &str,
+    n: u64,
+    concurrency: u32,
+    limit: Duration,
+) -> anyhow::Result<RawClaims> {
+    let claimer = Claimer {
+        pool: pool.to_string(),
+        runner_id: runner_id.to_string(),
+    };
+    match Bare::open(url, concurrency).await? {
+        Bare::Sqlite(mut conn) => {
+            tokio::task::spawn_blocking(move || {
+                let started = Instant::now();
+                let mut claims = 0;
+                while claims < n && started.elapsed() < limit {
+                    if !conn.write(claimer.claim())? {
+                        break;
+                    }
+                    claims += 1;
+                }
+                Ok(RawClaims {
+                    claims,
+                    elapsed: started.elapsed(),
+                })
+            })
+            .await?
+        }
+        Bare::Postgres(engine) => {
+            let engine = Arc::new(engine);
+            let claimed = Arc::new(AtomicU64::new(0));
+            let started = Instant::now();
+            let mut tasks = Vec::new();
+            for _ in 0..concurrency.max(1) {
+                let (engine, claimed, claimer) = (engine.clone(), claimed.clone(), claimer.clone());
+                tasks.push(tokio::spawn(async move {
+                    while claimed.load(Ordering::Relaxed) < n && started.elapsed() < limit {
+                        let (granted, _) = engine.write(claimer.claim()).await?;
+                        if !granted {
+                            break;
+                        }
+                        claimed.fetch_add(1, Ordering::Relaxed);
+                    }
+                    anyhow::Ok(())
+                }));
+            }
+            for t in tasks {
+                t.await??;
+            }
+            Ok(RawClaims {
+                claims: claimed.load(Ordering::Relaxed),
+                elapsed: started.elapsed(),
+            })
+        }
+    }
+}
+
+/// `0..n` in consecutive ranges of at most `batch`.
+fn batches(n: u64, batch: u64) -> impl Iterator<Item = (i64, i64)> {
+    (0..n.div_ceil(batch)).map(move |b| ((b * batch) as i64, ((b + 1) * batch).min(n) as i64))
+}
+
+fn preload_work<D: Db + 'static>(
+    from: i64,
+    to: i64,
+    prefix: String,
+    pool: String,
+    now: i64,
+) -> Work<D, ()> {
+    work(move |db| {
+        Box::pin(async move { queue::preload_batch(db, from, to, &prefix, &pool, now).await })
+    })
+}
+
+fn preclaim_work<D: Db + 'static>(pool: String, n: i64, now: i64) -> Work<D, ()> {
+    work(move |db| Box::pin(async move { queue::preclaim_batch(db, &pool, n, now).await }))
+}
+
+/// Queues `n` jobs in `pool` straight through the engine, for measurements at a queue depth
+/// that the forge API would take minutes to build (one statement per 100,000 jobs).
+pub async fn preload(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<()> {
+    let now = Millis::now().0;
+    let prefix = format!("{pool}-pre-{}", uuid::Uuid::now_v7().simple());
+    let (prefix, pool) = (prefix.as_str(), pool.to_string());
+    match Bare::open(url, 1).await? {
+        // The bench is idle while it fills: a blocking call here holds up nothing.
+        Bare::Sqlite(mut conn) => {
+            for (from, to) in batches(n, 100_000) {
+                conn.write(preload_work(from, to, prefix.into(), pool.clone(), now))?;
+            }
+        }
+        Bare::Postgres(engine) => {
+            for (from, to) in batches(n, 100_000) {
+                engine
+                    .write(preload_work(from, to, prefix.into(), pool.clone(), now))
+                    .await?;
+            }
+            // Outside a transaction: VACUUM cannot run inside one.
+            engine
+                .read(work(|db| Box::pin(queue::settle_after_preload(db))))
+                .await?;
+        }
+    }
+    Ok(())
+}
+
+/// Moves the `n` oldest queued jobs of `pool` to `succeeded` in batches, as `n` claims and
+/// completions would (`--preclaim`).
+pub async fn preclaim(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<()> {
+    let now = Millis::now().0;
+    match Bare::open(url, 1).await? {
+        Bare::Sqlite(mut conn) => {
+            for (from, to) in batches(n, 10_000) {
+                conn.write(preclaim_work(pool.into(), to - from, now))?;
+            }
+        }
+        Bare::Postgres(engine) => {
+            for (from, to) in batches(n, 10_000) {
+                engine
+                    .write(preclaim_work(pool.into(), to - from, now))
+                    .await?;
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn batches_cover_the_range_once() {
+        let b: Vec<(i64, i64)> = super::batches(25, 10).collect();
+        assert_eq!(b, vec![(0, 10), (10, 20), (20, 25)]);
+        assert_eq!(super::batches(0, 10).count(), 0);
+    }
+}

@@ -1,0 +1,291 @@
+//! The one interface the store's statements run over, and that each engine implements.
+//!
+//! A statement is SQL text with `$n` placeholders and its bound values (`Statement`); a row
+//! comes back as plain values (`Row`), decoded into domain values once, in `sql::rows`. An
+//! open transaction (`Db`) can `execute` and `fetch` statements and note what it `changed`;
+//! an `Engine` runs a piece of `Work` over one such transaction and commits it, or over a
+//! read-only connection. Everything the store writes is a function of `sql/` over `Db`, so
+//! each statement exists once, for both engines.
+//!
+//! The few places where the engines' SQL differs are named, not pasted: a statement asks for
+//! a row lock, a skip-locked claim or the returned jobs of an `UPDATE … FROM` (`Tail`), and
+//! the engine writes it its way (nothing on SQLite, whose writer is alone anyway).
+//!
+//! `changed` is how a write says what it changed that others hold in memory: the gate's cached
+//! inputs (a runner, a pool) and the long polls' wake-ups (a job queued or returned). PostgreSQL
+//! announces each inside the transaction (`NOTIFY`, delivered on commit to every replica); the
+//! store applies them in this process once the transaction has committed (`gated.rs`). So the
+//! list of what to forget is written where the change happens, once.
+
+use super::{StoreError, StoreResult};
+use crate::domain::ids::RunnerId;
+use crate::domain::pool::PoolName;
+use std::borrow::Cow;
+use std::future::Future;
+use std::pin::Pin;
+
+/// A bound value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Param<'a> {
+    Text(&'a str),
+    Int(i64),
+    OptText(Option<&'a str>),
+    OptInt(Option<i64>),
+    /// A value made for the statement (JSON, a formatted digest).
+    Owned(Option<String>),
+}
+
+impl<'a> Param<'a> {
+    /// The text this parameter binds, if it is text.
+    pub fn as_text(&self) -> Option<&str> {
+        match self {
+            Param::Text(s) => Some(s),
+            Param::OptText(s) => *s,
+            Param::Owned(s) => s.as_deref(),
+            Param::Int(_) | Param::OptInt(_) => None,
+        }
+    }
+}
+
+impl From<String> for Param<'_> {
+    fn from(s: String) -> Self {
+        Param::Owned(Some(s))
+    }
+}
+
+impl From<Option<String>> for Param<'_> {
+    fn from(s: Option<String>) -> Self {
+        Param::Owned(s)
+    }
+}
+
+impl<'a> From<&'a str> for Param<'a> {
+    fn from(s: &'a str) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl<'a> From<&'a String> for Param<'a> {
+    fn from(s: &'a String) -> Self {
+        Param::Text(s)
+    }
+}
+
+impl From<i64> for Param<'_> {
+    fn from(i: i64) -> Self {
+        Param::Int(i)
+    }
+}
+
+impl<'a> From<Option<&'a str>> for Param<'a> {
+    fn from(s: Option<&'a str>) -> Self {
+        Param::OptText(s)
+    }
+}
+
+impl From<Option<i64>> for Param<'_> {
+    fn from(i: Option<i64>) -> Self {
+        Param::OptInt(i)
+    }
+}
+
+/// What an engine appends to a statement, in its own dialect.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Tail {
+    None,
+    /// Lock the selected rows for the transaction (`FOR UPDATE`).
+    RowLock,
+    /// Lock the selected rows, skipping those another transaction holds: a claim.
+    SkipLocked,
+    /// Return the updated `jobs` rows of an `UPDATE jobs … FROM …`.
+    ReturningJobs,
+}
+
+/// One statement: SQL with `$1`, `$2`… placeholders, and what they are bound to.
+#[derive(Clone, Debug)]
+pub struct Statement<'a> {
+    pub sql: Cow<'static, str>,
+    pub params: Vec<Param<'a>>,
+    pub tail: Tail,
+}
+
+impl<'a> Statement<'a> {
+    pub fn new(sql: &'static str) -> Self {
+        Statement {
+            sql: Cow::Borrowed(sql),
+            params: Vec::new(),
+            tail: Tail::None,
+        }
+    }
+
+    /// A statement whose text is built at run time (a multi-row `VALUES` list).
+    pub fn built(sql: String) -> Self {
+        Statement {
+            sql: Cow::Owned(sql),
+            params: Vec::new(),
+            tail: Tail::None,
+        }
+    }
+
+    pub fn bind(mut self, p: impl Into<Param<'a>>) -> Self {
+        self.params.push(p.into());
+        self
+    }
+
+    pub fn params(mut self, params: Vec<Param<'a>>) -> Self {
+        self.params = params;
+        self
+    }
+
+    pub fn tail(mut self, tail: Tail) -> Self {
+        self.tail = tail;
+        self
+    }
+}
+
+/// A column's value as stored: every column of both schemas is an integer or text.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Value {
+    Null,
+    Int(i64),
+    Text(String),
+}
+
+/// One row: its values by column name.
+#[derive(Clone, Debug, Default)]
+pub struct Row {
+    columns: std::sync::Arc<[String]>,
+    values: Vec<Value>,
+}
+
+impl Row {
+    pub fn new(columns: std::sync::Arc<[String]>, values: Vec<Value>) -> Self {
+        Row { columns, values }
+    }
+
+    fn value(&self, column: &str) -> StoreResult<&Value> {
+        self.columns
+            .iter()
+            .position(|c| c == column)
+            .map(|i| &self.values[i])
+            .ok_or_else(|| StoreError::Internal(format!("no column {column} in the row")))
+    }
+
+    pub fn int(&self, column: &str) -> StoreResult<i64> {
+        match self.value(column)? {
+            Value::Int(i) => Ok(*i),
+            other => Err(type_error(column, "an integer", other)),
+        }
+    }
+
+    pub fn opt_int(&self, column: &str) -> StoreResult<Option<i64>> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Int(i) => Ok(Some(*i)),
+            other => Err(type_error(column, "an integer", other)),
+        }
+    }
+
+    pub fn text(&self, column: &str) -> StoreResult<String> {
+        match self.value(column)? {
+            Value::Text(s) => Ok(s.clone()),
+            other => Err(type_error(column, "text", other)),
+        }
+    }
+
+    pub fn opt_text(&self, column: &str) -> StoreResult<Option<String>> {
+        match self.value(column)? {
+            Value::Null => Ok(None),
+            Value::Text(s) => Ok(Some(s.clone())),
+            other => Err(type_error(column, "text", other)),
+        }
+    }
+
+    pub fn flag(&self, column: &str) -> StoreResult<bool> {
+        Ok(self.int(column)? != 0)
+    }
+}
+
+fn type_error(column: &str, expected: &str, got: &Value) -> StoreError {
+    StoreError::Internal(format!("column {column}: expected {expected}, got {got:?}"))
+}
+
+/// What a write changed that other parts of the service (and other replicas) hold in memory.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Change {
+    /// A runner's gate inputs: cordon, quarantine, revocation, key, forge runners.
+    Runner(RunnerId),
+    /// A pool's accepted images, policy or mode.
+    Pool(PoolName),
+    /// One job joined the pool's queue: wake one waiter.
+    JobQueued(PoolName),
+    /// Jobs went back to the pool's queue: wake every waiter.
+    JobsReturned(PoolName),
+}
+
+/// A transaction (or, for reads, a connection) of one engine.
+pub trait Db: Send {
+    /// Runs `st`; how many rows it changed.
+    fn execute(&mut self, st: Statement<'_>) -> impl Future<Output = StoreResult<u64>> + Send;
+
+    /// Runs `st`; the rows it returned.
+    fn fetch(&mut self, st: Statement<'_>) -> impl Future<Output = StoreResult<Vec<Row>>> + Send;
+
+    /// Notes that this transaction changed `change`: announced to other replicas with the
+    /// commit, and applied in this process after it.
+    fn changed(&mut self, change: Change) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Rolls the transaction back instead of committing it when the work returns.
+    fn discard(&mut self);
+}
+
+/// The first row `st` returns, if any.
+pub async fn fetch_optional<D: Db>(db: &mut D, st: Statement<'_>) -> StoreResult<Option<Row>> {
+    Ok(db.fetch(st).await?.into_iter().next())
+}
+
+/// The one row `st` must return.
+pub async fn fetch_one<D: Db>(db: &mut D, st: Statement<'_>) -> StoreResult<Row> {
+    fetch_optional(db, st)
+        .await?
+        .ok_or_else(|| StoreError::Internal("a statement returned no row".into()))
+}
+
+/// A future a piece of work returns, borrowing its transaction.
+pub type WorkFuture<'a, T> = Pin<Box<dyn Future<Output = StoreResult<T>> + Send + 'a>>;
+
+/// A piece of work to run over an engine's transaction. It owns what it needs: an engine may
+/// run it on a thread of its own (SQLite's writer).
+pub type Work<D, T> = Box<dyn for<'a> FnOnce(&'a mut D) -> WorkFuture<'a, T> + Send>;
+
+/// An engine: SQLite or PostgreSQL.
+pub trait Engine: Send + Sync + 'static {
+    type Db: Db;
+
+    /// `sqlite` or `postgres`.
+    fn name(&self) -> &'static str;
+
+    /// Runs `work` in one write transaction and commits it (unless it discarded it), and
+    /// answers its result with what it changed.
+    fn write<T: Send + 'static>(
+        &self,
+        work: Work<Self::Db, T>,
+    ) -> impl Future<Output = StoreResult<(T, Vec<Change>)>> + Send;
+
+    /// Runs `work` over a connection that reads.
+    fn read<T: Send + 'static>(
+        &self,
+        work: Work<Self::Db, T>,
+    ) -> impl Future<Output = StoreResult<T>> + Send;
+
+    /// Whether the database answers (and, for SQLite, may be written).
+    fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+}
+
+/// `work` as an engine takes it (the closure's future boxed, borrowing its transaction).
+pub fn work<D, T, F>(f: F) -> Work<D, T>
+where
+    F: for<'a> FnOnce(&'a mut D) -> WorkFuture<'a, T> + Send + 'static,
+{
+    Box::new(f)
+}

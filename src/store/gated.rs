@@ -1,0 +1,448 @@
+//! The one `Store`: an engine behind group commit and the gate's cache of its inputs.
+//!
+//! Every call is one piece of work over the engine (`sql/`), written in one transaction or
+//! read over one connection. Around that, three things only:
+//! - a round's request (`submit`, `claim_job`) joins the next group commit (`group_commit`);
+//! - the gate's reads of a runner and its pool come from the cache (`verdict_cache`), and what
+//!   a committed write says it `changed` is applied to that cache and to the long polls'
+//!   wake-ups (`Held::apply`), the same list other replicas apply from PostgreSQL's `NOTIFY`;
+//! - a write the database aborted for a conflict is run again (`retry`).
+
+use super::engine::{Change, Db, Engine, Work, WorkFuture};
+use super::group_commit::GroupCommit;
+use super::retry::retrying;
+use super::signal::JobSignal;
+use super::sql::{self, round::RoundItem, round::RoundOutcome};
+use super::verdict_cache::VerdictCache;
+use super::*;
+use crate::domain::lease::{Lease, LeaseCall};
+use std::sync::Arc;
+
+/// What this process holds in memory of the database: the gate's cached inputs and the long
+/// polls' wake-ups. Cheap to clone; the engine's listener (PostgreSQL) holds one too.
+#[derive(Clone)]
+pub struct Held {
+    pub cache: VerdictCache,
+    pub signal: JobSignal,
+}
+
+impl Held {
+    pub fn new(signal: JobSignal) -> Self {
+        Held {
+            cache: VerdictCache::default(),
+            signal,
+        }
+    }
+
+    /// Applies what a committed write changed (here or on another replica).
+    pub fn apply(&self, change: &Change) {
+        match change {
+            Change::Runner(id) => self.cache.forget_runner(id),
+            Change::Pool(name) => self.cache.forget_pool(name),
+            Change::JobQueued(pool) => self.signal.notify_one(pool.as_str()),
+            Change::JobsReturned(pool) => self.signal.notify(pool.as_str()),
+        }
+    }
+
+    /// Changes may have been missed (another replica's, while the listener reconnected):
+    /// forget every cached input and wake every waiter.
+    pub fn lost(&self) {
+        self.cache.forget_all();
+        self.signal.notify_all();
+    }
+}
+
+/// A statement function of `sql/` with its arguments: work an engine can run (and run again).
+type Step<D, A, T> = for<'a> fn(&'a mut D, &'a A) -> WorkFuture<'a, T>;
+
+fn step<D: Db + 'static, A, T>(args: A, f: Step<D, A, T>) -> Work<D, T>
+where
+    A: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    Box::new(move |db| Box::pin(async move { f(db, &args).await }))
+}
+
+pub struct GatedStore<E: Engine> {
+    engine: Arc<E>,
+    rounds: GroupCommit,
+    held: Held,
+}
+
+impl<E: Engine> GatedStore<E>
+where
+    E::Db: 'static,
+{
+    /// `held` is the one the engine's listener (if any) applies other replicas' changes to;
+    /// `round_lanes` how many rounds may be written at once.
+    pub fn new(engine: Arc<E>, held: Held, round_lanes: usize) -> Self {
+        let rounds = GroupCommit::start(engine.clone(), held.clone(), round_lanes);
+        GatedStore {
+            engine,
+            rounds,
+            held,
+        }
+    }
+
+    /// Runs `f(args)` in one write transaction (again, on a conflict), then applies what it
+    /// changed.
+    async fn write<A, T>(&self, args: A, f: Step<E::Db, A, T>) -> StoreResult<T>
+    where
+        A: Clone + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let (value, changes) = retrying(|| self.engine.write(step(args.clone(), f))).await?;
+        for change in &changes {
+            self.held.apply(change);
+        }
+        Ok(value)
+    }
+
+    async fn read<A, T>(&self, args: A, f: Step<E::Db, A, T>) -> StoreResult<T>
+    where
+        A: Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        self.engine.read(step(args, f)).await
+    }
+}
+
+/// A write's own refusal (`Ok(Err(_))`, committed or discarded) or the database's failure.
+fn flatten<T, E: From<StoreError>>(r: StoreResult<Result<T, E>>) -> Result<T, E> {
+    r?
+}
+
+#[async_trait]
+impl<E: Engine> Store for GatedStore<E>
+where
+    E::Db: 'static,
+{
+    fn engine(&self) -> &'static str {
+        self.engine.name()
+    }
+
+    fn job_signal(&self) -> &JobSignal {
+        &self.held.signal
+    }
+
+    async fn ping(&self) -> StoreResult<()> {
+        self.engine.ping().await
+    }
+
+    async fn put_pool(
+        &self,
+        name: &PoolName,
+        spec: PoolSpec,
+        now: Millis,
+    ) -> StoreResult<(Pool, bool)> {
+        self.write((name.clone(), spec, now), |db, (name, spec, now)| {
+            Box::pin(sql::pools::put(db, name, spec.clone(), *now))
+        })
+        .await
+    }
+
+    async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
+        self.read(name.clone(), |db, name| Box::pin(sql::pools::get(db, name)))
+            .await
+    }
+
+    async fn list_pools(&self) -> StoreResult<Vec<Pool>> {
+        self.read((), |db, ()| Box::pin(sql::pools::list(db))).await
+    }
+
+    async fn claim_resolution(
+        &self,
+        name: &PoolName,
+        now: Millis,
+        until: Millis,
+    ) -> StoreResult<Option<Pool>> {
+        self.write((name.clone(), now, until), |db, (name, now, until)| {
+            Box::pin(sql::pools::claim_resolution(db, name, *now, *until))
+        })
+        .await
+    }
+
+    async fn record_resolution(
+        &self,
+        name: &PoolName,
+        image_ref: &str,
+        outcome: &ResolutionOutcome,
+        now: Millis,
+    ) -> StoreResult<Option<Pool>> {
+        let args = (name.clone(), image_ref.to_string(), outcome.clone(), now);
+        self.write(args, |db, (name, image_ref, outcome, now)| {
+            Box::pin(sql::pools::record_resolution(
+                db, name, image_ref, outcome, *now,
+            ))
+        })
+        .await
+    }
+
+    async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>> {
+        self.read((), |db, ()| Box::pin(sql::jobs::queue_depths(db)))
+            .await
+    }
+
+    async fn create_registration_token(
+        &self,
+        pool: &PoolName,
+        token_hash: &str,
+        expires_at: Millis,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let args = (pool.clone(), token_hash.to_string(), expires_at, now);
+        self.write(args, |db, (pool, hash, expires_at, now)| {
+            Box::pin(sql::runners::create_registration_token(
+                db,
+                pool,
+                hash,
+                *expires_at,
+                *now,
+            ))
+        })
+        .await
+    }
+
+    async fn register_runner(
+        &self,
+        token_hash: &str,
+        runner: NewRunner,
+        now: Millis,
+    ) -> Result<Runner, RegisterError> {
+        let args = (token_hash.to_string(), runner, now);
+        flatten(
+            self.write(args, |db, (hash, runner, now)| {
+                Box::pin(sql::runners::register(db, hash, runner, *now))
+            })
+            .await,
+        )
+    }
+
+    async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
+        self.read(id.clone(), |db, id| Box::pin(sql::runners::get(db, id)))
+            .await
+    }
+
+    async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>> {
+        self.read(pool.cloned(), |db, pool| {
+            Box::pin(sql::runners::list(db, pool.as_ref()))
+        })
+        .await
+    }
+
+    async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory> {
+        self.read(id.clone(), |db, id| Box::pin(sql::history::of(db, id)))
+            .await
+    }
+
+    async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>> {
+        self.read(since, |db, since| {
+            Box::pin(sql::history::refusal_counts_since(db, *since))
+        })
+        .await
+    }
+
+    async fn set_cordoned(&self, id: &RunnerId, cordoned: bool) -> StoreResult<Option<Runner>> {
+        self.write((id.clone(), cordoned), |db, (id, cordoned)| {
+            Box::pin(sql::runners::set_cordoned(db, id, *cordoned))
+        })
+        .await
+    }
+
+    async fn revoke_runner(
+        &self,
+        id: &RunnerId,
+        now: Millis,
+    ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
+        self.write((id.clone(), now), |db, (id, now)| {
+            Box::pin(sql::runners::revoke(db, id, *now))
+        })
+        .await
+    }
+
+    async fn jti_seen(&self, runner: &RunnerId, jti: &str, now: Millis) -> StoreResult<bool> {
+        self.read(
+            (runner.clone(), jti.to_string(), now),
+            |db, (runner, jti, now)| Box::pin(sql::replay::seen(db, runner, jti, *now)),
+        )
+        .await
+    }
+
+    async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome> {
+        self.rounds.submit(item).await
+    }
+
+    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
+        if let Some(runner) = self.held.cache.runner(id) {
+            return Ok(Some(runner));
+        }
+        let generation = self.held.cache.generation();
+        let runner = self.get_runner(id).await?;
+        if let Some(r) = &runner {
+            self.held.cache.keep_runner(generation, r);
+        }
+        Ok(runner)
+    }
+
+    async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
+        if let Some(pool) = self.held.cache.pool(name) {
+            return Ok(Some(pool));
+        }
+        let generation = self.held.cache.generation();
+        let pool = self.get_pool(name).await?;
+        if let Some(p) = &pool {
+            self.held.cache.keep_pool(generation, p);
+        }
+        Ok(pool)
+    }
+
+    async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError> {
+        flatten(
+            self.write((job, now), |db, (job, now)| {
+                Box::pin(sql::jobs::enqueue(db, job, *now))
+            })
+            .await,
+        )
+    }
+
+    async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>> {
+        self.read(key.to_string(), |db, key| {
+            Box::pin(sql::jobs::by_idempotency_key(db, key))
+        })
+        .await
+    }
+
+    async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>> {
+        self.read(id.clone(), |db, id| Box::pin(sql::jobs::get(db, id)))
+            .await
+    }
+
+    async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError> {
+        flatten(
+            self.write((id.clone(), now), |db, (id, now)| {
+                Box::pin(sql::leases::cancel(db, id, *now))
+            })
+            .await,
+        )
+    }
+
+    async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
+        let item = RoundItem {
+            attestation: None,
+            claim: Some(claim.clone()),
+        };
+        Ok(self.rounds.submit(item).await?.granted)
+    }
+
+    async fn lease_call(
+        &self,
+        lease_id: &LeaseId,
+        token_hash: &str,
+        call: &LeaseCall,
+        now: Millis,
+    ) -> Result<(Lease, Job), LeaseCallFailure> {
+        let args = (lease_id.clone(), token_hash.to_string(), call.clone(), now);
+        flatten(
+            self.write(args, |db, (lease_id, hash, call, now)| {
+                Box::pin(sql::leases::call(db, lease_id, hash, call, *now))
+            })
+            .await,
+        )
+    }
+
+    async fn set_forge_runners(
+        &self,
+        runner: &RunnerId,
+        identities: &[ForgeIdentity],
+        now: Millis,
+    ) -> Result<Option<Runner>, BindError> {
+        let args = (runner.clone(), identities.to_vec(), now);
+        flatten(
+            self.write(args, |db, (runner, identities, now)| {
+                Box::pin(sql::runners::set_forge_runners(
+                    db, runner, identities, *now,
+                ))
+            })
+            .await,
+        )
+    }
+
+    async fn forge_runner(
+        &self,
+        identity: &ForgeIdentity,
+    ) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+        self.read(identity.clone(), |db, identity| {
+            Box::pin(sql::runners::forge_runner(db, identity))
+        })
+        .await
+    }
+
+    async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()> {
+        self.write((identity.clone(), now), |db, (identity, now)| {
+            Box::pin(sql::runners::note_forge_fetch(db, identity, *now))
+        })
+        .await
+    }
+
+    async fn record_refusal(
+        &self,
+        runner: &RunnerId,
+        code: &str,
+        detail: &str,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let args = (runner.clone(), code.to_string(), detail.to_string(), now);
+        self.write(args, |db, (runner, code, detail, now)| {
+            Box::pin(sql::history::record_refusal(db, runner, code, detail, *now))
+        })
+        .await
+    }
+
+    async fn create_page_session(&self, session: &PageSession) -> StoreResult<()> {
+        self.write(session.clone(), |db, session| {
+            Box::pin(sql::sessions::create(db, session))
+        })
+        .await
+    }
+
+    async fn page_session(
+        &self,
+        token_hash: &str,
+        now: Millis,
+    ) -> StoreResult<Option<PageSession>> {
+        self.read((token_hash.to_string(), now), |db, (hash, now)| {
+            Box::pin(sql::sessions::get(db, hash, *now))
+        })
+        .await
+    }
+
+    async fn end_page_session(&self, token_hash: &str) -> StoreResult<()> {
+        self.write(token_hash.to_string(), |db, hash| {
+            Box::pin(sql::sessions::end(db, hash))
+        })
+        .await
+    }
+
+    async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {
+        let mut report = SweepReport::default();
+        loop {
+            let (ended, full) = self
+                .write(now, |db, now| Box::pin(sql::leases::sweep_batch(db, *now)))
+                .await?;
+            let progressed = !ended.is_empty();
+            report.leases_expired += ended.len() as u64;
+            report.ended.extend(ended);
+            // A short batch was the last; a batch whose fences all failed would only select
+            // the same rows again.
+            if !full || !progressed {
+                break;
+            }
+        }
+        report.jtis_purged = self
+            .write(now, |db, now| Box::pin(sql::replay::purge(db, *now)))
+            .await?;
+        self.write(now, |db, now| Box::pin(sql::sessions::purge(db, *now)))
+            .await?;
+        Ok(report)
+    }
+}

@@ -1,0 +1,216 @@
+//! The queue: which jobs a claim takes (the pool's oldest queued ones, in the queue's order),
+//! how it takes them (each moved to `leased` under its new lease), and the bench's bulk
+//! statements over the same order.
+//!
+//! The order is written once, here (`QUEUE_ORDER`). `EXPLAIN` tests check that it runs through
+//! the partial index `jobs_queue_order`, whatever the queue's depth and however stale the
+//! planner's statistics. It orders by `created_at, seq` rather than `seq` alone so that no other
+//! index can serve it: ordered by `seq`, PostgreSQL took the primary key whenever its
+//! statistics said most jobs were queued (a deep queue, or one filled since the last analyze),
+//! and then stepped over every finished job on each claim.
+
+use super::{values_list, write_rows};
+use crate::domain::job::{EventKind, Job};
+use crate::domain::lease::{Lease, LeaseState};
+use crate::store::engine::{Db, Param, Statement, Tail};
+use crate::store::{Claim, StoreResult};
+use std::sync::LazyLock;
+
+/// The queue's order, after a `pool = $n` condition.
+const QUEUE_ORDER: &str = "AND state = 'queued' ORDER BY created_at, seq";
+
+/// A round's choice of jobs for the claims it holds on one pool: its `$2` oldest queued ones.
+pub static CLAIM_BATCH_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT seq FROM jobs WHERE pool = $1 {QUEUE_ORDER} LIMIT $2"));
+
+/// A single claim's choice (the bench's raw baseline): the oldest queued job of pool `$3`.
+pub static CLAIM_CANDIDATE_SQL: LazyLock<String> =
+    LazyLock::new(|| format!("SELECT seq FROM jobs WHERE pool = $3 {QUEUE_ORDER} LIMIT 1"));
+
+static RAW_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
+         WHERE seq = ({}) AND state = 'queued' RETURNING id",
+        *CLAIM_CANDIDATE_SQL
+    )
+});
+
+static PRECLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE jobs SET state = 'succeeded', updated_at = $3 WHERE seq IN (SELECT seq FROM jobs \
+         WHERE pool = $1 {QUEUE_ORDER} LIMIT $2)"
+    )
+});
+
+/// The seqs of the pool's `n` oldest queued jobs, locked for the claim (skipping those
+/// another transaction holds).
+pub async fn candidates<D: Db>(db: &mut D, pool: &str, n: usize) -> StoreResult<Vec<i64>> {
+    let found = db
+        .fetch(
+            Statement::new(CLAIM_BATCH_SQL.as_str())
+                .bind(pool)
+                .bind(n as i64)
+                .tail(Tail::SkipLocked),
+        )
+        .await?;
+    found.iter().map(|r| r.int("seq")).collect()
+}
+
+/// Moves the chosen jobs to `leased`, each under its claim's lease; the jobs moved.
+pub async fn lease_jobs<D: Db>(db: &mut D, pairs: &[(i64, &Claim)]) -> StoreResult<Vec<Job>> {
+    let mut params = Vec::with_capacity(pairs.len() * 3);
+    for (seq, claim) in pairs {
+        params.extend([
+            Param::Int(*seq),
+            Param::Text(claim.lease_id.as_str()),
+            Param::Int(claim.now.0),
+        ]);
+    }
+    let st = Statement::built(format!(
+        "WITH v (seq, lease_id, updated_at) AS (VALUES {}) \
+         UPDATE jobs SET state = 'leased', lease_id = v.lease_id, updated_at = v.updated_at \
+         FROM v WHERE jobs.seq = v.seq AND jobs.state = 'queued'",
+        values_list(pairs.len(), 3, 1)
+    ))
+    .params(params)
+    .tail(Tail::ReturningJobs);
+    let moved = db.fetch(st).await?;
+    moved.iter().map(super::rows::job).collect()
+}
+
+pub async fn insert_leases<D: Db>(db: &mut D, granted: &[(&Lease, &str)]) -> StoreResult<()> {
+    let sql = |values: &str| {
+        format!(
+            "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, \
+             granted_at, expires_at) VALUES {values}"
+        )
+    };
+    write_rows(db, granted, 9, sql, |(lease, token_hash)| {
+        vec![
+            Param::Text(lease.id.as_str()),
+            Param::Text(lease.job_id.as_str()),
+            Param::Text(lease.runner_id.as_str()),
+            Param::Text(lease.pool.as_str()),
+            Param::Text(token_hash),
+            Param::Text(LeaseState::Leased.as_str()),
+            Param::Int(lease.attempt),
+            Param::Int(lease.granted_at.0),
+            Param::Int(lease.expires_at.0),
+        ]
+    })
+    .await
+}
+
+/// The `leased` line of each granted job's story.
+pub async fn insert_leased_events<D: Db>(
+    db: &mut D,
+    granted: &[(&Lease, &str)],
+) -> StoreResult<()> {
+    let sql = |values: &str| {
+        format!(
+            "INSERT INTO job_events (job_id, at, kind, runner_id, lease_id, reason, detail) \
+             VALUES {values}"
+        )
+    };
+    write_rows(db, granted, 7, sql, |(lease, _)| {
+        vec![
+            Param::Text(lease.job_id.as_str()),
+            Param::Int(lease.granted_at.0),
+            Param::Text(EventKind::Leased.as_str()),
+            Param::Text(lease.runner_id.as_str()),
+            Param::Text(lease.id.as_str()),
+            Param::OptText(None),
+            Param::OptText(None),
+        ]
+    })
+    .await
+}
+
+/// The bench's raw claim (`bench/baseline.rs`): the pool's oldest queued job to `lease_id`
+/// and its lease inserted, the engine's statements with nothing of the service around them.
+/// `false` when the queue is empty.
+pub async fn raw_claim<D: Db>(
+    db: &mut D,
+    pool: &str,
+    runner_id: &str,
+    lease_id: &str,
+    now: i64,
+) -> StoreResult<bool> {
+    let claimed = db
+        .fetch(
+            Statement::new(RAW_CLAIM_SQL.as_str())
+                .bind(lease_id)
+                .bind(now)
+                .bind(pool),
+        )
+        .await?;
+    let Some(job) = claimed.first() else {
+        return Ok(false);
+    };
+    db.execute(
+        Statement::new(
+            "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, \
+                granted_at, expires_at) \
+             VALUES ($1, $2, $3, $4, 'raw', 'leased', 1, $5, $6)",
+        )
+        .bind(lease_id)
+        .bind(job.text("id")?)
+        .bind(runner_id)
+        .bind(pool)
+        .bind(now)
+        .bind(now + 300_000),
+    )
+    .await?;
+    Ok(true)
+}
+
+/// Queues the jobs `prefix-from` to `prefix-(to-1)` of `pool` in one statement (the bench's
+/// deep queues), the numbers counted by a recursive query both engines run.
+pub async fn preload_batch<D: Db>(
+    db: &mut D,
+    from: i64,
+    to: i64,
+    prefix: &str,
+    pool: &str,
+    now: i64,
+) -> StoreResult<()> {
+    db.execute(
+        Statement::new(
+            "INSERT INTO jobs (id, pool, payload, state, max_attempts, created_at, updated_at) \
+             WITH RECURSIVE k(i) AS (SELECT $1 UNION ALL SELECT i + 1 FROM k WHERE i + 1 < $2) \
+             SELECT $3 || '-' || i, $4, '{}', 'queued', 3, $5, $5 FROM k",
+        )
+        .bind(from)
+        .bind(to)
+        .bind(prefix)
+        .bind(pool)
+        .bind(now),
+    )
+    .await?;
+    Ok(())
+}
+
+/// After a bulk load on PostgreSQL, outside a transaction: a million rows inserted at once
+/// leave their hint bits, visibility map and dirty pages for the first claims to pay for,
+/// where a queue filled over hours has had autovacuum and checkpoints do that as it grew.
+pub async fn settle_after_preload<D: Db>(db: &mut D) -> StoreResult<()> {
+    db.execute(Statement::new("VACUUM (ANALYZE) jobs")).await?;
+    if let Err(e) = db.execute(Statement::new("CHECKPOINT")).await {
+        tracing::warn!(error = %e, "no CHECKPOINT after the preload (needs pg_checkpoint)");
+    }
+    Ok(())
+}
+
+/// Moves the pool's `n` oldest queued jobs to `succeeded`, as `n` claims and completions would
+/// (the bench's `--preclaim`): what matters for a later claim is that they left the partial
+/// index `jobs_queue_order` and their old entries await vacuum, not how they left.
+pub async fn preclaim_batch<D: Db>(db: &mut D, pool: &str, n: i64, now: i64) -> StoreResult<()> {
+    db.execute(
+        Statement::new(PRECLAIM_SQL.as_str())
+            .bind(pool)
+            .bind(n)
+            .bind(now),
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,228 @@
+//! Rows into domain values, once for both engines.
+//!
+//! Both schemas use the same column names and the same portable types (64-bit integers for
+//! instants, counters and booleans; text for ids, JSON and enums), so one decoder per thing
+//! serves both.
+
+use crate::domain::attestation::{Probe, RunningImage};
+use crate::domain::digest::ImageDigest;
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
+use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::job::{Job, JobEvent, JobState};
+use crate::domain::lease::{Lease, LeaseState};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
+use crate::domain::runner::{CurrentLease, LatestAttestation, Runner};
+use crate::domain::time::Millis;
+use crate::domain::verdict::{AttestedState, GateState};
+use crate::store::engine::Row;
+use crate::store::{AttestationEntry, RefusalEntry, StatusChange, StoreError, StoreResult};
+
+pub fn corrupt(what: &str, value: &str) -> StoreError {
+    StoreError::Internal(format!("stored {what} is not valid: {value:?}"))
+}
+
+fn millis(row: &Row, column: &str) -> StoreResult<Millis> {
+    row.int(column).map(Millis)
+}
+
+fn opt_millis(row: &Row, column: &str) -> StoreResult<Option<Millis>> {
+    Ok(row.opt_int(column)?.map(Millis))
+}
+
+pub fn digests(json: &str) -> StoreResult<Vec<ImageDigest>> {
+    serde_json::from_str(json).map_err(|_| corrupt("digest list", json))
+}
+
+pub fn digests_json(list: &[ImageDigest]) -> String {
+    serde_json::to_string(list).expect("digests serialize")
+}
+
+fn opt_digest(value: Option<String>) -> StoreResult<Option<ImageDigest>> {
+    value
+        .map(|v| ImageDigest::parse(&v).map_err(|_| corrupt("image digest", &v)))
+        .transpose()
+}
+
+fn lease_state(s: &str) -> StoreResult<LeaseState> {
+    LeaseState::parse(s).ok_or_else(|| corrupt("lease state", s))
+}
+
+pub fn pool(row: &Row) -> StoreResult<Pool> {
+    let policy = row.text("image_policy")?;
+    let source = row.text("image_source")?;
+    let gate_mode = row.text("gate_mode")?;
+    Ok(Pool {
+        name: PoolName::from_trusted(row.text("name")?),
+        image_ref: row.opt_text("image_ref")?,
+        image_policy: ImagePolicy::parse(&policy)
+            .ok_or_else(|| corrupt("image policy", &policy))?,
+        image_source: ImageSource::parse(&source)
+            .ok_or_else(|| corrupt("image source", &source))?,
+        gate_mode: GateMode::parse(&gate_mode).ok_or_else(|| corrupt("gate mode", &gate_mode))?,
+        expected_image_ids: digests(&row.text("expected_image_ids")?)?,
+        previous_image_ids: digests(&row.text("previous_image_ids")?)?,
+        previous_valid_until: opt_millis(row, "previous_valid_until")?,
+        drift_grace_s: row.int("drift_grace_s")?,
+        resolve_interval_s: row.int("resolve_interval_s")?,
+        last_resolution: match opt_millis(row, "last_resolution_at")? {
+            Some(at) => Some(Resolution {
+                at,
+                ok: row.opt_int("last_resolution_ok")?.unwrap_or(0) != 0,
+                error: row.opt_text("last_resolution_error")?,
+            }),
+            None => None,
+        },
+        resolution_failures: row.int("resolution_failures")?,
+        resolved_digest: opt_digest(row.opt_text("resolved_digest")?)?,
+        resolved_image_id: opt_digest(row.opt_text("resolved_image_id")?)?,
+        next_resolve_at: opt_millis(row, "next_resolve_at")?,
+        created_at: millis(row, "created_at")?,
+        updated_at: millis(row, "updated_at")?,
+    })
+}
+
+/// A runner row, joined with its newest live lease (`lease_*` columns), without its forge
+/// runners (read apart).
+pub fn runner(row: &Row) -> StoreResult<Runner> {
+    let labels = row.text("labels")?;
+    let latest = match opt_millis(row, "attested_at")? {
+        Some(received_at) => Some(LatestAttestation {
+            received_at,
+            state: AttestedState {
+                probe: Probe {
+                    ok: row.opt_int("probe_ok")?.unwrap_or(0) != 0,
+                    runtime: row.opt_text("probe_runtime")?.unwrap_or_default(),
+                    runtime_version: row.opt_text("probe_runtime_version")?,
+                    checked_at: opt_millis(row, "probe_checked_at")?.unwrap_or_default(),
+                    error: row.opt_text("probe_error")?,
+                    exit_code: row.opt_int("probe_exit_code")?,
+                },
+                image: RunningImage {
+                    id: opt_digest(row.opt_text("image_id")?)?,
+                    digest: opt_digest(row.opt_text("image_digest")?)?,
+                    image_ref: row.opt_text("image_ref")?,
+                },
+            },
+        }),
+        None => None,
+    };
+    let current_lease = match row.opt_text("lease_id")? {
+        Some(id) => Some(CurrentLease {
+            lease_id: LeaseId(id),
+            job_id: JobId(row.text("lease_job_id")?),
+            state: lease_state(&row.text("lease_state")?)?,
+            expires_at: millis(row, "lease_expires_at")?,
+        }),
+        None => None,
+    };
+    Ok(Runner {
+        id: RunnerId(row.text("id")?),
+        name: row.text("name")?,
+        pool: PoolName::from_trusted(row.text("pool")?),
+        labels: serde_json::from_str(&labels).map_err(|_| corrupt("labels", &labels))?,
+        public_key_x: row.text("public_key_x")?,
+        gate: GateState {
+            cordoned: row.flag("cordoned")?,
+            quarantined_at: opt_millis(row, "quarantined_at")?,
+        },
+        revoked_at: opt_millis(row, "revoked_at")?,
+        registered_at: millis(row, "registered_at")?,
+        latest,
+        current_lease,
+        forge_runners: vec![],
+    })
+}
+
+pub fn forge_binding(row: &Row) -> StoreResult<ForgeBinding> {
+    let kind = row.text("kind")?;
+    Ok(ForgeBinding {
+        identity: ForgeIdentity {
+            kind: ForgeKind::parse(&kind).ok_or_else(|| corrupt("forge kind", &kind))?,
+            key: row.text("identity")?,
+        },
+        last_fetch_at: opt_millis(row, "last_fetch_at")?,
+    })
+}
+
+pub fn job(row: &Row) -> StoreResult<Job> {
+    let payload = row.text("payload")?;
+    let state = row.text("state")?;
+    Ok(Job {
+        payload: serde_json::from_str(&payload).map_err(|_| corrupt("payload", &payload))?,
+        id: JobId(row.text("id")?),
+        pool: PoolName::from_trusted(row.text("pool")?),
+        state: JobState::parse(&state).ok_or_else(|| corrupt("job state", &state))?,
+        attempts: row.int("attempts")?,
+        max_attempts: row.int("max_attempts")?,
+        returns: row.int("returns")?,
+        last_error: row.opt_text("last_error")?,
+        idempotency_key: row.opt_text("idempotency_key")?,
+        lease_id: row.opt_text("lease_id")?.map(LeaseId),
+        created_at: millis(row, "created_at")?,
+        updated_at: millis(row, "updated_at")?,
+    })
+}
+
+pub fn job_event(row: &Row) -> StoreResult<JobEvent> {
+    Ok(JobEvent {
+        at: millis(row, "at")?,
+        kind: row.text("kind")?,
+        runner_id: row.opt_text("runner_id")?.map(RunnerId),
+        lease_id: row.opt_text("lease_id")?.map(LeaseId),
+        reason: row.opt_text("reason")?,
+        detail: row.opt_text("detail")?,
+    })
+}
+
+pub fn lease(row: &Row) -> StoreResult<Lease> {
+    Ok(Lease {
+        id: LeaseId(row.text("id")?),
+        job_id: JobId(row.text("job_id")?),
+        runner_id: RunnerId(row.text("runner_id")?),
+        pool: PoolName::from_trusted(row.text("pool")?),
+        state: lease_state(&row.text("state")?)?,
+        attempt: row.int("attempt")?,
+        granted_at: millis(row, "granted_at")?,
+        started_at: opt_millis(row, "started_at")?,
+        expires_at: millis(row, "expires_at")?,
+        ended_at: opt_millis(row, "ended_at")?,
+    })
+}
+
+pub fn attestation_entry(row: &Row) -> StoreResult<AttestationEntry> {
+    Ok(AttestationEntry {
+        received_at: millis(row, "received_at")?,
+        probe_ok: row.flag("probe_ok")?,
+        runtime: row.text("probe_runtime")?,
+        runtime_version: row.opt_text("probe_runtime_version")?,
+        checked_at: millis(row, "probe_checked_at")?,
+        error: row.opt_text("probe_error")?,
+        image: RunningImage {
+            id: opt_digest(row.opt_text("image_id")?)?,
+            digest: opt_digest(row.opt_text("image_digest")?)?,
+            image_ref: None,
+        },
+        status: row.text("status")?,
+    })
+}
+
+pub fn status_change(row: &Row) -> StoreResult<StatusChange> {
+    Ok(StatusChange {
+        at: millis(row, "at")?,
+        from: row.opt_text("from_status")?,
+        to: row.text("to_status")?,
+        detail: row.opt_text("detail")?,
+    })
+}
+
+pub fn refusal(row: &Row) -> StoreResult<RefusalEntry> {
+    let first_at = millis(row, "at")?;
+    Ok(RefusalEntry {
+        seq: row.int("seq")?,
+        first_at,
+        at: opt_millis(row, "last_at")?.unwrap_or(first_at),
+        count: row.int("count")?,
+        code: row.text("code")?,
+        detail: row.text("detail")?,
+    })
+}

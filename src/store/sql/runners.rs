@@ -1,0 +1,305 @@
+//! Runners: registration with a single-use token, the runner record and its forge runners,
+//! cordon and revocation, and what the runner views read.
+
+use super::leases;
+use super::rows;
+use crate::domain::forge::{ForgeBinding, ForgeIdentity};
+use crate::domain::ids::RunnerId;
+use crate::domain::lease::EndCause;
+use crate::domain::pool::PoolName;
+use crate::domain::runner::Runner;
+use crate::domain::time::Millis;
+use crate::store::engine::{Change, Db, Statement, fetch_optional};
+use crate::store::{BindError, EndedLease, NewRunner, RegisterError, StoreResult};
+use std::collections::BTreeMap;
+use std::sync::LazyLock;
+
+/// A runner joined with its newest live lease, for the runner views. A runner may hold several
+/// live leases (nothing stops it leasing again), but it is one row here.
+const RUNNER_SELECT: &str = "SELECT r.*, l.id AS lease_id, l.job_id AS lease_job_id, \
+     l.state AS lease_state, l.expires_at AS lease_expires_at \
+     FROM runners r LEFT JOIN leases l ON l.id = (SELECT id FROM leases \
+     WHERE runner_id = r.id AND state IN ('leased', 'running') ORDER BY granted_at DESC, id DESC \
+     LIMIT 1)";
+
+static BY_ID: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} WHERE r.id = $1"));
+static IN_POOL: LazyLock<String> =
+    LazyLock::new(|| format!("{RUNNER_SELECT} WHERE r.pool = $1 ORDER BY r.pool, r.name"));
+static ALL: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} ORDER BY r.pool, r.name"));
+
+pub async fn get<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<Option<Runner>> {
+    let Some(row) = fetch_optional(db, Statement::new(BY_ID.as_str()).bind(id.as_str())).await?
+    else {
+        return Ok(None);
+    };
+    let mut runner = rows::runner(&row)?;
+    let bindings = db
+        .fetch(
+            Statement::new(
+                "SELECT * FROM forge_runners WHERE runner_id = $1 ORDER BY kind, identity",
+            )
+            .bind(id.as_str()),
+        )
+        .await?;
+    runner.forge_runners = bindings
+        .iter()
+        .map(rows::forge_binding)
+        .collect::<StoreResult<_>>()?;
+    Ok(Some(runner))
+}
+
+pub async fn list<D: Db>(db: &mut D, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>> {
+    let found = match pool {
+        Some(p) => {
+            db.fetch(Statement::new(IN_POOL.as_str()).bind(p.as_str()))
+                .await?
+        }
+        None => db.fetch(Statement::new(ALL.as_str())).await?,
+    };
+    let mut runners: Vec<Runner> = found.iter().map(rows::runner).collect::<StoreResult<_>>()?;
+    let bindings = db
+        .fetch(Statement::new(
+            "SELECT * FROM forge_runners ORDER BY kind, identity",
+        ))
+        .await?;
+    let mut by_runner: BTreeMap<String, Vec<ForgeBinding>> = BTreeMap::new();
+    for row in &bindings {
+        by_runner
+            .entry(row.text("runner_id")?)
+            .or_default()
+            .push(rows::forge_binding(row)?);
+    }
+    for runner in &mut runners {
+        if let Some(b) = by_runner.remove(runner.id.as_str()) {
+            runner.forge_runners = b;
+        }
+    }
+    Ok(runners)
+}
+
+pub async fn create_registration_token<D: Db>(
+    db: &mut D,
+    pool: &PoolName,
+    token_hash: &str,
+    expires_at: Millis,
+    now: Millis,
+) -> StoreResult<()> {
+    db.execute(
+        Statement::new(
+            "INSERT INTO registration_tokens (token_hash, pool, created_at, expires_at) VALUES \
+                ($1, $2, $3, $4)",
+        )
+        .bind(token_hash)
+        .bind(pool.as_str())
+        .bind(now.0)
+        .bind(expires_at.0),
+    )
+    .await?;
+    Ok(())
+}
+
+/// Consumes the token and inserts the runner with its forge runners; on any refusal the
+/// transaction is discarded, so the token is not spent.
+pub async fn register<D: Db>(
+    db: &mut D,
+    token_hash: &str,
+    runner: &NewRunner,
+    now: Millis,
+) -> StoreResult<Result<Runner, RegisterError>> {
+    let pool = fetch_optional(
+        db,
+        Statement::new(
+            "UPDATE registration_tokens SET used_at = $1, used_by = $2 \
+             WHERE token_hash = $3 AND used_at IS NULL AND expires_at > $1 RETURNING pool",
+        )
+        .bind(now.0)
+        .bind(runner.id.as_str())
+        .bind(token_hash),
+    )
+    .await?;
+    let Some(pool) = pool else {
+        return Ok(Err(RegisterError::TokenInvalid));
+    };
+    let pool = pool.text("pool")?;
+    let inserted = db
+        .execute(
+            Statement::new(
+                "INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at) \
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (pool, name) DO NOTHING",
+            )
+            .bind(runner.id.as_str())
+            .bind(runner.name.as_str())
+            .bind(pool.as_str())
+            .bind(serde_json::to_string(&runner.labels).expect("labels serialize"))
+            .bind(runner.public_key_x.as_str())
+            .bind(now.0),
+        )
+        .await?;
+    if inserted != 1 {
+        db.discard();
+        return Ok(Err(RegisterError::NameTaken));
+    }
+    if let Some(taken) = bind(db, &runner.id, &runner.forge_runners, now).await? {
+        db.discard();
+        return Ok(Err(RegisterError::ForgeRunnerTaken(taken)));
+    }
+    match get(db, &runner.id).await? {
+        Some(stored) => Ok(Ok(stored)),
+        None => Err(crate::store::StoreError::Internal(
+            "runner vanished after insert".into(),
+        )),
+    }
+}
+
+/// Binds `identities` to `runner`, keeping those it already has; the first one bound to
+/// another runner, if any.
+async fn bind<D: Db>(
+    db: &mut D,
+    runner: &RunnerId,
+    identities: &[ForgeIdentity],
+    now: Millis,
+) -> StoreResult<Option<ForgeIdentity>> {
+    for identity in identities {
+        db.execute(
+            Statement::new(
+                "INSERT INTO forge_runners (kind, identity, runner_id, bound_at) VALUES ($1, $2, \
+                    $3, $4) \
+                 ON CONFLICT (kind, identity) DO NOTHING",
+            )
+            .bind(identity.kind.as_str())
+            .bind(identity.key.as_str())
+            .bind(runner.as_str())
+            .bind(now.0),
+        )
+        .await?;
+        let owner = fetch_optional(
+            db,
+            Statement::new("SELECT runner_id FROM forge_runners WHERE kind = $1 AND identity = $2")
+                .bind(identity.kind.as_str())
+                .bind(identity.key.as_str()),
+        )
+        .await?;
+        if owner.map(|r| r.text("runner_id")).transpose()?.as_deref() != Some(runner.as_str()) {
+            return Ok(Some(identity.clone()));
+        }
+    }
+    Ok(None)
+}
+
+/// Replaces the forge runners of `runner` (keeping when each was last seen); all or nothing.
+pub async fn set_forge_runners<D: Db>(
+    db: &mut D,
+    runner: &RunnerId,
+    identities: &[ForgeIdentity],
+    now: Millis,
+) -> StoreResult<Result<Option<Runner>, BindError>> {
+    let Some(current) = get(db, runner).await? else {
+        return Ok(Ok(None));
+    };
+    if current.is_revoked() {
+        return Ok(Err(BindError::Revoked));
+    }
+    for kept in &current.forge_runners {
+        if !identities.contains(&kept.identity) {
+            db.execute(
+                Statement::new("DELETE FROM forge_runners WHERE kind = $1 AND identity = $2")
+                    .bind(kept.identity.kind.as_str())
+                    .bind(kept.identity.key.as_str()),
+            )
+            .await?;
+        }
+    }
+    if let Some(taken) = bind(db, runner, identities, now).await? {
+        db.discard();
+        return Ok(Err(BindError::Taken(taken)));
+    }
+    db.changed(Change::Runner(runner.clone())).await?;
+    Ok(Ok(get(db, runner).await?))
+}
+
+/// The runner a forge runner is bound to, and the binding.
+pub async fn forge_runner<D: Db>(
+    db: &mut D,
+    identity: &ForgeIdentity,
+) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+    let row = fetch_optional(
+        db,
+        Statement::new("SELECT * FROM forge_runners WHERE kind = $1 AND identity = $2")
+            .bind(identity.kind.as_str())
+            .bind(identity.key.as_str()),
+    )
+    .await?;
+    row.map(|r| Ok((RunnerId(r.text("runner_id")?), rows::forge_binding(&r)?)))
+        .transpose()
+}
+
+pub async fn note_forge_fetch<D: Db>(
+    db: &mut D,
+    identity: &ForgeIdentity,
+    now: Millis,
+) -> StoreResult<()> {
+    db.execute(
+        Statement::new(
+            "UPDATE forge_runners SET last_fetch_at = $3 WHERE kind = $1 AND identity = $2",
+        )
+        .bind(identity.kind.as_str())
+        .bind(identity.key.as_str())
+        .bind(now.0),
+    )
+    .await?;
+    Ok(())
+}
+
+pub async fn set_cordoned<D: Db>(
+    db: &mut D,
+    id: &RunnerId,
+    cordoned: bool,
+) -> StoreResult<Option<Runner>> {
+    db.execute(
+        Statement::new("UPDATE runners SET cordoned = $1 WHERE id = $2")
+            .bind(i64::from(cordoned))
+            .bind(id.as_str()),
+    )
+    .await?;
+    db.changed(Change::Runner(id.clone())).await?;
+    get(db, id).await
+}
+
+/// Revokes the runner (the first time counts), ends its live leases as an expiry would, and
+/// frees its forge runners. The update locks the runner's row first: no round claims for it
+/// after, and the leases are then locked in the one order (job, lease).
+pub async fn revoke<D: Db>(
+    db: &mut D,
+    id: &RunnerId,
+    now: Millis,
+) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
+    db.execute(
+        Statement::new("UPDATE runners SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2")
+            .bind(now.0)
+            .bind(id.as_str()),
+    )
+    .await?;
+    let live = db
+        .fetch(
+            Statement::new(
+                "SELECT id, job_id FROM leases WHERE runner_id = $1 AND state IN ('leased', \
+                    'running')",
+            )
+            .bind(id.as_str()),
+        )
+        .await?;
+    let mut ended = Vec::new();
+    for row in &live {
+        let lease_id = crate::domain::ids::LeaseId(row.text("id")?);
+        let job_id = crate::domain::ids::JobId(row.text("job_id")?);
+        if let Some(e) =
+            leases::end_live(db, &job_id, &lease_id, EndCause::RunnerRevoked, now, false).await?
+        {
+            ended.push(e);
+        }
+    }
+    db.execute(Statement::new("DELETE FROM forge_runners WHERE runner_id = $1").bind(id.as_str()))
+        .await?;
+    db.changed(Change::Runner(id.clone())).await?;
+    Ok(get(db, id).await?.map(|r| (r, ended)))
+}
