@@ -914,6 +914,34 @@ async fn short_image_ids_and_tags_are_bad_requests_and_record_nothing(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
+async fn a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again(app) {
+    // The row keeps a runner's 12 most recent jtis; a client hammering the endpoints within
+    // one window spills older ones into a table, and every one of them stays spent.
+    let (app, runner) = with_runner(app).await;
+    let tokens: Vec<(String, String)> = (0..30)
+        .map(|i| {
+            let jti = format!("burst-{i}-{}", uuid::Uuid::now_v7());
+            (jti.clone(), runner.attest(json!({ "jti": jti })))
+        })
+        .collect();
+    for (i, (_, token)) in tokens.iter().enumerate() {
+        if i % 2 == 0 {
+            accepted(&app, "burst heartbeat", token).await;
+        } else {
+            assert_eq!(app.lease(token).await.status(), StatusCode::NO_CONTENT);
+        }
+    }
+    for (jti, token) in &tokens {
+        heartbeat_rejected(&app, jti, token, UNAUTHORIZED, "attestation_replayed").await;
+        let check = gate_check(&app, token).await;
+        assert_eq!(check["code"], "attestation_replayed", "{jti}");
+        // Re-signed with other claims (and an invalid digest, answered after rule 5 without
+        // a write): still the same spent jti.
+        let resigned = runner.attest(json!({"jti": jti, "image": {"id": "abc123"}}));
+        heartbeat_rejected(&app, jti, &resigned, UNAUTHORIZED, "attestation_replayed").await;
+    }
+}
+
 async fn revoked_runner_is_refused_after_the_replay_check(app) {
     let (app, runner) = with_runner(app).await;
     let used = runner.healthy();

@@ -104,13 +104,12 @@ pub async fn refusal_counts_since<D: Db>(
     let found = db
         .fetch(
             Statement::new(
-                "SELECT f.runner_id, SUM(CASE WHEN r.refusal_code IS NOT NULL AND f.seq = \
-                    r.refusal_seq \
-                 THEN r.refusal_count ELSE f.count END) AS n \
+                "SELECT f.runner_id, CAST(SUM(CASE WHEN r.refusal_code IS NOT NULL \
+                 AND f.seq = r.refusal_seq THEN r.refusal_count ELSE f.count END) AS BIGINT) AS n \
                  FROM refusals f JOIN runners r ON r.id = f.runner_id \
                  WHERE COALESCE(f.last_at, f.at) >= $1 \
-                 OR (r.refusal_code IS NOT NULL AND f.seq = r.refusal_seq AND r.refusal_last_at \
-                 >= $1) \
+                 OR (r.refusal_code IS NOT NULL AND f.seq = r.refusal_seq \
+                 AND r.refusal_last_at >= $1) \
                  GROUP BY f.runner_id",
             )
             .bind(since.0),
