@@ -83,9 +83,11 @@ async fn logging_out_ends_the_session_on_the_server(app) {
 async fn a_rotated_admin_token_ends_the_old_sessions(app) {
     let cookie = cookie_pair(&login_with(&app, ADMIN, &[]).await);
     assert_eq!(fleet_status(&app, &cookie).await, StatusCode::OK);
-    // The same database served with another admin token, as after a rotation.
+    // The same database served again with another admin token, as after a rotation.
     let rotated = "rotated-admin-token-0123456789abcdef0123";
-    let next = spawn_replica_with(&app, |a| a.admin_token = Some(rotated.into())).await;
+    let next = app
+        .restart_with(|a| a.admin_token = Some(rotated.into()))
+        .await;
     assert_eq!(fleet_status(&next, &cookie).await, StatusCode::SEE_OTHER);
     let fresh = cookie_pair(&login_with(&next, rotated, &[]).await);
     assert_eq!(fleet_status(&next, &fresh).await, StatusCode::OK);

@@ -306,3 +306,25 @@ async fn a_weak_operator_token_refuses_to_start_and_says_why() {
         );
     }
 }
+
+#[tokio::test]
+async fn a_second_serve_on_one_sqlite_file_refuses_to_start_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut first = serve(dir.path(), port).spawn().unwrap();
+    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    let out = serve(dir.path(), free_port()).output().await.unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("another leasegate process is serving the SQLite database"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("use PostgreSQL for replicas"), "{stderr}");
+    // Once the first has stopped, the file may be served again.
+    assert!(sigterm(&mut first).await.success());
+    let port = free_port();
+    let mut again = serve(dir.path(), port).spawn().unwrap();
+    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    assert!(sigterm(&mut again).await.success());
+}

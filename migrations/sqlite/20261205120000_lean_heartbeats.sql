@@ -19,3 +19,17 @@ ALTER TABLE refusals ADD COLUMN last_at INTEGER;
 -- until the last of them expires.
 UPDATE runners SET jtis_spilled_until =
     (SELECT MAX(expires_at) FROM seen_jtis WHERE seen_jtis.runner_id = runners.id);
+
+-- The spill table is this process's durable record of spilled jtis, looked up in memory
+-- (sql/replay.rs): appended and purged by expiry, with no index on the random key, whose
+-- inserts and purges each cost a random page.
+CREATE TABLE seen_jtis_log (
+    runner_id  TEXT NOT NULL,
+    jti        TEXT NOT NULL,
+    expires_at INTEGER NOT NULL
+);
+INSERT INTO seen_jtis_log (runner_id, jti, expires_at)
+    SELECT runner_id, jti, expires_at FROM seen_jtis ORDER BY expires_at;
+DROP TABLE seen_jtis;
+ALTER TABLE seen_jtis_log RENAME TO seen_jtis;
+CREATE INDEX seen_jtis_by_expiry ON seen_jtis (expires_at);

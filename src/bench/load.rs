@@ -22,6 +22,8 @@ pub struct OpReport {
     pub p90_ms: f64,
     pub p99_ms: f64,
     pub max_ms: f64,
+    /// Bytes the service wrote to storage per successful request (SQLite: `bench::io`).
+    pub bytes_written_per_op: Option<f64>,
 }
 
 /// How hard to push.
@@ -122,5 +124,6 @@ where
         p90_ms: ms(0.9),
         p99_ms: ms(0.99),
         max_ms: h.max() as f64 / 1000.0,
+        bytes_written_per_op: None,
     }
 }

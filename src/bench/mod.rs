@@ -9,6 +9,7 @@
 
 mod baseline;
 mod fleet;
+mod io;
 mod limits;
 mod load;
 mod long_polls;
@@ -266,6 +267,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
     // so that no phase runs dry because an earlier one was fast.
     let mut queued = args.jobs;
+    // The service's own writes to storage: SQLite's, in this process or `--server-pid`'s.
+    let writer = match (engine, &args.server) {
+        ("sqlite", None) => Some(None),
+        ("sqlite", Some(_)) => args.server_pid.map(Some),
+        _ => None,
+    };
     for phase in args.phases.iter().filter(|p| !p.is_empty()) {
         if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
             fleet
@@ -273,7 +280,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .await?;
             queued = args.jobs;
         }
-        let report = match phase.as_str() {
+        let written_before = writer.and_then(io::written_bytes);
+        let mut report = match phase.as_str() {
             "grants" => fleet.grants(drive, !args.quiet).await,
             "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
             "refill-grants" => fleet.refill_grants(&client, drive, !args.quiet).await,
@@ -285,6 +293,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 )
             }
         };
+        if let (Some(before), Some(after)) = (written_before, writer.and_then(io::written_bytes))
+            && report.ok > 0
+        {
+            report.bytes_written_per_op =
+                Some(after.saturating_sub(before) as f64 / report.ok as f64);
+        }
         if matches!(phase.as_str(), "grants" | "cycles") {
             queued = queued.saturating_sub(report.ok as usize);
         }
@@ -353,13 +367,16 @@ fn print(r: &Report) {
         r.engine, r.concurrency, r.runners
     );
     println!(
-        "{:<12} {:>9} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8}",
-        "op", "ok", "errors", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms"
+        "{:<12} {:>9} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
+        "op", "ok", "errors", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms", "written/op"
     );
     for o in &r.ops {
+        let written = o
+            .bytes_written_per_op
+            .map_or("n/a".to_string(), |b| format!("{:.1} KB", b / 1000.0));
         println!(
-            "{:<12} {:>9} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2}",
-            o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms
+            "{:<12} {:>9} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10}",
+            o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms, written
         );
     }
     if let Some(lp) = &r.long_polls {

@@ -143,9 +143,12 @@ pub struct Attestation {
 }
 
 impl Attestation {
-    /// Until when this attestation's `jti` must be remembered: it could be valid until then.
+    /// Until when this attestation's `jti` must be remembered: rule 4 accepts it until its
+    /// `exp` plus the leeway, and no later than `max_age_s` after its `iat`.
     pub fn replay_window_end(&self, rules: &AttestationRules) -> Millis {
-        self.expires_at.plus_secs(rules.clock_skew_s)
+        self.expires_at
+            .plus_secs(rules.clock_skew_s)
+            .min(self.issued_at.plus_secs(rules.max_age_s))
     }
 }
 
@@ -318,6 +321,25 @@ mod tests {
         assert_eq!(a.jti, "0123456789abcdef");
         assert!(a.probe.ok);
         assert_eq!(a.probe.checked_at, Millis::from_secs(NOW_S - 5));
+    }
+
+    #[test]
+    fn a_jti_is_remembered_while_rule_4_could_accept_its_attestation() {
+        // exp + leeway is 150 s away, but 60 s after iat it is too old anyway.
+        let a = check(claims()).unwrap();
+        assert_eq!(a.replay_window_end(&rules()), Millis::from_secs(NOW_S + 60));
+        // A short lifetime: exp + leeway comes first.
+        let a = check(with(&["exp"], json!(NOW_S + 10))).unwrap();
+        assert_eq!(a.replay_window_end(&rules()), Millis::from_secs(NOW_S + 40));
+        for (age_s, ok) in [(60, true), (61, false)] {
+            let later = check_claims(
+                &serde_json::to_vec(&claims()).unwrap(),
+                &RunnerId("r1".into()),
+                &rules(),
+                Millis::from_secs(NOW_S + age_s),
+            );
+            assert_eq!(later.is_ok(), ok, "{age_s} s after iat");
+        }
     }
 
     #[test]

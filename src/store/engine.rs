@@ -12,14 +12,17 @@
 //! the engine writes it its way (nothing on SQLite, whose writer is alone anyway).
 //!
 //! `changed` is how a write says what it changed that others hold in memory: the gate's cached
-//! inputs (a runner, a pool) and the long polls' wake-ups (a job queued or returned). PostgreSQL
+//! inputs (a runner, a pool), the long polls' wake-ups (a job queued or returned), and SQLite's
+//! in-memory index of spilled jtis. PostgreSQL
 //! announces each inside the transaction (`NOTIFY`, delivered on commit to every replica); the
 //! store applies them in this process once the transaction has committed (`gated.rs`). So the
 //! list of what to forget is written where the change happens, once.
 
+use super::sql::replay::SpillIndex;
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::PoolName;
+use crate::domain::time::Millis;
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
@@ -221,6 +224,13 @@ pub enum Change {
     JobQueued(PoolName),
     /// Jobs went back to the pool's queue: wake every waiter.
     JobsReturned(PoolName),
+    /// A runner's jti no longer fit its row and went to the spill table: known to the
+    /// in-memory spill index once committed, where the engine keeps one (`sql::replay`).
+    Spilled {
+        runner: RunnerId,
+        key: String,
+        until: Millis,
+    },
 }
 
 /// A transaction (or, for reads, a connection) of one engine.
@@ -237,6 +247,11 @@ pub trait Db: Send {
 
     /// Rolls the transaction back instead of committing it when the work returns.
     fn discard(&mut self);
+
+    /// The index of spilled jtis kept in memory, where this process is the database's only
+    /// writer (SQLite); `None` where the spill table's primary key is the index (PostgreSQL,
+    /// whose replicas share it). See `sql::replay`.
+    fn spill_index(&self) -> Option<&SpillIndex>;
 }
 
 /// The first row `st` returns, if any.

@@ -41,6 +41,8 @@ impl Held {
             Change::Pool(name) => self.cache.forget_pool(name),
             Change::JobQueued(pool) => self.signal.notify_one(pool.as_str()),
             Change::JobsReturned(pool) => self.signal.notify(pool.as_str()),
+            // The engine's own (SQLite's spill index), applied by it.
+            Change::Spilled { .. } => {}
         }
     }
 

@@ -261,7 +261,9 @@ impl Db for PgDb {
         if self.changes.contains(&change) {
             return Ok(());
         }
-        let (channel, payload) = announcement(&change);
+        let Some((channel, payload)) = announcement(&change) else {
+            return Ok(());
+        };
         sqlx::query("SELECT pg_notify($1, $2)")
             .bind(channel)
             .bind(payload)
@@ -274,16 +276,22 @@ impl Db for PgDb {
     fn discard(&mut self) {
         self.discard = true;
     }
+
+    fn spill_index(&self) -> Option<&super::sql::replay::SpillIndex> {
+        None
+    }
 }
 
-/// A change as a notification: its channel and payload.
-fn announcement(change: &Change) -> (&'static str, String) {
-    match change {
+/// A change as a notification: its channel and payload. Spilled jtis are not announced:
+/// they are looked up in their table, which every replica shares.
+fn announcement(change: &Change) -> Option<(&'static str, String)> {
+    Some(match change {
         Change::Runner(id) => (CHANGES, format!("runner:{id}")),
         Change::Pool(name) => (CHANGES, format!("pool:{name}")),
         Change::JobQueued(pool) => (JOBS, pool.to_string()),
         Change::JobsReturned(pool) => (JOBS, format!("{WAKE_ALL}{pool}")),
-    }
+        Change::Spilled { .. } => return None,
+    })
 }
 
 /// A notification as a change; `None` for one this version does not know.
@@ -353,7 +361,7 @@ mod tests {
             Change::JobQueued(PoolName::parse("linux").unwrap()),
             Change::JobsReturned(PoolName::parse("linux").unwrap()),
         ] {
-            let (channel, payload) = announcement(&change);
+            let (channel, payload) = announcement(&change).unwrap();
             assert_eq!(announced(channel, &payload), Some(change));
         }
         assert_eq!(announced(CHANGES, "something:new"), None);

@@ -12,12 +12,18 @@
 //! survives a crash of the process; `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` survives power loss
 //! too, at the cost of an fsync per commit.
 //!
+//! The process is the file's only writer, so the index of spilled jtis is kept here, in memory
+//! (`sql::replay`): loaded from the spill table at start, added to after each commit.
+//!
 //! Migrations are the files of `migrations/sqlite/`, embedded; they are applied here and
 //! recorded in `_sqlx_migrations` as sqlx records them, so databases migrated by earlier
 //! versions (which ran them through sqlx) go on from where they were.
 
 use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
+use super::sql::replay::{self, SpillIndex};
 use super::{StoreError, StoreResult};
+use crate::domain::ids::RunnerId;
+use crate::domain::time::Millis;
 use rusqlite::types::{ToSqlOutput, ValueRef};
 use rusqlite::{Connection, OpenFlags, ToSql, params_from_iter};
 use std::future::Future;
@@ -40,8 +46,12 @@ const BUSY_TIMEOUT: Duration = Duration::from_secs(5);
 type Job = Box<dyn FnOnce(&mut Option<Connection>) + Send>;
 
 pub struct SqliteEngine {
+    /// Held while the engine lives: the lock that makes this process the file's only server.
+    _lock: std::fs::File,
     writer: mpsc::Sender<Job>,
     readers: mpsc::Sender<Job>,
+    /// This process is the file's only writer: the spilled jtis are looked up here.
+    spills: Arc<SpillIndex>,
 }
 
 /// Whether commits wait for the disk (`LEASEGATE_SQLITE_SYNCHRONOUS`).
@@ -96,6 +106,35 @@ fn connection(path: &Path, read_only: bool, sync: Synchronous) -> rusqlite::Resu
     Ok(conn)
 }
 
+/// Takes the lock on `PATH.lock` that makes this process the only one serving the database at
+/// `PATH`: SQLite serves one process (a second one would write beside it with its own cache
+/// and index of spilled jtis), so a second `serve` on the same file stops here and says why.
+/// The lock is the kernel's (`flock`): it ends with the process, however it ends. A file of its
+/// own, because closing any descriptor of the database file would drop SQLite's own locks.
+fn lock(path: &Path) -> anyhow::Result<std::fs::File> {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".lock");
+    let at = std::path::PathBuf::from(name);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&at)
+        .map_err(|e| anyhow::anyhow!("cannot create the lock file {}: {e}", at.display()))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(std::fs::TryLockError::WouldBlock) => anyhow::bail!(
+            "another leasegate process is serving the SQLite database {} (it holds {}); \
+             SQLite serves one process: stop the other, or use PostgreSQL for replicas",
+            path.display(),
+            at.display()
+        ),
+        Err(std::fs::TryLockError::Error(e)) => {
+            anyhow::bail!("cannot lock {}: {e}", at.display())
+        }
+    }
+}
+
 /// Runs `jobs` on a thread that owns a connection opened by `open`, until every sender is
 /// gone. A job that panics loses nothing but its own answer: the connection is opened again.
 fn spawn_thread(
@@ -128,7 +167,16 @@ fn spawn_thread(
 impl SqliteEngine {
     /// Opens (creating if missing) and migrates the database at `path`.
     pub fn open(path: &Path, sync: Synchronous) -> anyhow::Result<Self> {
-        migrate(&mut connection(path, false, sync)?)?;
+        let lock = lock(path)?;
+        let mut first = connection(path, false, sync)?;
+        migrate(&mut first)?;
+        let (_, loaded) = transaction(
+            first,
+            "BEGIN",
+            &Arc::new(SpillIndex::default()),
+            Box::new(|db| Box::pin(replay::load(db, Millis::now()))),
+        );
+        let spills = Arc::new(loaded?.0);
         let (writer, writer_jobs) = mpsc::channel::<Job>();
         let at = path.to_path_buf();
         spawn_thread(
@@ -146,7 +194,12 @@ impl SqliteEngine {
                 reader_jobs.clone(),
             )?;
         }
-        Ok(SqliteEngine { writer, readers })
+        Ok(SqliteEngine {
+            _lock: lock,
+            writer,
+            readers,
+            spills,
+        })
     }
 
     /// Runs `job` on `queue`'s thread and waits for its answer.
@@ -179,6 +232,7 @@ impl SqliteEngine {
 fn transaction<T>(
     conn: Connection,
     begin: &str,
+    spills: &Arc<SpillIndex>,
     work: Work<SqliteDb, T>,
 ) -> (Connection, StoreResult<(T, Vec<Change>)>) {
     if let Err(e) = conn.execute_batch(begin) {
@@ -187,23 +241,30 @@ fn transaction<T>(
     let mut db = SqliteDb {
         conn,
         changes: Vec::new(),
+        spilled: Vec::new(),
+        spills: spills.clone(),
         discard: false,
     };
     let result = run_to_completion(work(&mut db));
     let SqliteDb {
         conn,
         changes,
+        spilled,
         discard,
+        ..
     } = db;
-    let end = match &result {
-        Ok(_) if !discard => "COMMIT",
-        _ => "ROLLBACK",
-    };
-    if let Err(e) = conn.execute_batch(end) {
+    let commit = result.is_ok() && !discard;
+    if let Err(e) = conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" }) {
         return (conn, Err(store_error(e)));
     }
-    let result = result.map(|v| (v, if discard { Vec::new() } else { changes }));
-    (conn, result)
+    if !commit {
+        return (conn, result.map(|v| (v, Vec::new())));
+    }
+    // Known to lookups once durable, and before the writer's next transaction.
+    for (runner, key, until) in &spilled {
+        spills.remember(runner, key, *until);
+    }
+    (conn, result.map(|v| (v, changes)))
 }
 
 /// Runs a future that never waits (every statement here is a blocking call) to its end.
@@ -229,15 +290,17 @@ impl Engine for SqliteEngine {
         &self,
         work: Work<SqliteDb, T>,
     ) -> StoreResult<(T, Vec<Change>)> {
+        let spills = self.spills.clone();
         Self::on_thread(&self.writer, move |conn| {
-            transaction(conn, "BEGIN IMMEDIATE", work)
+            transaction(conn, "BEGIN IMMEDIATE", &spills, work)
         })
         .await
     }
 
     async fn read<T: Send + 'static>(&self, work: Work<SqliteDb, T>) -> StoreResult<T> {
+        let spills = self.spills.clone();
         Self::on_thread(&self.readers, move |conn| {
-            let (conn, result) = transaction(conn, "BEGIN", work);
+            let (conn, result) = transaction(conn, "BEGIN", &spills, work);
             (conn, result.map(|(t, _)| t))
         })
         .await
@@ -260,6 +323,8 @@ impl Engine for SqliteEngine {
 /// the bench's baseline (`store::Bare`).
 pub struct Direct {
     conn: Option<Connection>,
+    /// The baseline's statements spill nothing: an index of its own, always empty.
+    spills: Arc<SpillIndex>,
 }
 
 impl Direct {
@@ -267,6 +332,7 @@ impl Direct {
     pub fn open(path: &Path) -> anyhow::Result<Self> {
         Ok(Direct {
             conn: Some(connection(path, false, Synchronous::Normal)?),
+            spills: Arc::default(),
         })
     }
 
@@ -276,7 +342,7 @@ impl Direct {
             .conn
             .take()
             .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
-        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", work);
+        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &self.spills, work);
         self.conn = Some(conn);
         result.map(|(value, _)| value)
     }
@@ -286,6 +352,9 @@ impl Direct {
 pub struct SqliteDb {
     conn: Connection,
     changes: Vec<Change>,
+    /// Spilled jtis, for the index once the transaction commits.
+    spilled: Vec<(RunnerId, String, Millis)>,
+    spills: Arc<SpillIndex>,
     discard: bool,
 }
 
@@ -360,14 +429,20 @@ impl Db for SqliteDb {
     }
 
     async fn changed(&mut self, change: Change) -> StoreResult<()> {
-        if !self.changes.contains(&change) {
-            self.changes.push(change);
+        match change {
+            Change::Spilled { runner, key, until } => self.spilled.push((runner, key, until)),
+            other if !self.changes.contains(&other) => self.changes.push(other),
+            _ => {}
         }
         Ok(())
     }
 
     fn discard(&mut self) {
         self.discard = true;
+    }
+
+    fn spill_index(&self) -> Option<&SpillIndex> {
+        Some(&self.spills)
     }
 }
 

@@ -211,6 +211,44 @@ pub async fn spawn_replica_with(of: &TestApp, adjust: impl FnOnce(&mut ServeArgs
     start_replica(args, dir, None, of.engine).await
 }
 
+impl TestApp {
+    /// Stops this service and serves its database again with `adjust`ed settings, as after a
+    /// restart (on SQLite one process at a time may serve the file).
+    pub async fn restart_with(self, adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
+        let TestApp {
+            state,
+            shutdown,
+            server,
+            engine,
+            database_url,
+            _dir,
+            _db,
+            ..
+        } = self;
+        shutdown.cancel();
+        let _ = server.await;
+        drop(state);
+        let mut args = test_args(_dir.path());
+        args.database_url = database_url;
+        adjust(&mut args);
+        // The stopped service lets go of the database as its tasks wind down.
+        let started = std::time::Instant::now();
+        loop {
+            let shutdown = CancellationToken::new();
+            match leasegate::server::prepare(&args, shutdown.clone()).await {
+                Ok(state) => return serve(state, args, shutdown, _dir, _db, engine).await,
+                Err(e)
+                    if format!("{e:#}").contains("another leasegate process")
+                        && started.elapsed() < std::time::Duration::from_secs(10) =>
+                {
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("the service restarts: {e:#}"),
+            }
+        }
+    }
+}
+
 async fn start_replica(
     args: ServeArgs,
     dir: tempfile::TempDir,
@@ -221,6 +259,17 @@ async fn start_replica(
     let state = leasegate::server::prepare(&args, shutdown.clone())
         .await
         .expect("service prepares");
+    serve(state, args, shutdown, dir, db, engine).await
+}
+
+async fn serve(
+    state: AppState,
+    args: ServeArgs,
+    shutdown: CancellationToken,
+    dir: tempfile::TempDir,
+    db: Option<pg::TestDatabase>,
+    engine: Engine,
+) -> TestApp {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let server_state = state.clone();

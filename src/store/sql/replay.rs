@@ -7,7 +7,14 @@
 //! expiry (`recent_jtis`: `expires_ms:hash …`, oldest first), and drops the expired ones
 //! whenever it is written. A runner that presents more than `IN_ROW` unexpired attestations in
 //! one window (a client hammering the lease endpoint) spills its oldest into `seen_jtis`, and
-//! `jtis_spilled_until` says until when that table must be asked too.
+//! `jtis_spilled_until` says until when they must be asked too.
+//!
+//! Where the spilled jtis are looked up depends on who writes the database. PostgreSQL's
+//! replicas share it, so the table is indexed by its primary key `(runner_id, jti)` and asked.
+//! SQLite has one writer, this process, so the table is only its durable record (appended,
+//! indexed by expiry alone, loaded at start) and the lookups go to `SpillIndex`, in memory: a
+//! random key in an on-disk index costs a heartbeat two or three pages written (its insert and
+//! its purge, each in a random leaf), where an append costs a share of one.
 //!
 //! A hash is 64 bits of SHA-256: a fresh `jti` is mistaken for a replay with a chance of about
 //! one in 2⁶⁴ per remembered one, far below anything else that can refuse an attestation.
@@ -15,8 +22,11 @@
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
-use crate::store::engine::{Db, Param, Statement, fetch_optional};
+use crate::store::engine::{Change, Db, Param, Statement, fetch_optional};
 use sha2::{Digest, Sha256};
+use std::collections::{HashMap, VecDeque};
+use std::hash::{Hash, Hasher};
+use std::sync::Mutex;
 
 /// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a
 /// heartbeat every 15 s and a long poll every 30 s leave about 9 in a window of 90 s.
@@ -68,13 +78,84 @@ impl RecentJtis {
     }
 }
 
-/// Which of `keys` (jti keys, and the raw jtis remembered before keys were) `seen_jtis` holds
-/// for `runner`.
+/// The spilled jtis of a database this process alone writes (SQLite), in memory: what the
+/// spill table holds, as 64-bit hashes of (runner, key), with when each may be forgotten.
+#[derive(Default)]
+pub struct SpillIndex {
+    inner: Mutex<Spills>,
+}
+
+#[derive(Default)]
+struct Spills {
+    until: HashMap<u64, Millis>,
+    /// In the order remembered, for `purge`: an entry behind a longer-lived one waits for it,
+    /// which only keeps an expired jti (that rule 4 refuses anyway) a little longer.
+    order: VecDeque<(Millis, u64)>,
+}
+
+fn slot(runner: &RunnerId, key: &str) -> u64 {
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    (runner.as_str(), key).hash(&mut h);
+    h.finish()
+}
+
+impl SpillIndex {
+    pub fn remember(&self, runner: &RunnerId, key: &str, until: Millis) {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let slot = slot(runner, key);
+        let kept = s.until.entry(slot).or_insert(until);
+        *kept = (*kept).max(until);
+        s.order.push_back((until, slot));
+    }
+
+    /// Which of `keys` the runner spilled.
+    pub fn find(&self, runner: &RunnerId, keys: &[&str]) -> Vec<String> {
+        let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        keys.iter()
+            .filter(|k| s.until.contains_key(&slot(runner, k)))
+            .map(|k| k.to_string())
+            .collect()
+    }
+
+    /// Forgets what expired before `now`; how many.
+    pub fn purge(&self, now: Millis) -> u64 {
+        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let mut purged = 0;
+        while let Some(&(until, slot)) = s.order.front() {
+            if until >= now {
+                break;
+            }
+            s.order.pop_front();
+            if s.until.get(&slot).is_some_and(|&u| u < now) {
+                s.until.remove(&slot);
+                purged += 1;
+            }
+        }
+        purged
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .until
+            .len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Which of `keys` (jti keys, and the raw jtis remembered before keys were) `runner` spilled.
 pub async fn spilled<D: Db>(
     db: &mut D,
     runner: &RunnerId,
     keys: &[&str],
 ) -> StoreResult<Vec<String>> {
+    if let Some(index) = db.spill_index() {
+        return Ok(index.find(runner, keys));
+    }
     let mut params: Vec<Param> = vec![Param::Text(runner.as_str())];
     params.extend(keys.iter().map(|k| Param::Text(k)));
     let found = db
@@ -116,25 +197,60 @@ pub async fn seen<D: Db>(
     Ok(false)
 }
 
-/// Spilled entries into `seen_jtis`.
+/// Spilled entries into `seen_jtis` (and, once committed, into the index in memory).
 pub async fn spill<D: Db>(db: &mut D, entries: &[(&RunnerId, Millis, &str)]) -> StoreResult<()> {
-    for (runner, until, key) in entries {
-        db.execute(
-            Statement::new(
-                "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES ($1, $2, $3) ON \
-                    CONFLICT DO NOTHING",
-            )
-            .bind(runner.as_str())
-            .bind(*key)
-            .bind(until.0),
+    let sql = |values: &str| {
+        format!(
+            "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES {values} \
+             ON CONFLICT DO NOTHING"
         )
+    };
+    super::write_rows(db, entries, 3, sql, |(runner, until, key)| {
+        vec![
+            Param::Text(runner.as_str()),
+            Param::Text(key),
+            Param::Int(until.0),
+        ]
+    })
+    .await?;
+    for (runner, until, key) in entries {
+        db.changed(Change::Spilled {
+            runner: (*runner).clone(),
+            key: key.to_string(),
+            until: *until,
+        })
         .await?;
     }
     Ok(())
 }
 
+/// Every unexpired spilled jti, for the index in memory at start.
+pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
+    let index = SpillIndex::default();
+    let rows = db
+        .fetch(
+            Statement::new(
+                "SELECT runner_id, jti, expires_at FROM seen_jtis WHERE expires_at >= $1 \
+                 ORDER BY expires_at",
+            )
+            .bind(now.0),
+        )
+        .await?;
+    for r in &rows {
+        index.remember(
+            &RunnerId(r.text("runner_id")?),
+            &r.text("jti")?,
+            Millis(r.int("expires_at")?),
+        );
+    }
+    Ok(index)
+}
+
 /// Forgets spilled jtis past their window; how many.
 pub async fn purge<D: Db>(db: &mut D, now: Millis) -> StoreResult<u64> {
+    if let Some(index) = db.spill_index() {
+        index.purge(now);
+    }
     db.execute(Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(now.0))
         .await
 }
@@ -162,5 +278,22 @@ mod tests {
             RecentJtis(vec![(Millis(12), "abc".into())])
         );
         assert_eq!(jti_key("x").len(), 16);
+    }
+
+    #[test]
+    fn the_index_in_memory_finds_each_runners_own_spills_until_they_expire() {
+        let index = SpillIndex::default();
+        let (r1, r2) = (RunnerId("r1".into()), RunnerId("r2".into()));
+        index.remember(&r1, "k1", Millis(100));
+        index.remember(&r1, "k2", Millis(300));
+        index.remember(&r2, "k3", Millis(200));
+        assert_eq!(index.find(&r1, &["k1", "k2", "k3"]), vec!["k1", "k2"]);
+        assert_eq!(index.find(&r2, &["k1", "k3"]), vec!["k3"]);
+        assert_eq!(index.purge(Millis(150)), 1);
+        assert_eq!(index.find(&r1, &["k1", "k2"]), vec!["k2"]);
+        // k3 (200) waits behind k2 (300): still found, as an expired jti is refused anyway.
+        assert_eq!(index.purge(Millis(250)), 0);
+        assert_eq!(index.purge(Millis(301)), 2);
+        assert!(index.is_empty());
     }
 }
