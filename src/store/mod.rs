@@ -559,7 +559,7 @@ impl Bare {
                     max_connections: connections.max(1),
                     ..Default::default()
                 };
-                Bare::Postgres(postgres::PgEngine::open(url, &settings, Arc::new(|_| {})).await?)
+                Bare::Postgres(postgres::PgEngine::connect(url, &settings).await?)
             }
         })
     }

@@ -72,12 +72,14 @@ pub enum Announced {
 
 pub struct PgEngine {
     pool: PgPool,
-    listener: tokio::task::JoinHandle<()>,
+    listener: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl Drop for PgEngine {
     fn drop(&mut self) {
-        self.listener.abort();
+        if let Some(listener) = &self.listener {
+            listener.abort();
+        }
     }
 }
 
@@ -89,6 +91,22 @@ impl PgEngine {
         settings: &PgSettings,
         announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
+        let pool = Self::pool(url, settings).await?;
+        sqlx::migrate!("migrations/postgres").run(&pool).await?;
+        let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
+        Ok(PgEngine { pool, listener })
+    }
+
+    /// Connects to a database the service has migrated, without migrating or listening: the
+    /// bench's baseline (`store::Bare`), which may run beside a service of another version.
+    pub async fn connect(url: &str, settings: &PgSettings) -> anyhow::Result<Self> {
+        Ok(PgEngine {
+            pool: Self::pool(url, settings).await?,
+            listener: None,
+        })
+    }
+
+    async fn pool(url: &str, settings: &PgSettings) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)?
             .application_name("leasegate")
@@ -98,14 +116,11 @@ impl PgEngine {
                 ("statement_timeout", timeout_ms.as_str()),
                 ("lock_timeout", timeout_ms.as_str()),
             ]);
-        let pool = PgPoolOptions::new()
+        Ok(PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
             .connect_with(options)
-            .await?;
-        sqlx::migrate!("migrations/postgres").run(&pool).await?;
-        let listener = tokio::spawn(listen(pool.clone(), announced));
-        Ok(PgEngine { pool, listener })
+            .await?)
     }
 }
 

@@ -24,7 +24,7 @@ use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use crate::store::engine::{Change, Db, Param, Statement, fetch_optional};
 use sha2::{Digest, Sha256};
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::hash::{Hash, Hasher};
 use std::sync::Mutex;
 
@@ -108,13 +108,10 @@ impl SpillIndex {
         s.order.push_back((until, slot));
     }
 
-    /// Which of `keys` the runner spilled.
-    pub fn find(&self, runner: &RunnerId, keys: &[&str]) -> Vec<String> {
+    /// Whether the runner spilled `key`.
+    pub fn contains(&self, runner: &RunnerId, key: &str) -> bool {
         let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        keys.iter()
-            .filter(|k| s.until.contains_key(&slot(runner, k)))
-            .map(|k| k.to_string())
-            .collect()
+        s.until.contains_key(&slot(runner, key))
     }
 
     /// Forgets what expired before `now`; how many.
@@ -147,27 +144,42 @@ impl SpillIndex {
     }
 }
 
-/// Which of `keys` (jti keys, and the raw jtis remembered before keys were) `runner` spilled.
+/// Which of the asked (runner, key) pairs were spilled: one lookup for a whole round. A key is
+/// a jti's key or, for what was remembered before keys were, the jti itself.
 pub async fn spilled<D: Db>(
     db: &mut D,
-    runner: &RunnerId,
-    keys: &[&str],
-) -> StoreResult<Vec<String>> {
-    if let Some(index) = db.spill_index() {
-        return Ok(index.find(runner, keys));
+    asked: &[(&RunnerId, &str)],
+) -> StoreResult<HashSet<(RunnerId, String)>> {
+    if asked.is_empty() {
+        return Ok(HashSet::new());
     }
-    let mut params: Vec<Param> = vec![Param::Text(runner.as_str())];
-    params.extend(keys.iter().map(|k| Param::Text(k)));
-    let found = db
-        .fetch(
-            Statement::built(format!(
-                "SELECT jti FROM seen_jtis WHERE runner_id = $1 AND jti IN ({})",
-                super::param_list(keys.len(), 2)
-            ))
-            .params(params),
-        )
-        .await?;
-    found.iter().map(|r| r.text("jti")).collect()
+    if let Some(index) = db.spill_index() {
+        return Ok(asked
+            .iter()
+            .filter(|(runner, key)| index.contains(runner, key))
+            .map(|(runner, key)| ((*runner).clone(), key.to_string()))
+            .collect());
+    }
+    let mut found = HashSet::new();
+    for part in super::chunks(asked) {
+        let params = part
+            .iter()
+            .flat_map(|(runner, key)| [Param::Text(runner.as_str()), Param::Text(key)])
+            .collect();
+        let rows = db
+            .fetch(
+                Statement::built(format!(
+                    "SELECT runner_id, jti FROM seen_jtis WHERE (runner_id, jti) IN (VALUES {})",
+                    super::values_list(part.len(), 2, 1)
+                ))
+                .params(params),
+            )
+            .await?;
+        for r in &rows {
+            found.insert((RunnerId(r.text("runner_id")?), r.text("jti")?));
+        }
+    }
+    Ok(found)
 }
 
 /// Whether `jti` was accepted from `runner` (rule 5, as a read).
@@ -192,7 +204,9 @@ pub async fn seen<D: Db>(
         .opt_int("jtis_spilled_until")?
         .is_some_and(|u| u >= now.0)
     {
-        return Ok(!spilled(db, runner, &[&key, jti]).await?.is_empty());
+        return Ok(!spilled(db, &[(runner, &key), (runner, jti)])
+            .await?
+            .is_empty());
     }
     Ok(false)
 }
@@ -287,10 +301,16 @@ mod tests {
         index.remember(&r1, "k1", Millis(100));
         index.remember(&r1, "k2", Millis(300));
         index.remember(&r2, "k3", Millis(200));
-        assert_eq!(index.find(&r1, &["k1", "k2", "k3"]), vec!["k1", "k2"]);
-        assert_eq!(index.find(&r2, &["k1", "k3"]), vec!["k3"]);
+        let found = |r: &RunnerId, keys: &[&str]| -> Vec<String> {
+            keys.iter()
+                .filter(|k| index.contains(r, k))
+                .map(|k| k.to_string())
+                .collect()
+        };
+        assert_eq!(found(&r1, &["k1", "k2", "k3"]), vec!["k1", "k2"]);
+        assert_eq!(found(&r2, &["k1", "k3"]), vec!["k3"]);
         assert_eq!(index.purge(Millis(150)), 1);
-        assert_eq!(index.find(&r1, &["k1", "k2"]), vec!["k2"]);
+        assert_eq!(found(&r1, &["k1", "k2"]), vec!["k2"]);
         // k3 (200) waits behind k2 (300): still found, as an expired jti is refused anyway.
         assert_eq!(index.purge(Millis(250)), 0);
         assert_eq!(index.purge(Millis(301)), 2);

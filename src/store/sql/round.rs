@@ -441,25 +441,21 @@ async fn spilled_jtis<D: Db>(
     rows: &BTreeMap<RunnerId, RunnerRow>,
     attestations: &[(usize, &AttestationRecord)],
 ) -> StoreResult<HashSet<(RunnerId, String)>> {
-    let mut found = HashSet::new();
-    for (runner, row) in rows {
-        let Some(until) = row.jtis_spilled_until else {
-            continue;
-        };
-        let asked: Vec<(String, &str)> = attestations
-            .iter()
-            .filter(|(_, r)| &r.runner_id == runner && until >= r.received_at)
-            .map(|(_, r)| (jti_key(&r.jti), r.jti.as_str()))
-            .collect();
-        if asked.is_empty() {
-            continue;
-        }
-        let keys: Vec<&str> = asked.iter().flat_map(|(k, j)| [k.as_str(), *j]).collect();
-        for key in replay::spilled(db, runner, &keys).await? {
-            found.insert((runner.clone(), key));
-        }
-    }
-    Ok(found)
+    // Both forms of each jti: its key, and itself (as remembered before keys were).
+    let keys: Vec<(&RunnerId, String, &str)> = attestations
+        .iter()
+        .filter(|(_, r)| {
+            rows.get(&r.runner_id)
+                .and_then(|row| row.jtis_spilled_until)
+                .is_some_and(|until| until >= r.received_at)
+        })
+        .map(|(_, r)| (&r.runner_id, jti_key(&r.jti), r.jti.as_str()))
+        .collect();
+    let asked: Vec<(&RunnerId, &str)> = keys
+        .iter()
+        .flat_map(|(runner, key, jti)| [(*runner, key.as_str()), (*runner, *jti)])
+        .collect();
+    replay::spilled(db, &asked).await
 }
 
 /// Each runner's row as its attestations in the round left it: one row update per runner.
