@@ -37,6 +37,8 @@ pub struct Settings {
     pub metrics_token: Option<String>,
     /// A listener of its own for `/metrics`, which the main listener then does not serve.
     pub metrics_listen: Option<std::net::SocketAddr>,
+    /// How long finished jobs and history are kept.
+    pub retention: crate::domain::retention::Retention,
 }
 
 impl Settings {
@@ -48,11 +50,52 @@ impl Settings {
     }
 }
 
-/// The two bearer secrets.
+/// The two bearer secrets, each with the value it is being rotated from (accepted beside it
+/// until the operator removes it).
 #[derive(Clone)]
 pub struct Secrets {
     pub admin: String,
+    pub admin_previous: Option<String>,
     pub forge: String,
+    pub forge_previous: Option<String>,
+}
+
+impl Secrets {
+    /// Secrets without previous values (tests, `demo`).
+    pub fn new(admin: impl Into<String>, forge: impl Into<String>) -> Self {
+        Secrets {
+            admin: admin.into(),
+            admin_previous: None,
+            forge: forge.into(),
+            forge_previous: None,
+        }
+    }
+
+    /// Whether `token` is the configured admin token, current or previous.
+    pub fn is_admin(&self, token: &str) -> bool {
+        matches_any(token, &self.admin, self.admin_previous.as_deref())
+    }
+
+    /// Whether `token` is the forge token, current or previous.
+    pub fn is_forge(&self, token: &str) -> bool {
+        matches_any(token, &self.forge, self.forge_previous.as_deref())
+    }
+
+    /// Whether a page session opened with the credential hashing to `hash` may go on: the
+    /// admin token it was opened with is still accepted.
+    pub fn admin_hash_valid(&self, hash: &str) -> bool {
+        [Some(self.admin.as_str()), self.admin_previous.as_deref()]
+            .into_iter()
+            .flatten()
+            .any(|t| crate::secrets::secret_matches(hash, &crate::secrets::hash_token(t)))
+    }
+}
+
+/// Both comparisons always run: how long a check takes says nothing of which one matched.
+fn matches_any(token: &str, current: &str, previous: Option<&str>) -> bool {
+    let a = crate::secrets::secret_matches(token, current);
+    let b = previous.is_some_and(|p| crate::secrets::secret_matches(token, p));
+    a | b
 }
 
 #[derive(Clone)]
@@ -133,8 +176,13 @@ impl AppState {
     }
 
     /// Revokes a runner, ending its live leases, and counts the jobs that went back.
-    pub async fn revoke_runner(&self, id: &RunnerId, now: Millis) -> StoreResult<Option<Runner>> {
-        let Some((runner, ended)) = self.store().revoke_runner(id, now).await? else {
+    pub async fn revoke_runner(
+        &self,
+        id: &RunnerId,
+        now: Millis,
+        audit: &crate::domain::audit::Entry,
+    ) -> StoreResult<Option<Runner>> {
+        let Some((runner, ended)) = self.store().revoke_runner(id, now, audit).await? else {
             return Ok(None);
         };
         for e in &ended {

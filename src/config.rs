@@ -73,6 +73,30 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_FORGE_TOKEN_FILE")]
     pub forge_token_file: Option<PathBuf>,
 
+    /// The admin secret being rotated out: accepted beside the current one until removed.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_PREVIOUS", hide_env_values = true)]
+    pub admin_token_previous: Option<String>,
+
+    /// A file holding the admin secret being rotated out.
+    #[arg(long, env = "LEASEGATE_ADMIN_TOKEN_PREVIOUS_FILE")]
+    pub admin_token_previous_file: Option<PathBuf>,
+
+    /// The forge secret being rotated out: accepted beside the current one until removed.
+    #[arg(long, env = "LEASEGATE_FORGE_TOKEN_PREVIOUS", hide_env_values = true)]
+    pub forge_token_previous: Option<String>,
+
+    /// A file holding the forge secret being rotated out.
+    #[arg(long, env = "LEASEGATE_FORGE_TOKEN_PREVIOUS_FILE")]
+    pub forge_token_previous_file: Option<PathBuf>,
+
+    /// Days a finished job (with its events and leases) is kept.
+    #[arg(long, env = "LEASEGATE_RETAIN_JOBS_DAYS", default_value_t = crate::domain::retention::DEFAULT_JOBS_DAYS)]
+    pub retain_jobs_days: i64,
+
+    /// Days refusals, attestation samples, status changes and the audit trail are kept.
+    #[arg(long, env = "LEASEGATE_RETAIN_HISTORY_DAYS", default_value_t = crate::domain::retention::DEFAULT_HISTORY_DAYS)]
+    pub retain_history_days: i64,
+
     /// The `aud` that attestations must carry.
     #[arg(long, env = "LEASEGATE_AUDIENCE", default_value = "leasegate")]
     pub audience: String,
@@ -395,6 +419,8 @@ impl ServeArgs {
             ("LEASEGATE_PROBE_MAX_AGE_S", self.probe_max_age_s),
             ("LEASEGATE_LEASE_TTL_S", self.lease_ttl_s),
             ("LEASEGATE_HEARTBEAT_INTERVAL_S", self.heartbeat_interval_s),
+            ("LEASEGATE_RETAIN_JOBS_DAYS", self.retain_jobs_days),
+            ("LEASEGATE_RETAIN_HISTORY_DAYS", self.retain_history_days),
             (
                 "LEASEGATE_ATTESTATION_MAX_LIFETIME_S",
                 self.attestation_max_lifetime_s,

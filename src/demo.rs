@@ -7,6 +7,7 @@
 use crate::agent::keys::RunnerKey;
 use crate::app::AppState;
 use crate::config::ServeArgs;
+use crate::domain::audit::{Action, Entry};
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::lease::{LeaseCall, Outcome};
@@ -93,13 +94,31 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         drift_grace_s: 40,
         resolve_interval_s: 300,
     };
-    store.put_pool(&pool, spec.clone(), now).await?;
+    // The demo's own changes are in the audit trail under its name, as an operator's would be.
+    let audit = |action, target: &str| Entry {
+        at: now,
+        actor: "demo".into(),
+        action,
+        target: target.into(),
+        detail: Some("seeded by leasegate demo".into()),
+        client: "127.0.0.1".into(),
+    };
+    store
+        .put_pool(
+            &pool,
+            spec.clone(),
+            now,
+            &audit(Action::PoolPut, pool.as_str()),
+        )
+        .await?;
     // The tag moved: the pool now expects the new image; the old one is accepted for 40 s.
     let rolled = PoolSpec {
         expected_image_ids: vec![ImageDigest::parse(CURRENT_IMAGE)?],
         ..spec
     };
-    store.put_pool(&pool, rolled, now).await?;
+    store
+        .put_pool(&pool, rolled, now, &audit(Action::PoolPut, pool.as_str()))
+        .await?;
 
     let mut runners = Vec::new();
     let plan = [
@@ -112,7 +131,13 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
     for (name, behaviour) in plan {
         let token = generate_token("lgr_");
         store
-            .create_registration_token(&pool, &hash_token(&token), now.plus_secs(60), now)
+            .create_registration_token(
+                &pool,
+                &hash_token(&token),
+                now.plus_secs(60),
+                now,
+                &audit(Action::RegistrationTokenCreate, pool.as_str()),
+            )
             .await?;
         let key = RunnerKey::generate();
         let labels = BTreeMap::from([("simulated".to_string(), "true".to_string())]);

@@ -11,7 +11,7 @@
 //! - [`http`]: axum routers, one module per party, and the problem+json error.
 //! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
 //!   the background resolver.
-//! - [`server`], [`sweeper`]: starting, stopping, and housekeeping.
+//! - [`server`], [`sweeper`], [`retention`]: starting, stopping, housekeeping, pruning.
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
 #![forbid(unsafe_code)]
@@ -27,6 +27,7 @@ pub mod gate;
 pub mod http;
 pub mod metrics;
 pub mod registry;
+pub mod retention;
 pub mod secrets;
 pub mod server;
 pub mod store;

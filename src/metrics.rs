@@ -91,6 +91,11 @@ pub struct ForgeFetchLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct CredentialLabel {
     pub credential: &'static str,
 }
@@ -108,6 +113,8 @@ pub struct Metrics {
     /// Job fetches of forge runners, by forge, outcome and refusal code.
     pub forge_fetches: Family<ForgeFetchLabels, Counter>,
     pub leases_granted: Family<PoolLabel, Counter>,
+    /// Rows the pruner deleted past their retention, by kind (a closed set).
+    pub pruned_rows: Family<KindLabel, Counter>,
     pub lease_refusals: Family<PoolCodeLabels, Counter>,
     pub attestations: Family<ResultLabel, Counter>,
     pub jobs_returned: Family<PoolReasonLabels, Counter>,
@@ -135,6 +142,7 @@ impl Default for Metrics {
             auth_throttled: Family::default(),
             forge_fetches: Family::default(),
             leases_granted: Family::default(),
+            pruned_rows: Family::default(),
             lease_refusals: Family::default(),
             attestations: Family::default(),
             jobs_returned: Family::default(),
@@ -153,6 +161,11 @@ impl Metrics {
     /// Registers every family under its name and help text.
     fn registered(mut self) -> Self {
         let r = &mut self.registry;
+        r.register(
+            "pruned_rows",
+            "Rows deleted past their retention, by kind",
+            self.pruned_rows.clone(),
+        );
         r.register(
             "leases_granted",
             "Leases granted",
@@ -316,6 +329,12 @@ impl Metrics {
         self.auth_failures
             .get_or_create(&CredentialLabel { credential })
             .inc();
+    }
+
+    pub fn pruned(&self, kind: &'static str, rows: u64) {
+        self.pruned_rows
+            .get_or_create(&KindLabel { kind })
+            .inc_by(rows);
     }
 
     pub fn auth_throttled(&self, credential: &'static str) {

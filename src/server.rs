@@ -41,6 +41,10 @@ impl Settings {
                 "metrics token",
             )?,
             metrics_listen: args.metrics_listen,
+            retention: crate::domain::retention::Retention {
+                jobs_days: args.retain_jobs_days,
+                history_days: args.retain_history_days,
+            },
         })
     }
 }
@@ -160,7 +164,53 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
         "forge token",
     )?;
     anyhow::ensure!(admin != forge, "the admin and forge tokens must differ");
-    Ok(Secrets { admin, forge })
+    let previous = |name: &str, value, file, what: &str, current: &str| {
+        let secret = load_optional_secret(value, file, what)?;
+        if let Some(s) = &secret {
+            let chars = s.chars().count();
+            anyhow::ensure!(
+                chars >= MIN_SECRET_CHARS,
+                "the {what} ({name}) is {chars} characters long; it must be at least \
+                 {MIN_SECRET_CHARS}"
+            );
+            anyhow::ensure!(
+                s != current,
+                "{name} is the current token: rotation needs a new LEASEGATE_*_TOKEN"
+            );
+            tracing::info!("{name} is set: the {what} is accepted until it is removed");
+        }
+        Ok::<_, anyhow::Error>(secret)
+    };
+    let admin_previous = previous(
+        "LEASEGATE_ADMIN_TOKEN_PREVIOUS",
+        &args.admin_token_previous,
+        &args.admin_token_previous_file,
+        "previous admin token",
+        &admin,
+    )?;
+    let forge_previous = previous(
+        "LEASEGATE_FORGE_TOKEN_PREVIOUS",
+        &args.forge_token_previous,
+        &args.forge_token_previous_file,
+        "previous forge token",
+        &forge,
+    )?;
+    let admin_side = [Some(&admin), admin_previous.as_ref()];
+    for f in [Some(&forge), forge_previous.as_ref()]
+        .into_iter()
+        .flatten()
+    {
+        anyhow::ensure!(
+            !admin_side.contains(&Some(f)),
+            "an admin token and a forge token (current or previous) must differ"
+        );
+    }
+    Ok(Secrets {
+        admin,
+        admin_previous,
+        forge,
+        forge_previous,
+    })
 }
 
 /// Opens the store, builds the state: everything `serve` does before it listens.
@@ -217,6 +267,12 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         state.metrics().clone(),
         shutdown.clone(),
     ));
+    let pruner = tokio::spawn(crate::retention::run(
+        state.store().clone(),
+        state.metrics().clone(),
+        state.settings().retention,
+        shutdown.clone(),
+    ));
     let resolver = state.settings().background_resolver.then(|| {
         tokio::spawn(crate::registry::resolver::run(
             state.store().clone(),
@@ -245,7 +301,7 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         shutdown,
     )
     .await;
-    for task in [Some(sweeper), resolver, metrics_server]
+    for task in [Some(sweeper), Some(pruner), resolver, metrics_server]
         .into_iter()
         .flatten()
     {

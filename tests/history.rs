@@ -46,7 +46,8 @@ async fn refusals_in_a_row_with_one_code_are_one_entry_with_their_count(app) {
     let detail = app.runner(&runner.id).await;
     assert_eq!(codes_and_counts(&detail), vec![("probe_failed".into(), 5)], "{detail}");
     let run = &detail["refusals"][0];
-    assert!(run["first_at"].as_str().unwrap() <= run["at"].as_str().unwrap(), "{run}");
+    let instant = |v: &Value| leasegate::domain::time::Millis::parse_rfc3339(v.as_str().unwrap()).unwrap();
+    assert!(instant(&run["first_at"]) <= instant(&run["at"]), "{run}");
     assert!(run["detail"].as_str().unwrap().contains("crun not found"), "{run}");
 
     // Another code opens the next entry; so does the same code after the runner was healthy.

@@ -36,6 +36,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/admin/pools"),
     ("get", "/api/v1/admin/pools/{name}"),
     ("put", "/api/v1/admin/pools/{name}"),
+    ("delete", "/api/v1/admin/pools/{name}"),
     ("post", "/api/v1/admin/pools/{name}/registration-tokens"),
     ("post", "/api/v1/admin/pools/{name}/resolve"),
     ("get", "/api/v1/admin/runners"),
@@ -45,6 +46,11 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/admin/runners/{id}/revoke"),
     ("put", "/api/v1/admin/runners/{id}/forge-runners"),
     ("get", "/api/v1/admin/drift"),
+    // operators
+    ("post", "/api/v1/admin/tokens"),
+    ("get", "/api/v1/admin/tokens"),
+    ("delete", "/api/v1/admin/tokens/{name}"),
+    ("get", "/api/v1/admin/audit"),
     // registry_events
     ("post", "/api/v1/admin/registry-events"),
     // page

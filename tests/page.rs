@@ -88,7 +88,7 @@ async fn without_a_session_the_page_redirects_to_login() {
         r.text()
             .await
             .unwrap()
-            .contains("That is not the admin token")
+            .contains("That is not a valid token")
     );
     // The forge token is not an operator credential either.
     let r = no_redirects()

@@ -5,13 +5,16 @@
 //! in, including `now`, so that it can be unit- and property-tested without a database.
 
 pub mod attestation;
+pub mod audit;
 pub mod digest;
 pub mod forge;
 pub mod ids;
 pub mod job;
 pub mod json_object;
 pub mod lease;
+pub mod operator;
 pub mod pool;
+pub mod retention;
 pub mod roll;
 pub mod runner;
 pub mod text;

@@ -41,6 +41,16 @@ impl Millis {
         (self.0 - earlier.0).div_euclid(1000)
     }
 
+    /// An RFC 3339 instant (`2026-12-01T09:00:00Z`, any offset) as milliseconds; `None` for
+    /// anything else.
+    pub fn parse_rfc3339(s: &str) -> Option<Self> {
+        let t =
+            time::OffsetDateTime::parse(s, &time::format_description::well_known::Rfc3339).ok()?;
+        i64::try_from(t.unix_timestamp_nanos() / 1_000_000)
+            .ok()
+            .map(Millis)
+    }
+
     pub fn rfc3339(self) -> String {
         let nanos = i128::from(self.0) * 1_000_000;
         match time::OffsetDateTime::from_unix_timestamp_nanos(nanos) {
@@ -76,6 +86,17 @@ mod tests {
             "2023-11-14T22:13:20.123Z"
         );
         assert_eq!(Millis(0).rfc3339(), "1970-01-01T00:00:00Z");
+    }
+
+    #[test]
+    fn parses_what_it_renders() {
+        let m = Millis(1_700_000_000_123);
+        assert_eq!(Millis::parse_rfc3339(&m.rfc3339()), Some(m));
+        assert_eq!(
+            Millis::parse_rfc3339("2023-11-14T23:13:20.123+01:00"),
+            Some(m)
+        );
+        assert_eq!(Millis::parse_rfc3339("yesterday"), None);
     }
 
     #[test]

@@ -1,8 +1,9 @@
 //! The operator's API: pools and their image policy (and resolving a registry pool now),
 //! registration tokens, runners (list, detail, cordon, uncordon, revoke) and the drift report
-//! a fleet roller polls, with each pool's roll health.
+//! a fleet roller polls, with each pool's roll health. Reads need a viewer's token, writes an
+//! operator's; every write is recorded in the audit trail with its author.
 
-use super::auth::AdminAuth;
+use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::schema::{
@@ -10,6 +11,7 @@ use super::schema::{
 };
 use super::views::{self, PoolStanding};
 use crate::app::AppState;
+use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{
@@ -22,6 +24,7 @@ use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver::{self, ResolvePoolError};
 use crate::secrets::{generate_token, hash_token};
+use crate::store::AuditFilter;
 use axum::extract::{Path, Query, State};
 use axum::http::StatusCode;
 use axum::routing::{get, post};
@@ -33,7 +36,10 @@ use std::collections::BTreeMap;
 pub fn router() -> Router<AppState> {
     Router::new()
         .route("/api/v1/admin/pools", get(list_pools))
-        .route("/api/v1/admin/pools/{name}", get(get_pool).put(put_pool))
+        .route(
+            "/api/v1/admin/pools/{name}",
+            get(get_pool).put(put_pool).delete(delete_pool),
+        )
         .route(
             "/api/v1/admin/pools/{name}/registration-tokens",
             post(create_registration_token),
@@ -129,10 +135,10 @@ fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> P
         (status = 400, description = "`bad_request`: a bad name, digest, reference or number.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn put_pool(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<PoolBody>,
@@ -164,7 +170,16 @@ async fn put_pool(
         PoolSpecError::OutOfRange(m) => ApiError::bad_request(m),
     })?;
     let now = Millis::now();
-    let (pool, created) = state.store().put_pool(&name, spec, now).await?;
+    let audit = caller
+        .audit(Action::PoolPut, name.as_str(), now)
+        .detail(format!(
+            "image_source {} image_policy {} gate_mode {} image_ref {}",
+            spec.image_source.as_str(),
+            spec.image_policy.as_str(),
+            spec.gate_mode.as_str(),
+            spec.image_ref.as_deref().unwrap_or("-"),
+        ));
+    let (pool, created) = state.store().put_pool(&name, spec, now, &audit).await?;
     tracing::info!(pool = %pool.name, created, "pool written");
     let status = if created {
         StatusCode::CREATED
@@ -172,6 +187,28 @@ async fn put_pool(
         StatusCode::OK
     };
     Ok((status, Json(pool_view(&state, &pool, now).await?)))
+}
+
+#[utoipa::path(delete, path = "/api/v1/admin/pools/{name}", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name.")),
+    responses(
+        (status = 204, description = "Deleted, with its revoked runners, their history, its finished jobs and its registration tokens."),
+        (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 409, description = "`pool_in_use`: the pool has live (unrevoked) runners or unfinished jobs; nothing changed.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn delete_pool(
+    caller: AsOperator,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+) -> Result<StatusCode, ApiError> {
+    let name = pool_name(&name)?;
+    let audit = caller.audit(Action::PoolDelete, name.as_str(), Millis::now());
+    state.store().delete_pool(&name, &audit).await?;
+    Ok(StatusCode::NO_CONTENT)
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/pools/{name}", tag = "admin",
@@ -182,10 +219,10 @@ async fn put_pool(
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn get_pool(
-    _: AdminAuth,
+    _: AsViewer,
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -203,9 +240,9 @@ async fn get_pool(
     responses(
         (status = 200, description = "Every pool.", body = PoolList),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn list_pools(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let now = Millis::now();
     let pools = state.store().list_pools().await?;
     let runners = state.store().list_runners(None).await?;
@@ -240,10 +277,10 @@ struct TokenBody {
         (status = 400, description = "`bad_request`: a bad pool name or `ttl_s`.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn create_registration_token(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(name): Path<String>,
     super::json::OptionalJson(body): super::json::OptionalJson<TokenBody>,
@@ -263,7 +300,15 @@ async fn create_registration_token(
     let expires_at = now.plus_secs(ttl_s);
     state
         .store()
-        .create_registration_token(&name, &hash_token(&token), expires_at, now)
+        .create_registration_token(
+            &name,
+            &hash_token(&token),
+            expires_at,
+            now,
+            &caller
+                .audit(Action::RegistrationTokenCreate, name.as_str(), now)
+                .detail(format!("ttl_s {ttl_s}")),
+        )
         .await?;
     tracing::info!(pool = %name, ttl_s, "registration token created");
     Ok((
@@ -298,10 +343,10 @@ async fn pools_by_name(state: &AppState) -> Result<BTreeMap<PoolName, Pool>, Api
         (status = 200, description = "The runners, by pool then name.", body = RunnerList),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn list_runners(
-    _: AdminAuth,
+    _: AsViewer,
     State(state): State<AppState>,
     Query(filter): Query<RunnerFilter>,
 ) -> Result<Json<Value>, ApiError> {
@@ -320,6 +365,9 @@ async fn list_runners(
     Ok(Json(json!({"runners": views})))
 }
 
+/// How many of a runner's audit entries its detail shows.
+pub const RUNNER_AUDIT_SHOWN: i64 = 50;
+
 async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiError> {
     let runner = state
         .store()
@@ -332,11 +380,21 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
         .await?
         .ok_or_else(|| ApiError::not_found("pool"))?;
     let history = state.store().runner_history(id).await?;
+    let audit = state
+        .store()
+        .audit_trail(&AuditFilter {
+            target: Some(id.to_string()),
+            limit: RUNNER_AUDIT_SHOWN,
+            ..AuditFilter::default()
+        })
+        .await?;
     let mut view = views::runner(&runner, &pool, state.settings(), Millis::now());
     if let (Some(obj), Value::Object(extra)) =
         (view.as_object_mut(), views::runner_history(&history))
     {
         obj.extend(extra);
+        let audit: Vec<_> = audit.iter().map(views::audit_entry).collect();
+        obj.insert("audit".into(), json!(audit));
     }
     Ok(view)
 }
@@ -348,10 +406,10 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
         (status = 200, description = "The runner and its history.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn get_runner(
-    _: AdminAuth,
+    _: AsViewer,
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
@@ -360,11 +418,25 @@ async fn get_runner(
     ))
 }
 
-async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json<Value>, ApiError> {
+async fn set_cordon(
+    caller: &AsOperator,
+    state: &AppState,
+    id: String,
+    cordoned: bool,
+) -> Result<Json<Value>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
+    let action = if cordoned {
+        Action::RunnerCordon
+    } else {
+        Action::RunnerUncordon
+    };
     state
         .store()
-        .set_cordoned(&id, cordoned)
+        .set_cordoned(
+            &id,
+            cordoned,
+            &caller.audit(action, id.as_str(), Millis::now()),
+        )
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
     tracing::info!(runner_id = %id, cordoned, "runner cordon changed");
@@ -378,14 +450,14 @@ async fn set_cordon(state: &AppState, id: String, cordoned: bool) -> Result<Json
         (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn cordon(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    set_cordon(&state, id, true).await
+    set_cordon(&caller, &state, id, true).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/uncordon", tag = "admin",
@@ -395,14 +467,14 @@ async fn cordon(
         (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn uncordon(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
-    set_cordon(&state, id, false).await
+    set_cordon(&caller, &state, id, false).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",
@@ -412,16 +484,21 @@ async fn uncordon(
         (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn revoke(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
+    let now = Millis::now();
     state
-        .revoke_runner(&id, Millis::now())
+        .revoke_runner(
+            &id,
+            now,
+            &caller.audit(Action::RunnerRevoke, id.as_str(), now),
+        )
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
     Ok(Json(runner_detail(&state, &id).await?))
@@ -443,19 +520,27 @@ struct ForgeRunnersBody {
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`forge_runner_taken`: one of them is bound to another runner (nothing changed); `runner_revoked`.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn put_forge_runners(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ForgeRunnersBody>,
 ) -> Result<Json<Value>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let identities = super::forge_bindings::identities(&body.forge_runners)?;
+    let now = Millis::now();
+    let bound: Vec<String> = identities
+        .iter()
+        .map(|i| format!("{}:{}", i.kind.as_str(), i.key))
+        .collect();
+    let audit = caller
+        .audit(Action::RunnerForgeRunners, id.as_str(), now)
+        .detail(format!("forge_runners [{}]", bound.join(", ")));
     state
         .store()
-        .set_forge_runners(&id, &identities, Millis::now())
+        .set_forge_runners(&id, &identities, now, &audit)
         .await?
         .ok_or_else(|| ApiError::not_found("runner"))?;
     tracing::info!(runner_id = %id, forge_runners = identities.len(), "forge runners bound");
@@ -467,9 +552,9 @@ async fn put_forge_runners(
     responses(
         (status = 200, description = "Drifted and skipped runners, and each pool's roll health.", body = DriftReport),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
     let now = Millis::now();
     let pools = pools_by_name(&state).await?;
     let runners = state.store().list_runners(None).await?;
@@ -527,17 +612,33 @@ async fn drift(_: AdminAuth, State(state): State<AppState>) -> Result<Json<Value
         (status = 409, description = "`pool_not_registry` (a `manual` pool) or `pool_changed` (its `image_ref` changed meanwhile).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`pool_resolution_failed`: the pool keeps its image set.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn resolve(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     Path(name): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let name = pool_name(&name)?;
-    let pool = resolver::resolve_pool(state.store(), state.registry(), &name)
-        .await
-        .map_err(resolve_error)?;
+    let resolved = resolver::resolve_pool(state.store(), state.registry(), &name).await;
+    // An attempt that reached the registry changed the pool's record, failed or not.
+    let outcome = match &resolved {
+        Ok(pool) => Some(format!(
+            "resolved to {}",
+            pool.resolved_image_id
+                .as_ref()
+                .map_or_else(|| "-".to_string(), |d| d.to_string())
+        )),
+        Err(ResolvePoolError::Failed { error, .. }) => Some(format!("failed: {error}")),
+        Err(_) => None,
+    };
+    if let Some(detail) = outcome {
+        let entry = caller
+            .audit(Action::PoolResolve, name.as_str(), Millis::now())
+            .detail(detail);
+        state.store().record_audit(&entry).await?;
+    }
+    let pool = resolved.map_err(resolve_error)?;
     Ok(Json(pool_view(&state, &pool, Millis::now()).await?))
 }
 

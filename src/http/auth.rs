@@ -1,20 +1,26 @@
-//! Credential extractors, one per party: `AdminAuth`, `ForgeAuth`, `MetricsAuth` and
-//! `LeaseBearer`, and `throttled`, which every credential check runs under.
+//! Credential extractors, one per party: the operators' `AsViewer`, `AsOperator` and
+//! `AsAdmin` (an operator's token whose role allows what the route needs), `ForgeAuth`,
+//! `MetricsAuth` and `LeaseBearer`, and `throttled`, which every credential check runs under.
 //!
-//! A valid credential of another party is 403 `forbidden` (it is known who is asking, and
-//! they may not); anything else is 401 `unauthorized`, and counts against the client in the
-//! throttle (`throttle.rs`): a client past its allowance is answered 429 before its credential
-//! is looked at.
+//! An operator's token is the configured admin token (the admin `bootstrap`, current or
+//! previous value) or a named token from the store, looked up by its hash on every request so
+//! that a revocation holds at once on every replica. A valid credential that may not do what
+//! it asks (a viewer's write, the forge token on an admin route) is 403 `forbidden`; anything
+//! else is 401 `unauthorized`, and counts against the client in the throttle (`throttle.rs`):
+//! a client past its allowance is answered 429 before its credential is looked at.
 
 use super::client::Client;
 use super::problem::ApiError;
 use crate::app::AppState;
+use crate::domain::audit::{Action, Entry};
+use crate::domain::operator::{Operator, Role};
 use crate::domain::time::Millis;
-use crate::secrets::secret_matches;
+use crate::secrets::{hash_token, secret_matches};
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
+use std::marker::PhantomData;
 
 /// The credentials the throttle counts failures of, for metrics and logs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,9 +102,6 @@ fn bearer(parts: &Parts) -> Option<&str> {
         .filter(|t| !t.is_empty())
 }
 
-/// An operator: the admin bearer token.
-pub struct AdminAuth;
-
 /// The forge: the forge bearer token.
 pub struct ForgeAuth;
 
@@ -115,22 +118,110 @@ async fn client(parts: &mut Parts, state: &AppState) -> Client {
     }
 }
 
-impl FromRequestParts<AppState> for AdminAuth {
+/// The operator a bearer token is: the configured admin token's `bootstrap`, or the named
+/// token's operator; `None` for anything else.
+pub async fn operator_of(state: &AppState, token: &str) -> Result<Option<Operator>, ApiError> {
+    if state.secrets().is_admin(token) {
+        return Ok(Some(Operator::bootstrap()));
+    }
+    Ok(state.store().operator_by_token(&hash_token(token)).await?)
+}
+
+/// Who asks, and from where: what an audit entry is made of.
+#[derive(Clone, Debug)]
+pub struct Caller {
+    pub operator: Operator,
+    pub client: Client,
+}
+
+impl Caller {
+    /// The audit entry of `action` on `target` by this caller at `now`.
+    pub fn audit(&self, action: Action, target: impl Into<String>, now: Millis) -> Entry {
+        Entry {
+            at: now,
+            actor: self.operator.name.to_string(),
+            action,
+            target: target.into(),
+            detail: None,
+            client: self.client.ip.to_string(),
+        }
+    }
+}
+
+/// The role a route needs, as a type: `Authorized<Writes>` is an operator's extractor.
+pub trait Needs: Send + Sync {
+    const ROLE: Role;
+}
+
+/// Reading the admin API: any operator's token.
+pub struct Reads;
+/// Changing runners, pools, registration tokens, resolutions.
+pub struct Writes;
+/// Managing operators' tokens.
+pub struct Manages;
+
+impl Needs for Reads {
+    const ROLE: Role = Role::Viewer;
+}
+impl Needs for Writes {
+    const ROLE: Role = Role::Operator;
+}
+impl Needs for Manages {
+    const ROLE: Role = Role::Admin;
+}
+
+/// An operator whose role allows what `N` needs.
+pub struct Authorized<N> {
+    pub caller: Caller,
+    needs: PhantomData<N>,
+}
+
+pub type AsViewer = Authorized<Reads>;
+pub type AsOperator = Authorized<Writes>;
+pub type AsAdmin = Authorized<Manages>;
+
+impl<N> std::ops::Deref for Authorized<N> {
+    type Target = Caller;
+
+    fn deref(&self) -> &Caller {
+        &self.caller
+    }
+}
+
+impl<N: Needs> FromRequestParts<AppState> for Authorized<N> {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, ApiError> {
         let client = client(parts, state).await;
         let secrets = state.secrets();
-        throttled(state, client, Credential::Admin, async {
-            match bearer(parts) {
-                Some(t) if secret_matches(t, &secrets.admin) => Ok(AdminAuth),
-                Some(t) if secret_matches(t, &secrets.forge) => Err(ApiError::forbidden(
+        let operator = throttled(state, client, Credential::Admin, async {
+            let Some(token) = bearer(parts) else {
+                return Err(ApiError::unauthorized(
+                    "an operator's bearer token is required",
+                ));
+            };
+            if secrets.is_forge(token) {
+                return Err(ApiError::forbidden(
                     "the forge token cannot call admin endpoints",
-                )),
-                _ => Err(ApiError::unauthorized("an admin bearer token is required")),
+                ));
             }
+            operator_of(state, token)
+                .await?
+                .ok_or_else(|| ApiError::unauthorized("an operator's bearer token is required"))
         })
-        .await
+        .await?;
+        if !operator.may(N::ROLE) {
+            return Err(ApiError::forbidden(format!(
+                "{} is a {}; this needs the {} role",
+                operator.name,
+                operator.role,
+                N::ROLE
+            )));
+        }
+        Ok(Authorized {
+            caller: Caller { operator, client },
+            needs: PhantomData,
+        })
     }
 }
 
@@ -142,8 +233,8 @@ impl FromRequestParts<AppState> for ForgeAuth {
         let secrets = state.secrets();
         throttled(state, client, Credential::Forge, async {
             match bearer(parts) {
-                Some(t) if secret_matches(t, &secrets.forge) => Ok(ForgeAuth),
-                Some(t) if secret_matches(t, &secrets.admin) => Err(ApiError::forbidden(
+                Some(t) if secrets.is_forge(t) => Ok(ForgeAuth),
+                Some(t) if secrets.is_admin(t) => Err(ApiError::forbidden(
                     "the admin token cannot call forge endpoints",
                 )),
                 _ => Err(ApiError::unauthorized("a forge bearer token is required")),

@@ -9,6 +9,7 @@ pub mod forge_bindings;
 pub mod json;
 pub mod lease;
 pub mod listener;
+pub mod operators;
 pub mod ops;
 pub mod page;
 pub mod problem;
@@ -42,6 +43,7 @@ pub fn router(state: AppState) -> Router {
             .merge(lease::router())
             .merge(forge::router())
             .merge(admin::router())
+            .merge(operators::router())
             .merge(page::router())
             .merge(registry_events::router()),
     );

@@ -255,6 +255,27 @@ impl From<CancelError> for ApiError {
     }
 }
 
+impl From<crate::store::TokenError> for ApiError {
+    fn from(e: crate::store::TokenError) -> Self {
+        use crate::store::TokenError;
+        match e {
+            TokenError::NameTaken => ApiError::conflict("token_name_taken", e.to_string()),
+            TokenError::Store(s) => s.into(),
+        }
+    }
+}
+
+impl From<crate::store::PoolDeleteError> for ApiError {
+    fn from(e: crate::store::PoolDeleteError) -> Self {
+        use crate::store::PoolDeleteError;
+        match e {
+            PoolDeleteError::NotFound => ApiError::not_found("pool"),
+            PoolDeleteError::InUse { .. } => ApiError::conflict("pool_in_use", e.to_string()),
+            PoolDeleteError::Store(s) => s.into(),
+        }
+    }
+}
+
 /// Turns framework answers (unknown route, wrong method, body too large, a path or query that
 /// does not parse) into problems, so that every error a client sees has the same shape.
 pub async fn problem_for_framework_errors(response: Response) -> Response {

@@ -12,13 +12,15 @@
 //! a pusher may reach the registry under another name than leasegate does, and a resolution
 //! too many is harmless.
 
-use super::auth::AdminAuth;
+use super::auth::AsOperator;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::schema::{PoolsResolving, Problem};
 use crate::app::AppState;
+use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
 use crate::domain::pool::ImageSource;
+use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver;
 use axum::extract::State;
@@ -96,10 +98,10 @@ fn pushed_tags(envelope: &Envelope) -> Vec<TagPush<'_>> {
     responses(
         (status = 202, description = "The registry pools whose tag was pushed, being resolved in the background.", body = PoolsResolving),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn registry_events(
-    _: AdminAuth,
+    caller: AsOperator,
     State(state): State<AppState>,
     JsonBody(envelope): JsonBody<Envelope>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
@@ -135,6 +137,13 @@ async fn registry_events(
         pools = ?names,
         "registry notification"
     );
+    let now = Millis::now();
+    for name in &names {
+        let entry = caller
+            .audit(Action::PoolResolve, name.as_str(), now)
+            .detail("a registry notification of a push to its tag");
+        state.store().record_audit(&entry).await?;
+    }
     resolver::spawn_resolutions(state.store(), state.registry(), pools);
     Ok((StatusCode::ACCEPTED, Json(json!({"pools": names}))))
 }

@@ -20,7 +20,7 @@ use utoipa::openapi::{
 };
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::{admin, forge, lease, ops, page, registry_events, runners};
+use super::{admin, forge, lease, operators, ops, page, registry_events, runners};
 
 /// An RFC 9457 problem, the body of every error (`application/problem+json`).
 #[derive(Serialize, ToSchema)]
@@ -376,6 +376,66 @@ pub struct RunnerDetail {
     pub status_changes: Vec<StatusChange>,
     pub refusals: Vec<RefusalRecord>,
     pub leases: Vec<LeaseRecord>,
+    /// What operators did to this runner, newest first (at most 50).
+    pub audit: Vec<AuditEntry>,
+}
+
+/// One change by an operator.
+#[derive(Serialize, ToSchema)]
+pub struct AuditEntry {
+    /// The entry's place in the trail: pass it as `cursor` for the entries before it.
+    pub seq: i64,
+    pub at: String,
+    /// The operator's name (`bootstrap` for the configured admin token).
+    pub actor: String,
+    /// `runner_cordon`, `runner_uncordon`, `runner_revoke`, `runner_forge_runners`,
+    /// `pool_put`, `pool_delete`, `pool_resolve`, `registration_token_create`,
+    /// `operator_token_create`, `operator_token_revoke`, `page_login`, `page_logout`.
+    pub action: String,
+    /// `runner`, `pool` or `operator`.
+    pub target_kind: String,
+    /// The runner id, pool name or operator name acted on.
+    pub target: String,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    /// The client's address.
+    pub client: String,
+}
+
+/// `200` to `GET /api/v1/admin/audit`.
+#[derive(Serialize, ToSchema)]
+pub struct AuditPage {
+    pub entries: Vec<AuditEntry>,
+    /// Pass as `cursor` for the next (older) page; `null` on the last.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
+}
+
+/// An operator's token as listed (the token itself is shown once, when created).
+#[derive(Serialize, ToSchema)]
+pub struct OperatorTokenView {
+    pub name: String,
+    /// `viewer`, `operator` or `admin`.
+    pub role: String,
+    pub created_at: String,
+    pub created_by: String,
+}
+
+/// `201` to `POST /api/v1/admin/tokens`: the token, shown this once.
+#[derive(Serialize, ToSchema)]
+pub struct CreatedOperatorToken {
+    pub name: String,
+    pub role: String,
+    pub created_at: String,
+    pub created_by: String,
+    /// The bearer token (`lgo_…`): only its hash is kept.
+    pub token: String,
+}
+
+/// `200` to `GET /api/v1/admin/tokens`.
+#[derive(Serialize, ToSchema)]
+pub struct OperatorTokenList {
+    pub tokens: Vec<OperatorTokenView>,
 }
 
 /// A runner whose image is outside its pool's set.
@@ -453,6 +513,11 @@ pub struct PoolsResolving {
         admin::revoke,
         admin::put_forge_runners,
         admin::drift,
+        admin::delete_pool,
+        operators::create_token,
+        operators::list_tokens,
+        operators::delete_token,
+        operators::audit_trail,
         registry_events::registry_events,
         page::fleet,
         page::fleet_fragment,
@@ -471,7 +536,7 @@ pub struct PoolsResolving {
         (name = "runners", description = "Registration and the signed heartbeat."),
         (name = "leasing", description = "The gated lease and the lease-scoped calls."),
         (name = "forge", description = "Jobs and the gate check (forge token)."),
-        (name = "admin", description = "Pools, registration tokens, runners, drift (admin token)."),
+        (name = "admin", description = "Pools, registration tokens, runners, drift, operators' tokens and the audit trail (an operator's token: the admin token or a named one)."),
         (name = "operations", description = "Liveness, readiness, metrics, this document."),
         (name = "page", description = "The runner-health page (HTML, session cookie or admin token)."),
     )
@@ -484,7 +549,10 @@ impl Modify for SecuritySchemes {
     fn modify(&self, openapi: &mut OpenApiDoc) {
         let components = openapi.components.get_or_insert_with(Default::default);
         for (name, what) in [
-            ("admin_token", "The operator's token."),
+            (
+                "admin_token",
+                "An operator's token: the configured admin token (current or previous), or a named token (`lgo_…`) whose role allows the call.",
+            ),
             ("forge_token", "The forge's token."),
             (
                 "lease_token",

@@ -167,3 +167,18 @@ pub fn runner_history(history: &RunnerHistory) -> Value {
         })).collect::<Vec<_>>(),
     })
 }
+
+/// An audit entry as the API shows it.
+pub fn audit_entry(r: &crate::domain::audit::Recorded) -> super::schema::AuditEntry {
+    let e = &r.entry;
+    super::schema::AuditEntry {
+        seq: r.seq,
+        at: e.at.rfc3339(),
+        actor: e.actor.clone(),
+        action: e.action.as_str().to_string(),
+        target_kind: e.action.target_kind().as_str().to_string(),
+        target: e.target.clone(),
+        detail: e.detail.clone(),
+        client: e.client.clone(),
+    }
+}

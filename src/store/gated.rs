@@ -15,6 +15,7 @@ use super::signal::JobSignal;
 use super::sql::{self, round::RoundItem, round::RoundOutcome};
 use super::verdict_cache::VerdictCache;
 use super::*;
+use crate::domain::audit::Entry;
 use crate::domain::lease::{Lease, LeaseCall};
 use std::sync::Arc;
 
@@ -65,6 +66,59 @@ where
     Box::new(move |db| Box::pin(async move { f(db, &args).await }))
 }
 
+/// `step`, then `entry` recorded in the same transaction when `done` says the step changed
+/// something: a change is never committed without its author, nor an author without it.
+fn audited_step<D: Db + 'static, A, T>(
+    args: A,
+    entry: Entry,
+    done: fn(&T) -> bool,
+    f: Step<D, A, T>,
+) -> Work<D, T>
+where
+    A: Send + Sync + 'static,
+    T: Send + 'static,
+{
+    Box::new(move |db| {
+        Box::pin(async move {
+            let value = f(db, &args).await?;
+            if done(&value) {
+                sql::audit::record(db, &entry).await?;
+            }
+            Ok(value)
+        })
+    })
+}
+
+/// The audit entry in the logs, once its change has committed.
+fn log_audit(e: &Entry) {
+    tracing::info!(
+        target: "leasegate::audit",
+        actor = %e.actor,
+        action = e.action.as_str(),
+        target_kind = e.action.target_kind().as_str(),
+        target_id = %e.target,
+        detail = e.detail.as_deref().unwrap_or(""),
+        client = %e.client,
+        "operator change"
+    );
+}
+
+fn always<T>(_: &T) -> bool {
+    true
+}
+
+fn some<T>(v: &Option<T>) -> bool {
+    v.is_some()
+}
+
+fn ok<T, E>(v: &Result<T, E>) -> bool {
+    v.is_ok()
+}
+
+fn ok_some<T, E>(v: &Result<Option<T>, E>) -> bool {
+    matches!(v, Ok(Some(_)))
+}
+
 pub struct GatedStore<E: Engine> {
     engine: Arc<E>,
     rounds: GroupCommit,
@@ -96,6 +150,33 @@ where
         let (value, changes) = retrying(|| self.engine.write(step(args.clone(), f))).await?;
         for change in &changes {
             self.held.apply(change);
+        }
+        Ok(value)
+    }
+
+    /// `write`, recording `audit` with it when `done` says the write changed something, and
+    /// logging it once committed.
+    async fn audited<A, T>(
+        &self,
+        args: A,
+        audit: &Entry,
+        done: fn(&T) -> bool,
+        f: Step<E::Db, A, T>,
+    ) -> StoreResult<T>
+    where
+        A: Clone + Send + Sync + 'static,
+        T: Send + 'static,
+    {
+        let (value, changes) = retrying(|| {
+            self.engine
+                .write(audited_step(args.clone(), audit.clone(), done, f))
+        })
+        .await?;
+        for change in &changes {
+            self.held.apply(change);
+        }
+        if done(&value) {
+            log_audit(audit);
         }
         Ok(value)
     }
@@ -136,11 +217,24 @@ where
         name: &PoolName,
         spec: PoolSpec,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<(Pool, bool)> {
-        self.write((name.clone(), spec, now), |db, (name, spec, now)| {
-            Box::pin(sql::pools::put(db, name, spec.clone(), *now))
-        })
+        self.audited(
+            (name.clone(), spec, now),
+            audit,
+            always,
+            |db, (name, spec, now)| Box::pin(sql::pools::put(db, name, spec.clone(), *now)),
+        )
         .await
+    }
+
+    async fn delete_pool(&self, name: &PoolName, audit: &Entry) -> Result<(), PoolDeleteError> {
+        flatten(
+            self.audited(name.clone(), audit, ok, |db, name| {
+                Box::pin(sql::pools::delete(db, name))
+            })
+            .await,
+        )
     }
 
     async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
@@ -191,9 +285,10 @@ where
         token_hash: &str,
         expires_at: Millis,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<()> {
         let args = (pool.clone(), token_hash.to_string(), expires_at, now);
-        self.write(args, |db, (pool, hash, expires_at, now)| {
+        self.audited(args, audit, always, |db, (pool, hash, expires_at, now)| {
             Box::pin(sql::runners::create_registration_token(
                 db,
                 pool,
@@ -244,8 +339,13 @@ where
         .await
     }
 
-    async fn set_cordoned(&self, id: &RunnerId, cordoned: bool) -> StoreResult<Option<Runner>> {
-        self.write((id.clone(), cordoned), |db, (id, cordoned)| {
+    async fn set_cordoned(
+        &self,
+        id: &RunnerId,
+        cordoned: bool,
+        audit: &Entry,
+    ) -> StoreResult<Option<Runner>> {
+        self.audited((id.clone(), cordoned), audit, some, |db, (id, cordoned)| {
             Box::pin(sql::runners::set_cordoned(db, id, *cordoned))
         })
         .await
@@ -255,8 +355,9 @@ where
         &self,
         id: &RunnerId,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
-        self.write((id.clone(), now), |db, (id, now)| {
+        self.audited((id.clone(), now), audit, some, |db, (id, now)| {
             Box::pin(sql::runners::revoke(db, id, *now))
         })
         .await
@@ -357,10 +458,11 @@ where
         runner: &RunnerId,
         identities: &[ForgeIdentity],
         now: Millis,
+        audit: &Entry,
     ) -> Result<Option<Runner>, BindError> {
         let args = (runner.clone(), identities.to_vec(), now);
         flatten(
-            self.write(args, |db, (runner, identities, now)| {
+            self.audited(args, audit, ok_some, |db, (runner, identities, now)| {
                 Box::pin(sql::runners::set_forge_runners(
                     db, runner, identities, *now,
                 ))
@@ -400,8 +502,8 @@ where
         .await
     }
 
-    async fn create_page_session(&self, session: &PageSession) -> StoreResult<()> {
-        self.write(session.clone(), |db, session| {
+    async fn create_page_session(&self, session: &PageSession, audit: &Entry) -> StoreResult<()> {
+        self.audited(session.clone(), audit, always, |db, session| {
             Box::pin(sql::sessions::create(db, session))
         })
         .await
@@ -418,11 +520,113 @@ where
         .await
     }
 
-    async fn end_page_session(&self, token_hash: &str) -> StoreResult<()> {
-        self.write(token_hash.to_string(), |db, hash| {
-            Box::pin(sql::sessions::end(db, hash))
+    async fn end_page_session(&self, token_hash: &str, audit: &Entry) -> StoreResult<()> {
+        self.audited(
+            token_hash.to_string(),
+            audit,
+            |ended| *ended,
+            |db, hash| Box::pin(sql::sessions::end(db, hash)),
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn create_operator_token(
+        &self,
+        operator: &Operator,
+        token_hash: &str,
+        audit: &Entry,
+    ) -> Result<OperatorToken, TokenError> {
+        let args = (
+            operator.clone(),
+            token_hash.to_string(),
+            audit.actor.clone(),
+            audit.at,
+        );
+        flatten(
+            self.audited(args, audit, ok, |db, (operator, hash, by, now)| {
+                Box::pin(sql::operators::create(db, operator, hash, by, *now))
+            })
+            .await,
+        )
+    }
+
+    async fn list_operator_tokens(&self) -> StoreResult<Vec<OperatorToken>> {
+        self.read((), |db, ()| Box::pin(sql::operators::list(db)))
+            .await
+    }
+
+    async fn delete_operator_token(&self, name: &OperatorName, audit: &Entry) -> StoreResult<bool> {
+        self.audited(
+            name.clone(),
+            audit,
+            |deleted| *deleted,
+            |db, name| Box::pin(sql::operators::delete(db, name)),
+        )
+        .await
+    }
+
+    async fn operator_by_token(&self, token_hash: &str) -> StoreResult<Option<Operator>> {
+        self.read(token_hash.to_string(), |db, hash| {
+            Box::pin(sql::operators::by_hash(db, hash))
         })
         .await
+    }
+
+    async fn record_audit(&self, entry: &Entry) -> StoreResult<()> {
+        self.audited((), entry, always, |_, ()| Box::pin(async { Ok(()) }))
+            .await
+    }
+
+    async fn audit_trail(&self, filter: &AuditFilter) -> StoreResult<Vec<Recorded>> {
+        self.read(filter.clone(), |db, filter| {
+            Box::pin(sql::audit::list(db, filter))
+        })
+        .await
+    }
+
+    async fn claim_task(&self, task: &str, now: Millis, until: Millis) -> StoreResult<bool> {
+        self.write((task.to_string(), now, until), |db, (task, now, until)| {
+            Box::pin(sql::retention::claim(db, task, *now, *until))
+        })
+        .await
+    }
+
+    async fn release_task(&self, task: &str, now: Millis) -> StoreResult<()> {
+        self.write((task.to_string(), now), |db, (task, now)| {
+            Box::pin(sql::retention::release(db, task, *now))
+        })
+        .await
+    }
+
+    async fn prune(&self, horizons: &Horizons, max_batches: u32) -> StoreResult<PruneReport> {
+        let mut report = PruneReport::default();
+        let batch = sql::retention::BATCH as u64;
+        for _ in 0..max_batches {
+            let jobs = self
+                .write(*horizons, |db, h| {
+                    Box::pin(sql::retention::jobs_batch(db, h))
+                })
+                .await?;
+            let more = jobs.kinds.get("jobs").copied().unwrap_or(0) >= batch;
+            report.merge(jobs);
+            if !more {
+                break;
+            }
+        }
+        for _ in 0..max_batches {
+            let history = self
+                .write(*horizons, |db, h| {
+                    Box::pin(sql::retention::history_batch(db, h))
+                })
+                .await?;
+            let more = history.kinds.values().any(|n| *n >= batch);
+            report.merge(history);
+            if !more {
+                break;
+            }
+        }
+        Ok(report)
     }
 
     async fn sweep(&self, now: Millis) -> StoreResult<SweepReport> {

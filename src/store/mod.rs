@@ -24,11 +24,14 @@ pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 pub use sql::round::{Rejection, RoundItem, RoundOutcome};
 
 use crate::domain::attestation::RunningImage;
+use crate::domain::audit::{Entry, Recorded};
 use crate::domain::forge::{ForgeBinding, ForgeIdentity};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{LeaseCall, LeaseCallError};
+use crate::domain::operator::{Operator, OperatorName};
 use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
+use crate::domain::retention::Horizons;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, RunnerStatus};
@@ -199,6 +202,72 @@ pub enum CancelError {
     Store(#[from] StoreError),
 }
 
+/// An operator's named token, as listed (the token itself is never kept).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct OperatorToken {
+    pub operator: Operator,
+    pub created_at: Millis,
+    /// Who created it.
+    pub created_by: String,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("an operator token with this name exists; revoke it first")]
+    NameTaken,
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PoolDeleteError {
+    #[error("no such pool")]
+    NotFound,
+    #[error(
+        "the pool has {live} live runners and {unfinished} unfinished jobs; revoke its runners \
+         and let its jobs finish (or cancel them) first"
+    )]
+    InUse { live: i64, unfinished: i64 },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Which audit entries to list: every given filter must hold; newest first, from before the
+/// cursor `before` (an entry's `seq`), at most `limit`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AuditFilter {
+    pub target: Option<String>,
+    pub actor: Option<String>,
+    pub since: Option<Millis>,
+    pub until: Option<Millis>,
+    pub before: Option<i64>,
+    pub limit: i64,
+}
+
+/// Rows pruned, by kind (`jobs`, `job_events`, `leases`, `refusals`, …).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PruneReport {
+    pub kinds: BTreeMap<&'static str, u64>,
+}
+
+impl PruneReport {
+    pub fn add(&mut self, kind: &'static str, n: u64) {
+        if n > 0 {
+            *self.kinds.entry(kind).or_insert(0) += n;
+        }
+    }
+
+    pub fn merge(&mut self, other: PruneReport) {
+        for (kind, n) in other.kinds {
+            self.add(kind, n);
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.kinds.values().sum()
+    }
+}
+
 /// A job to enqueue.
 #[derive(Clone, Debug)]
 pub struct NewJob {
@@ -307,12 +376,16 @@ pub trait Store: Send + Sync + 'static {
     /// Does the database answer (and, for SQLite, may it be written)?
     async fn ping(&self) -> StoreResult<()>;
 
+    /// Creates or replaces the pool; `audit` is recorded with it.
     async fn put_pool(
         &self,
         name: &PoolName,
         spec: PoolSpec,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<(Pool, bool)>;
+    /// Deletes the pool and everything of it, when nothing of it is live (`PoolDeleteError`).
+    async fn delete_pool(&self, name: &PoolName, audit: &Entry) -> Result<(), PoolDeleteError>;
     async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;
     /// Every pool, by name, with its resolver record (`resolution_failures`, the last
     /// resolution, what it resolved to), for views, metrics and the health page.
@@ -348,6 +421,7 @@ pub trait Store: Send + Sync + 'static {
         token_hash: &str,
         expires_at: Millis,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<()>;
     /// Consumes the token and inserts the runner atomically; neither happens on failure.
     async fn register_runner(
@@ -363,12 +437,19 @@ pub trait Store: Send + Sync + 'static {
     /// Refusals since `since`, per runner: the runs of refusals that went on since then,
     /// counted whole (bounded by the refusal ring).
     async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>>;
-    async fn set_cordoned(&self, id: &RunnerId, cordoned: bool) -> StoreResult<Option<Runner>>;
+    /// `None` (and nothing recorded) for an unknown runner.
+    async fn set_cordoned(
+        &self,
+        id: &RunnerId,
+        cordoned: bool,
+        audit: &Entry,
+    ) -> StoreResult<Option<Runner>>;
     /// Revokes the runner and ends its live leases as an expiry would.
     async fn revoke_runner(
         &self,
         id: &RunnerId,
         now: Millis,
+        audit: &Entry,
     ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>>;
 
     /// Whether `jti` was already accepted from this runner (rule 5 as a read, without a write).
@@ -409,6 +490,7 @@ pub trait Store: Send + Sync + 'static {
         runner: &RunnerId,
         identities: &[ForgeIdentity],
         now: Millis,
+        audit: &Entry,
     ) -> Result<Option<Runner>, BindError>;
     /// The runner a forge runner is bound to, and the binding.
     async fn forge_runner(
@@ -426,12 +508,41 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
     ) -> StoreResult<()>;
 
-    async fn create_page_session(&self, session: &PageSession) -> StoreResult<()>;
+    async fn create_page_session(&self, session: &PageSession, audit: &Entry) -> StoreResult<()>;
     /// The unexpired session whose token hashes to `token_hash`.
     async fn page_session(&self, token_hash: &str, now: Millis)
     -> StoreResult<Option<PageSession>>;
     /// Ends the session (logging out): gone at once for every replica.
-    async fn end_page_session(&self, token_hash: &str) -> StoreResult<()>;
+    /// `audit` is recorded when there was such a session.
+    async fn end_page_session(&self, token_hash: &str, audit: &Entry) -> StoreResult<()>;
+
+    /// Creates an operator's named token (stored as `token_hash`).
+    async fn create_operator_token(
+        &self,
+        operator: &Operator,
+        token_hash: &str,
+        audit: &Entry,
+    ) -> Result<OperatorToken, TokenError>;
+    async fn list_operator_tokens(&self) -> StoreResult<Vec<OperatorToken>>;
+    /// Revokes the named token and ends the page sessions opened with it; whether it existed.
+    async fn delete_operator_token(&self, name: &OperatorName, audit: &Entry) -> StoreResult<bool>;
+    /// The operator whose token hashes to `token_hash` (read from the database each time, so
+    /// that a revocation holds at once on every replica).
+    async fn operator_by_token(&self, token_hash: &str) -> StoreResult<Option<Operator>>;
+
+    /// Records an entry of a change made elsewhere (a resolution, whose write is the
+    /// resolver's).
+    async fn record_audit(&self, entry: &Entry) -> StoreResult<()>;
+    /// The audit entries `filter` selects, newest first.
+    async fn audit_trail(&self, filter: &AuditFilter) -> StoreResult<Vec<Recorded>>;
+
+    /// Takes the background task `task` (`prune`) until `until` unless another replica holds
+    /// it; `release_task` lets it go.
+    async fn claim_task(&self, task: &str, now: Millis, until: Millis) -> StoreResult<bool>;
+    async fn release_task(&self, task: &str, now: Millis) -> StoreResult<()>;
+    /// Deletes what lies past `horizons`, in at most `max_batches` short transactions of
+    /// each kind; what it deleted.
+    async fn prune(&self, horizons: &Horizons, max_batches: u32) -> StoreResult<PruneReport>;
 
     /// Expires overdue leases and purges replay state and sessions that can no longer matter.
     async fn sweep(&self, now: Millis) -> StoreResult<SweepReport>;

@@ -463,7 +463,6 @@ fn store_error(e: rusqlite::Error) -> StoreError {
 /// them in `_sqlx_migrations` as sqlx does (version, description, checksum); a migration
 /// applied before with another checksum stops the start.
 fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
-    use anyhow::Context;
     conn.execute_batch(
         "CREATE TABLE IF NOT EXISTS _sqlx_migrations (
             version BIGINT PRIMARY KEY,
@@ -479,6 +478,24 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
         stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))?
             .collect::<rusqlite::Result<_>>()?
     };
+    // A migration may rebuild a table others refer to, which SQLite allows only with foreign
+    // keys off (and outside a transaction); every reference is checked once they have run.
+    conn.pragma_update(None, "foreign_keys", "OFF")?;
+    let applied_all = apply_migrations(conn, &applied);
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    applied_all?;
+    let broken: i64 = conn.query_row("SELECT COUNT(*) FROM pragma_foreign_key_check", [], |r| {
+        r.get(0)
+    })?;
+    anyhow::ensure!(
+        broken == 0,
+        "{broken} rows refer to rows that are gone after migrating"
+    );
+    Ok(())
+}
+
+fn apply_migrations(conn: &mut Connection, applied: &[(i64, Vec<u8>, bool)]) -> anyhow::Result<()> {
+    use anyhow::Context;
     for m in sqlx::migrate!("migrations/sqlite").iter() {
         if let Some((_, checksum, success)) = applied.iter().find(|(v, _, _)| *v == m.version) {
             anyhow::ensure!(*success, "migration {} was left half applied", m.version);

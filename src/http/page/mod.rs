@@ -1,5 +1,6 @@
 //! The runner-health page: server-rendered HTML (askama templates, escaped), embedded assets,
-//! login with the admin token into a session cookie, and cordon / uncordon / revoke forms.
+//! login with an operator's token into a session cookie, and cordon / uncordon / revoke forms
+//! (for operators and admins; a viewer sees the page without them).
 //!
 //! Everything a runner sent (names, labels, probe errors) reaches the page only through
 //! templates that escape it. The page's own POSTs need the session's CSRF token.
@@ -7,14 +8,17 @@
 pub mod session;
 pub mod views;
 
-use super::auth::{Credential, credential_failed, throttle_wait};
+use super::auth::{Caller, Credential, credential_failed, throttle_wait};
 use super::client::Client;
 use super::problem::ApiError;
 use super::schema::Problem;
 use crate::app::AppState;
+use crate::domain::audit::Action;
 use crate::domain::ids::{JobId, RunnerId};
+use crate::domain::operator::Role;
 use crate::domain::pool::Pool;
 use crate::domain::time::Millis;
+use crate::store::AuditFilter;
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, FromRequestParts, Path, Query, State};
@@ -103,6 +107,7 @@ impl FromRequestParts<AppState> for PageViewer {
 #[template(path = "login.html")]
 struct LoginPage {
     logged_in: bool,
+    who: String,
     csrf: String,
     error: Option<String>,
 }
@@ -133,6 +138,7 @@ async fn login_form(
         StatusCode::OK,
         &LoginPage {
             logged_in: false,
+            who: String::new(),
             csrf: String::new(),
             error: None,
         },
@@ -166,6 +172,7 @@ async fn login(
 fn login_refused(status: StatusCode, error: String) -> Result<Response, ApiError> {
     let page = LoginPage {
         logged_in: false,
+        who: String::new(),
         csrf: String::new(),
         error: Some(error),
     };
@@ -182,16 +189,17 @@ async fn login_with(state: &AppState, client: Client, token: &str) -> Result<Res
             .insert(RETRY_AFTER, HeaderValue::from(wait_s.max(1)));
         return Ok(r);
     }
-    if !crate::secrets::secret_matches(token.trim(), &state.secrets().admin) {
+    let token = token.trim();
+    let Some(operator) = crate::http::auth::operator_of(state, token).await? else {
         tracing::info!(client = %client.ip, "page login refused");
         credential_failed(state, client, Credential::PageLogin);
         return login_refused(
             StatusCode::UNAUTHORIZED,
-            "That is not the admin token.".into(),
+            "That is not a valid token: use the admin token or a named operator token.".into(),
         );
-    }
-    let value = session::open(state, Millis::now()).await?;
-    tracing::info!(client = %client.ip, actor = session::BOOTSTRAP_ACTOR, "page login");
+    };
+    let caller = Caller { operator, client };
+    let value = session::open(state, &caller, token, Millis::now()).await?;
     let mut r = see_other("/admin");
     let cookie = session::set_cookie(&value, session::SESSION_S, client.https);
     r.headers_mut().insert(
@@ -224,7 +232,11 @@ async fn logout(
         return Err(ApiError::forbidden("cross-site request refused"));
     }
     // Ended on the server: the old cookie opens nothing from now on, anywhere.
-    session::close(&state, &headers).await?;
+    let caller = Caller {
+        operator: viewer.operator().clone(),
+        client,
+    };
+    session::close(&state, &headers, &caller).await?;
     let mut r = see_other("/admin/login");
     r.headers_mut().insert(
         SET_COOKIE,
@@ -237,6 +249,8 @@ async fn logout(
 #[template(path = "fleet.html")]
 struct FleetPage {
     logged_in: bool,
+    who: String,
+    can_write: bool,
     csrf: String,
     as_of: String,
     pools: Vec<PoolCard>,
@@ -246,6 +260,7 @@ struct FleetPage {
 #[derive(Template)]
 #[template(path = "fleet_fragment.html")]
 struct FleetFragment {
+    can_write: bool,
     csrf: String,
     as_of: String,
     pools: Vec<PoolCard>,
@@ -283,11 +298,12 @@ async fn fleet(
     PageViewer(viewer): PageViewer,
 ) -> Result<Response, ApiError> {
     let (as_of, pools, runners) = fleet_view(&state).await?;
-    let logged_in = matches!(viewer, Viewer::Session { .. });
     render(
         StatusCode::OK,
         &FleetPage {
-            logged_in,
+            logged_in: viewer.is_session(),
+            who: who(&viewer),
+            can_write: viewer.operator().may(Role::Operator),
             csrf: viewer.csrf().into(),
             as_of,
             pools,
@@ -314,6 +330,7 @@ async fn fleet_fragment(
     render(
         StatusCode::OK,
         &FleetFragment {
+            can_write: viewer.operator().may(Role::Operator),
             csrf: viewer.csrf().into(),
             as_of,
             pools,
@@ -335,6 +352,9 @@ struct AttestationLine {
 #[template(path = "runner.html")]
 struct RunnerPage {
     logged_in: bool,
+    who: String,
+    can_write: bool,
+    audit: Vec<AuditLine>,
     csrf: String,
     row: RunnerRow,
     labels: Vec<(String, String)>,
@@ -343,6 +363,21 @@ struct RunnerPage {
     changes: Vec<(String, String, String, String)>,
     attestations: Vec<AttestationLine>,
     leases: Vec<(String, String, i64, &'static str)>,
+}
+
+/// An operator's change to the runner, as its page shows it.
+struct AuditLine {
+    at: String,
+    actor: String,
+    action: &'static str,
+    detail: String,
+    client: String,
+}
+
+/// Who is logged in, as the page's header says it.
+fn who(viewer: &Viewer) -> String {
+    let o = viewer.operator();
+    format!("{} ({})", o.name, o.role)
 }
 
 /// A run of refusals, as the runner page shows it.
@@ -392,8 +427,27 @@ async fn runner_page(
     } else {
         vec![("cordon", "Cordon")]
     };
+    let audit = store
+        .audit_trail(&AuditFilter {
+            target: Some(id.to_string()),
+            limit: crate::http::admin::RUNNER_AUDIT_SHOWN,
+            ..AuditFilter::default()
+        })
+        .await?;
     let page = RunnerPage {
-        logged_in: matches!(viewer, Viewer::Session { .. }),
+        logged_in: viewer.is_session(),
+        who: who(&viewer),
+        can_write: viewer.operator().may(Role::Operator),
+        audit: audit
+            .iter()
+            .map(|r| AuditLine {
+                at: r.entry.at.rfc3339(),
+                actor: r.entry.actor.clone(),
+                action: r.entry.action.as_str(),
+                detail: r.entry.detail.clone().unwrap_or_default(),
+                client: r.entry.client.clone(),
+            })
+            .collect(),
         csrf: viewer.csrf().into(),
         labels: runner.labels.clone().into_iter().collect(),
         actions: actions.into_iter().chain([("revoke", "Revoke")]).collect(),
@@ -457,12 +511,13 @@ async fn runner_page(
     params(("id" = String, Path, description = "The runner id."), ("action" = String, Path, description = "`cordon`, `uncordon` or `revoke`.")),
     responses(
         (status = 303, description = "Done: back to the form's `back` (default `/admin`), or no session: to `/admin/login`."),
-        (status = 403, description = "`forbidden`: a missing or wrong CSRF token, or another site's `Origin`.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: a missing or wrong CSRF token, another site's `Origin`, or a viewer.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such runner or action.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn runner_action(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
+    client: Client,
     headers: HeaderMap,
     Path((id, action)): Path<(String, String)>,
     Form(form): Form<CsrfForm>,
@@ -472,13 +527,37 @@ async fn runner_action(
             "cross-site request refused: reload the page and try again",
         ));
     }
+    let operator = viewer.operator();
+    if !operator.may(Role::Operator) {
+        return Err(ApiError::forbidden(format!(
+            "{} is a {}: changing runners needs the operator role",
+            operator.name, operator.role
+        )));
+    }
+    let caller = Caller {
+        operator: operator.clone(),
+        client,
+    };
     let id = RunnerId::parse("id", &id)?;
     let now = Millis::now();
     let store = state.store();
+    let audit = |action| caller.audit(action, id.as_str(), now);
     let done = match action.as_str() {
-        "cordon" => store.set_cordoned(&id, true).await?,
-        "uncordon" => store.set_cordoned(&id, false).await?,
-        "revoke" => state.revoke_runner(&id, now).await?,
+        "cordon" => {
+            store
+                .set_cordoned(&id, true, &audit(Action::RunnerCordon))
+                .await?
+        }
+        "uncordon" => {
+            store
+                .set_cordoned(&id, false, &audit(Action::RunnerUncordon))
+                .await?
+        }
+        "revoke" => {
+            state
+                .revoke_runner(&id, now, &audit(Action::RunnerRevoke))
+                .await?
+        }
         _ => return Err(ApiError::not_found("action")),
     };
     done.ok_or_else(|| ApiError::not_found("runner"))?;
@@ -502,6 +581,7 @@ struct EventLine {
 #[template(path = "job.html")]
 struct JobPage {
     logged_in: bool,
+    who: String,
     csrf: String,
     id: String,
     pool: String,
@@ -547,7 +627,8 @@ async fn job_page(
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
     let page = JobPage {
-        logged_in: matches!(viewer, Viewer::Session { .. }),
+        logged_in: viewer.is_session(),
+        who: who(&viewer),
         csrf: viewer.csrf().into(),
         id: job.id.to_string(),
         pool: job.pool.to_string(),

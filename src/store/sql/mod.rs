@@ -10,16 +10,22 @@
 //! - `replay`: the recent jtis on a runner's row (rule 5);
 //! - `history`: what a runner's detail shows, and refusals outside a round;
 //! - `sessions`: the page's sessions;
+//! - `operators`: operators' named tokens;
+//! - `audit`: the audit trail;
+//! - `retention`: pruning past the retention horizons, one replica at a time;
 //! - `rows`: rows into domain values.
 //!
 //! Below, the builders of multi-row statements that several of them share.
 
+pub mod audit;
 pub mod history;
 pub mod jobs;
 pub mod leases;
+pub mod operators;
 pub mod pools;
 pub mod queue;
 pub mod replay;
+pub mod retention;
 pub mod round;
 pub mod rows;
 pub mod runners;

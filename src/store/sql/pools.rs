@@ -3,8 +3,8 @@
 use super::rows::{self, digests_json};
 use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
 use crate::domain::time::Millis;
-use crate::store::StoreResult;
-use crate::store::engine::{Change, Db, Statement, Tail, fetch_optional};
+use crate::store::engine::{Change, Db, Statement, Tail, fetch_one, fetch_optional};
+use crate::store::{PoolDeleteError, StoreResult};
 
 fn by_name(name: &PoolName) -> Statement<'_> {
     Statement::new("SELECT * FROM pools WHERE name = $1").bind(name.as_str())
@@ -152,4 +152,50 @@ pub async fn record_resolution<D: Db>(
     .await?;
     db.changed(Change::Pool(pool.name.clone())).await?;
     Ok(Some(pool))
+}
+
+/// Deletes the pool with everything of it (its revoked runners and their history, its
+/// finished jobs, its registration tokens) when it has no live runner and no unfinished job;
+/// `Ok(Err(_))` says why not (and nothing changed).
+pub async fn delete<D: Db>(
+    db: &mut D,
+    name: &PoolName,
+) -> StoreResult<Result<(), PoolDeleteError>> {
+    if locked(db, name).await?.is_none() {
+        return Ok(Err(PoolDeleteError::NotFound));
+    }
+    let in_use = fetch_one(
+        db,
+        Statement::new(
+            "SELECT (SELECT COUNT(*) FROM runners WHERE pool = $1 AND revoked_at IS NULL) AS live, \
+             (SELECT COUNT(*) FROM jobs WHERE pool = $1 \
+                AND state IN ('queued', 'leased', 'running')) AS unfinished",
+        )
+        .bind(name.as_str()),
+    )
+    .await?;
+    let (live, unfinished) = (in_use.int("live")?, in_use.int("unfinished")?);
+    if live > 0 || unfinished > 0 {
+        return Ok(Err(PoolDeleteError::InUse { live, unfinished }));
+    }
+    // Children first: every reference is to a row deleted after it.
+    for sql in [
+        "DELETE FROM job_events WHERE job_id IN (SELECT id FROM jobs WHERE pool = $1)",
+        "DELETE FROM leases WHERE job_id IN (SELECT id FROM jobs WHERE pool = $1)",
+        "DELETE FROM jobs WHERE pool = $1",
+        "DELETE FROM forge_runners WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM attestation_history WHERE runner_id IN \
+            (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM refusals WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM status_changes WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM seen_jtis WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM leases WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM runners WHERE pool = $1",
+        "DELETE FROM registration_tokens WHERE pool = $1",
+        "DELETE FROM pools WHERE name = $1",
+    ] {
+        db.execute(Statement::new(sql).bind(name.as_str())).await?;
+    }
+    db.changed(Change::Pool(name.clone())).await?;
+    Ok(Ok(()))
 }

@@ -125,7 +125,8 @@ pub async fn register<D: Db>(
         .execute(
             Statement::new(
                 "INSERT INTO runners (id, name, pool, labels, public_key_x, registered_at) \
-                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (pool, name) DO NOTHING",
+                 VALUES ($1, $2, $3, $4, $5, $6) \
+                 ON CONFLICT (pool, name) WHERE revoked_at IS NULL DO NOTHING",
             )
             .bind(runner.id.as_str())
             .bind(runner.name.as_str())

@@ -45,10 +45,12 @@ pub async fn get<D: Db>(
     .transpose()
 }
 
-pub async fn end<D: Db>(db: &mut D, token_hash: &str) -> StoreResult<()> {
-    db.execute(Statement::new("DELETE FROM page_sessions WHERE token_hash = $1").bind(token_hash))
+/// Ends the session; whether there was one.
+pub async fn end<D: Db>(db: &mut D, token_hash: &str) -> StoreResult<bool> {
+    let n = db
+        .execute(Statement::new("DELETE FROM page_sessions WHERE token_hash = $1").bind(token_hash))
         .await?;
-    Ok(())
+    Ok(n > 0)
 }
 
 /// Forgets expired sessions.
