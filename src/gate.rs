@@ -1,8 +1,10 @@
 //! The gate itself: from a compact JWS to a judged, recorded attestation.
 //!
 //! Heartbeat, lease and `gate/check` all pass through `Gate::admit`, which applies rules 1–13
-//! of PROTOCOL.md in order. Nothing is written for a failure of rules 1–6 or a bad digest; an
-//! attestation that passes them is recorded with the verdict it earned, and a refusal (for a
+//! of PROTOCOL.md in order. Nothing is written for a failure of rules 1–6 or a bad digest,
+//! except that an attestation the runner's own key signed and rules 3–4 refused (its clock,
+//! most often) is noted on the runner as its last rejection; an attestation that passes them
+//! is recorded with the verdict it earned, and a refusal (for a
 //! lease or a gate check) is recorded beside it. No job is read here, except by a lease's
 //! claim, which is made in the same write round as its attestation's record, and only when the
 //! verdict lets the runner lease.
@@ -11,7 +13,7 @@
 //! `gate_pool`); the round re-reads what a claim must not get wrong (revocation, cordon) under
 //! the runner's row lock.
 
-use crate::domain::attestation::{Attestation, AttestationRules, RunningImage};
+use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, RunningImage};
 use crate::domain::job::Job;
 use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
@@ -27,6 +29,9 @@ pub enum AdmitError {
     Invalid(String),
     #[error("{0}")]
     Expired(String),
+    /// The runner's clock is off by more than the leeway (its offset in the detail).
+    #[error("{0}")]
+    ClockSkew(String),
     #[error("this attestation's jti was already accepted")]
     Replayed,
     #[error("the runner is revoked")]
@@ -42,6 +47,7 @@ impl AdmitError {
         match self {
             AdmitError::Invalid(_) => "attestation_invalid",
             AdmitError::Expired(_) => "attestation_expired",
+            AdmitError::ClockSkew(_) => "clock_skew",
             AdmitError::Replayed => "attestation_replayed",
             AdmitError::Revoked => "runner_revoked",
             AdmitError::BadRequest(_) => "bad_request",
@@ -54,8 +60,14 @@ impl From<VerifyError> for AdmitError {
     fn from(e: VerifyError) -> Self {
         match e {
             VerifyError::Invalid(m) => AdmitError::Invalid(m),
-            VerifyError::Expired(m) => AdmitError::Expired(m),
-            VerifyError::BadText(t) => AdmitError::BadRequest(t.to_string()),
+            VerifyError::Claims(ClaimsError::Invalid(m)) => AdmitError::Invalid(m),
+            VerifyError::Claims(ClaimsError::Expired(m)) => AdmitError::Expired(m),
+            VerifyError::Claims(ClaimsError::ClockSkew { detail, .. }) => {
+                AdmitError::ClockSkew(detail)
+            }
+            VerifyError::Claims(ClaimsError::BadText(t)) | VerifyError::BadText(t) => {
+                AdmitError::BadRequest(t.to_string())
+            }
         }
     }
 }
@@ -190,7 +202,21 @@ impl Gate {
             .gate_runner(&unverified.kid)
             .await?
             .ok_or_else(|| AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()))?;
-        let attestation = unverified.verify(&runner.public_key_x, &self.rules, now)?;
+        let attestation = match unverified.verify(&runner.public_key_x, &self.rules, now) {
+            Ok(a) => a,
+            Err(VerifyError::Claims(e)) => {
+                // Signed by the runner's own key: what it sent is wrong (its clock, most
+                // often). Noted on the runner, so that "stale" says why.
+                let rejected = AdmitError::from(VerifyError::Claims(e));
+                if !matches!(rejected, AdmitError::BadRequest(_)) {
+                    self.store
+                        .record_rejection(&runner.id, rejected.code(), &rejected.to_string(), now)
+                        .await?;
+                }
+                return Err(rejected);
+            }
+            Err(e) => return Err(e.into()),
+        };
 
         let image = match attestation.image.clone().check() {
             Ok(image) => image,

@@ -27,12 +27,14 @@ pub const INVALID_SIGNATURE_DETAIL: &str =
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum VerifyError {
-    /// Rules 1–3: 401 `attestation_invalid`.
+    /// Rules 1–2, before the runner's key has vouched for anything: 401
+    /// `attestation_invalid`.
     #[error("{0}")]
     Invalid(String),
-    /// Rule 4: 401 `attestation_expired`.
-    #[error("{0}")]
-    Expired(String),
+    /// Rules 3–4 on an attestation the runner's key signed: what the runner itself sent is
+    /// wrong (a claim, its age, its clock), which the gate notes on the runner.
+    #[error(transparent)]
+    Claims(ClaimsError),
     /// A `kid` or a claim that holds a control character: 400, before it is looked up.
     #[error(transparent)]
     BadText(#[from] crate::domain::text::BadText),
@@ -40,11 +42,7 @@ pub enum VerifyError {
 
 impl From<ClaimsError> for VerifyError {
     fn from(e: ClaimsError) -> Self {
-        match e {
-            ClaimsError::Invalid(m) => VerifyError::Invalid(m),
-            ClaimsError::Expired(m) => VerifyError::Expired(m),
-            ClaimsError::BadText(t) => VerifyError::BadText(t),
-        }
+        VerifyError::Claims(e)
     }
 }
 

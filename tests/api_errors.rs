@@ -1009,6 +1009,33 @@ async fn an_enforce_pool_needs_an_image_id(app) {
     assert_eq!(hb["action"], "none");
 }
 
+async fn a_pool_put_without_grace_replaces_its_image_at_once(app) {
+    // podman's `{{.Id}}` prints the bare hex: accepted, and stored as a full digest.
+    let bare_a = IMAGE_A.trim_start_matches("sha256:");
+    let pool = app.pool("linux", &[bare_a]).await;
+    assert_eq!(pool["expected_image_ids"], json!([IMAGE_A]), "{pool}");
+    let runner = app.register("linux", "r1").await;
+    assert_eq!(app.lease(&runner.healthy()).await.status(), StatusCode::NO_CONTENT);
+    // A wrong image fixed with `drift_grace_s: 0`: the replaced one is refused from now on.
+    let r = app
+        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    refused(&app, "replaced at once", &runner.healthy(), "image_drift").await;
+    // With the default grace the replaced set would still lease.
+    let r = app
+        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": [IMAGE_A]}))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let on_b = runner.attest(json!({"image": {"id": IMAGE_B}}));
+    assert_eq!(app.lease(&on_b).await.status(), StatusCode::NO_CONTENT);
+    let r = app
+        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": ["ABC"]}))
+        .await;
+    let p = expect_problem(r, "not an image id", StatusCode::BAD_REQUEST, "bad_request").await;
+    assert!(p["detail"].as_str().unwrap().starts_with("expected_image_ids[0]"), "{p}");
+}
+
 async fn image_drift_names_both_digests(app) {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;

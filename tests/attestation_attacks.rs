@@ -547,18 +547,25 @@ async fn time_rules_answer_expired_and_lifetime_answers_invalid(app) {
     let now = now_s();
     for (case, patch) in [
         (
-            "iat 45 s in the future",
-            json!({"iat": now + 45, "exp": now + 100}),
-        ),
-        (
             "exp passed beyond the leeway",
             json!({"iat": now - 50, "exp": now - 35}),
         ),
-        ("iat 90 s old", json!({"iat": now - 90, "exp": now + 60})),
+        ("iat 80 s old", json!({"iat": now - 80, "exp": now + 60})),
         ("nbf 45 s in the future", json!({"nbf": now + 45})),
     ] {
         let token = runner.attest(patch);
         rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_expired").await;
+    }
+    // Past the leeway ahead, or past the maximum age and the leeway behind: the runner's clock
+    // is the likeliest cause, and the answer says so, with the offset.
+    for (case, patch, words) in [
+        ("iat 45 s in the future", json!({"iat": now + 45, "exp": now + 100}), "s ahead of the server"),
+        ("iat 100 s old", json!({"iat": now - 100, "exp": now - 40}), "s behind the server"),
+    ] {
+        let token = runner.attest(patch);
+        let p = expect_problem(app.heartbeat(&token).await, case, UNAUTHORIZED, "clock_skew").await;
+        assert!(p["detail"].as_str().unwrap().contains(words), "{case}: {p}");
+        expect_problem(app.lease(&token).await, case, UNAUTHORIZED, "clock_skew").await;
     }
     for (case, patch) in [
         ("lifetime of 301 s", json!({"iat": now, "exp": now + 301})),
@@ -616,16 +623,17 @@ async fn probe_claims_are_checked_before_anything_is_recorded(app) {
     let now = now_s();
     for (case, patch) in [
         (
-            "probe.checked_at 60 s in the future",
-            json!({"probe": {"checked_at": now + 60}}),
-        ),
-        (
             "probe.ok false without probe.error",
             json!({"probe": {"ok": false}}),
         ),
     ] {
         let token = runner.attest(patch);
         rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_invalid").await;
+    }
+    let ahead = runner.attest(json!({"probe": {"checked_at": now + 60}}));
+    for r in [app.heartbeat(&ahead).await, app.lease(&ahead).await] {
+        let p = expect_problem(r, "probe.checked_at 60 s ahead", UNAUTHORIZED, "clock_skew").await;
+        assert!(p["detail"].as_str().unwrap().contains("s ahead of the server's"), "{p}");
     }
     assert_nothing_recorded(&app, &runner).await;
     accepted(
@@ -843,7 +851,7 @@ async fn rejected_attestations_write_nothing_and_spend_no_jti(app) {
         ),
         (
             "expired",
-            runner.attest(json!({"jti": jti, "iat": now - 100, "exp": now - 40})),
+            runner.attest(json!({"jti": jti, "iat": now - 50, "exp": now - 35})),
             UNAUTHORIZED,
             "attestation_expired",
         ),
@@ -994,7 +1002,7 @@ async fn revoked_runner_is_refused_after_the_replay_check(app) {
     .await;
     // Rules 1–4 still come first.
     let now = now_s();
-    let expired = runner.attest(json!({"iat": now - 100, "exp": now - 40}));
+    let expired = runner.attest(json!({"iat": now - 50, "exp": now - 35}));
     heartbeat_rejected(
         &app,
         "revoked, expired",

@@ -130,4 +130,42 @@ async fn a_steady_heartbeat_adds_no_history_and_a_change_does(app) {
     assert_eq!(detail["status"], "healthy");
     assert!(detail["probe_error"].is_null(), "{detail}");
 }
+
+async fn a_runner_whose_clock_is_off_is_told_by_how_much_and_the_runner_records_why(app) {
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), StatusCode::OK);
+
+    let r = app.heartbeat(&skewed(&runner, 612)).await;
+    assert_eq!(r.headers()["retry-after"], "30");
+    let p = expect_problem(r, "ten minutes fast", StatusCode::UNAUTHORIZED, "clock_skew").await;
+    let detail = p["detail"].as_str().unwrap();
+    assert!(detail.contains("clock is 61") && detail.contains("s ahead"), "{p}");
+    let r = app.lease(&skewed(&runner, -600)).await;
+    let p = expect_problem(r, "ten minutes slow", StatusCode::UNAUTHORIZED, "clock_skew").await;
+    assert!(p["detail"].as_str().unwrap().contains("600 s behind"), "{p}");
+
+    // The runner's record says why it went quiet; nothing else about it changed.
+    let detail = app.runner(&runner.id).await;
+    let rejected = &detail["last_rejected_attestation"];
+    assert_eq!(rejected["code"], "clock_skew", "{detail}");
+    assert!(rejected["detail"].as_str().unwrap().contains("behind"), "{detail}");
+    assert_eq!(detail["status"], "healthy", "{detail}");
+    let r = app.client.get(app.url(&format!("/admin/runners/{}", runner.id))).bearer_auth(ADMIN).send().await.unwrap();
+    let html = r.text().await.unwrap();
+    assert!(html.contains("its attestations are refused (clock_skew"), "{html}");
+    // A forged attestation (another key) for the runner notes nothing on it.
+    let forger = TestRunner { id: runner.id.clone(), pool: "linux".into(), key: leasegate::agent::keys::RunnerKey::generate() };
+    let r = app.heartbeat(&forger.attest(json!({"iat": now_s() + 900}))).await;
+    expect_problem(r, "forged", StatusCode::UNAUTHORIZED, "attestation_invalid").await;
+    let again = app.runner(&runner.id).await;
+    assert_eq!(again["last_rejected_attestation"], detail["last_rejected_attestation"]);
+}
+}
+
+/// A runner whose clock is `offset_s` off, attesting as its agent would: every instant by its
+/// own clock.
+fn skewed(runner: &TestRunner, offset_s: i64) -> String {
+    let t = now_s() + offset_s;
+    runner.attest(json!({"iat": t, "exp": t + 60, "probe": {"checked_at": t}}))
 }

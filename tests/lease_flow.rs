@@ -128,11 +128,44 @@ async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe(app) {
     // A passing probe checked after the abandon lifts it (sub-second precision).
     tokio::time::sleep(std::time::Duration::from_millis(20)).await;
     let fresh = runner.attest(json!({"probe": {"checked_at": (leasegate::domain::time::Millis::now().0 as f64) / 1000.0}}));
-    let again = app.lease(&fresh).await;
+    // Healthy again, but the job it gave back is not handed straight back to it...
+    assert_eq!(app.lease(&fresh).await.status(), StatusCode::NO_CONTENT);
+    // ...while any other runner takes it at once, its attempt still unused.
+    let other = app.register("linux", "r2").await;
+    let again = app.lease(&other.healthy()).await;
     assert_eq!(again.status(), StatusCode::OK);
     let body: Value = again.json().await.unwrap();
     assert_eq!(body["job"]["id"], job.as_str());
     assert_eq!(body["job"]["attempt"], 1);
+}
+
+async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(app) {
+    use leasegate::domain::ids::{LeaseId, RunnerId};
+    use leasegate::domain::lease::{ABANDON_HOLD_S, LeaseCall};
+    use leasegate::domain::time::Millis;
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    let job = app.enqueue("linux").await;
+    let store = app.state.store();
+    let claim = |now: Millis| leasegate::store::Claim {
+        runner_id: RunnerId(runner.id.clone()),
+        pool: leasegate::domain::pool::PoolName::parse("linux").unwrap(),
+        lease_id: LeaseId::generate(),
+        token_hash: "h".repeat(64),
+        ttl_s: 300,
+        now,
+    };
+    let now = Millis::now();
+    let (lease, _) = store.claim_job(&claim(now)).await.unwrap().expect("the job");
+    let abandon = LeaseCall::Abandon { reason: None, message: None };
+    store.lease_call(&lease.id, &"h".repeat(64), &abandon, now).await.unwrap();
+    // A second job behind it: the runner takes that one instead.
+    let second = app.enqueue("linux").await;
+    let (_, got) = store.claim_job(&claim(now)).await.unwrap().expect("the next job");
+    assert_eq!(got.id.as_str(), second);
+    assert!(store.claim_job(&claim(now.plus_secs(ABANDON_HOLD_S - 1))).await.unwrap().is_none());
+    let (_, back) = store.claim_job(&claim(now.plus_secs(ABANDON_HOLD_S))).await.unwrap().expect("held no longer");
+    assert_eq!(back.id.as_str(), job);
 }
 
 async fn lease_calls_answer_with_the_lease_fate(app) {

@@ -161,9 +161,27 @@ pub enum ClaimsError {
     /// Rule 4: expired, not yet valid, or older than the maximum age.
     #[error("{0}")]
     Expired(String),
+    /// Rule 4, when the runner's clock explains it: its `iat` or `checked_at` is further from
+    /// the server's clock than the leeway allows (ahead), or than the maximum age and the
+    /// leeway together (behind). `offset_s` is the runner's time less the server's.
+    #[error("{detail}")]
+    ClockSkew { offset_s: i64, detail: String },
     /// An identifying claim (`jti`) holds a control character.
     #[error(transparent)]
     BadText(#[from] super::text::BadText),
+}
+
+/// A runner's instant `at` (its `iat` or its probe's `checked_at`) past the leeway ahead of
+/// `now`.
+fn clock_ahead(at: Millis, now: Millis, rules: &AttestationRules) -> ClaimsError {
+    let ahead_s = (at.0 - now.0) / 1000;
+    ClaimsError::ClockSkew {
+        offset_s: ahead_s,
+        detail: format!(
+            "the runner's clock is {ahead_s} s ahead of the server's (leeway {} s)",
+            rules.clock_skew_s
+        ),
+    }
 }
 
 /// Rules 3 and 4 on a payload whose signature was verified for runner `kid`.
@@ -206,7 +224,7 @@ pub fn check_claims(
     let leeway_end = now.plus_secs(rules.clock_skew_s);
     let checked_at = probe.checked_at.millis();
     if checked_at > leeway_end {
-        return invalid("probe.checked_at is in the future");
+        return Err(clock_ahead(checked_at, now, rules));
     }
     if probe.runtime.trim().is_empty() {
         return invalid("probe.runtime must name the container runtime");
@@ -215,12 +233,25 @@ pub fn check_claims(
         return invalid("probe.error is required when probe.ok is false");
     }
 
-    // Rule 4: time.
+    // Rule 4: time. A fresh attestation from a runner whose clock is off looks like an old
+    // one or one from the future: say which clock is off, and by how much, before "expired".
+    if iat > leeway_end {
+        return Err(clock_ahead(iat, now, rules));
+    }
+    if now.0 - iat.0 > (rules.max_age_s + rules.clock_skew_s) * 1000 {
+        let behind_s = (now.0 - iat.0) / 1000;
+        return Err(ClaimsError::ClockSkew {
+            offset_s: -behind_s,
+            detail: format!(
+                "the attestation was signed {behind_s} s ago by the runner's clock: the \
+                 runner's clock is {behind_s} s behind the server's, or the attestation is old \
+                 (max age {} s, leeway {} s)",
+                rules.max_age_s, rules.clock_skew_s
+            ),
+        });
+    }
     if now > exp.plus_secs(rules.clock_skew_s) {
         return Err(ClaimsError::Expired("the attestation has expired".into()));
-    }
-    if iat > leeway_end {
-        return Err(ClaimsError::Expired("iat is in the future".into()));
     }
     if raw.nbf.is_some_and(|nbf| nbf.millis() > leeway_end) {
         return Err(ClaimsError::Expired(
@@ -311,6 +342,13 @@ mod tests {
         matches!(r, Err(ClaimsError::Invalid(_)))
     }
 
+    fn skew(r: Result<Attestation, ClaimsError>) -> Option<i64> {
+        match r {
+            Err(ClaimsError::ClockSkew { offset_s, .. }) => Some(offset_s),
+            _ => None,
+        }
+    }
+
     fn is_expired(r: Result<Attestation, ClaimsError>) -> bool {
         matches!(r, Err(ClaimsError::Expired(_)))
     }
@@ -391,12 +429,30 @@ mod tests {
     }
 
     #[test]
-    fn probe_from_the_future_is_invalid() {
-        assert!(is_invalid(check(with(
-            &["probe", "checked_at"],
-            json!(NOW_S + 31)
-        ))));
+    fn a_probe_from_the_future_says_the_clock_is_ahead() {
+        assert_eq!(
+            skew(check(with(&["probe", "checked_at"], json!(NOW_S + 612)))),
+            Some(612)
+        );
         assert!(check(with(&["probe", "checked_at"], json!(NOW_S + 29))).is_ok());
+    }
+
+    #[test]
+    fn a_clock_far_off_is_named_with_its_offset() {
+        // Ten minutes fast: iat, exp and checked_at all ahead.
+        let mut c = with(&["iat"], json!(NOW_S + 600));
+        c["exp"] = json!(NOW_S + 660);
+        c["probe"]["checked_at"] = json!(NOW_S + 599);
+        let e = check(c).unwrap_err();
+        assert!(e.to_string().contains("599 s ahead"), "{e}");
+        // Ten minutes slow: signed "600 s ago", expired long since.
+        let mut c = with(&["iat"], json!(NOW_S - 600));
+        c["exp"] = json!(NOW_S - 540);
+        c["probe"]["checked_at"] = json!(NOW_S - 601);
+        let r = check(c);
+        let e = r.as_ref().unwrap_err().to_string();
+        assert!(e.contains("600 s behind"), "{e}");
+        assert_eq!(skew(r), Some(-600));
     }
 
     #[test]
@@ -421,10 +477,10 @@ mod tests {
         let mut c = with(&["iat"], json!(NOW_S - 50));
         c["exp"] = json!(NOW_S - 31);
         assert!(is_expired(check(c)));
-        // iat in the future beyond the leeway.
+        // iat in the future beyond the leeway: the clock is ahead.
         let mut c = with(&["iat"], json!(NOW_S + 31));
         c["exp"] = json!(NOW_S + 100);
-        assert!(is_expired(check(c)));
+        assert_eq!(skew(check(c)), Some(31));
         // nbf in the future beyond the leeway.
         assert!(is_expired(check(with(&["nbf"], json!(NOW_S + 31)))));
         assert!(check(with(&["nbf"], json!(NOW_S + 29))).is_ok());

@@ -29,6 +29,17 @@ impl ImageDigest {
         }
     }
 
+    /// An image id as an operator may paste it: a full digest, or the bare 64 hex characters
+    /// podman's `{{.Id}}` prints (the agent sends the same form with its prefix).
+    pub fn parse_image_id(s: &str) -> Result<Self, NotADigest> {
+        let bare = s.len() == 64 && !s.contains(':');
+        if bare {
+            ImageDigest::parse(&format!("sha256:{s}")).map_err(|_| NotADigest(s.to_string()))
+        } else {
+            ImageDigest::parse(s)
+        }
+    }
+
     pub fn as_str(&self) -> &str {
         &self.0
     }
@@ -61,6 +72,20 @@ impl fmt::Display for ImageDigest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_image_id_may_be_podmans_bare_hex() {
+        let hex = "b".repeat(64);
+        let full = ImageDigest::parse_image_id(&hex).unwrap();
+        assert_eq!(full.as_str(), format!("sha256:{hex}"));
+        assert_eq!(ImageDigest::parse_image_id(full.as_str()), Ok(full));
+        assert!(ImageDigest::parse_image_id(&"B".repeat(64)).is_err());
+        assert!(ImageDigest::parse_image_id("abc123").is_err());
+        assert!(
+            ImageDigest::parse(&hex).is_err(),
+            "a digest itself keeps its prefix"
+        );
+    }
 
     #[test]
     fn accepts_only_full_lowercase_sha256() {

@@ -286,6 +286,7 @@ mod tests {
             }),
             current_lease: None,
             forge_runners: vec![],
+            last_rejection: None,
         }
     }
 

@@ -201,7 +201,15 @@ pub struct Transition {
     pub event: Option<(EventKind, Option<String>, Option<String>)>,
     /// An abandon quarantines the runner until it posts a newer passing probe.
     pub quarantine_runner: bool,
+    /// An abandoned job is held from the runner that gave it back for this long
+    /// (`ABANDON_HOLD_S`); any other runner may take it at once.
+    pub hold_from_runner_until: Option<Millis>,
 }
+
+/// How long a job a runner abandoned is not handed back to that runner: long enough that a
+/// runner which gave it back for want of space (and cleared it) does not take the same job
+/// again within the second, short enough that a one-runner pool loses little.
+pub const ABANDON_HOLD_S: i64 = 60;
 
 impl Transition {
     /// Whether the job leaves the lease (back to the queue or finished).
@@ -237,6 +245,7 @@ pub fn apply_call(
         last_error: None,
         event: None,
         quarantine_runner: false,
+        hold_from_runner_until: None,
     };
     match call {
         LeaseCall::Start { ttl_s } => {
@@ -309,6 +318,7 @@ pub fn apply_call(
                 message.clone(),
             ));
             t.quarantine_runner = true;
+            t.hold_from_runner_until = Some(now.plus_secs(ABANDON_HOLD_S));
             Ok(t)
         }
     }
@@ -339,6 +349,7 @@ pub fn end(cause: EndCause, s: Snapshot, now: Millis) -> Transition {
         last_error: None,
         event: None,
         quarantine_runner: false,
+        hold_from_runner_until: None,
     };
     if s.lease_state == LeaseState::Leased {
         t.returns += 1;
@@ -422,6 +433,10 @@ mod tests {
             (JobState::Queued, 1, 1)
         );
         assert!(t.quarantine_runner);
+        assert_eq!(
+            t.hold_from_runner_until,
+            Some(NOW.plus_secs(ABANDON_HOLD_S))
+        );
         assert_eq!(
             apply_call(&call, snap(LeaseState::Running, 1, 3), NOW),
             Err(LeaseCallError::Started)

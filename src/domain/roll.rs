@@ -117,6 +117,7 @@ mod tests {
     fn runner(pool: &str, n: usize, image: Option<char>, ago_s: Option<i64>) -> Runner {
         Runner {
             forge_runners: vec![],
+            last_rejection: None,
             id: RunnerId(format!("{pool}-{n}")),
             name: format!("r{n}"),
             pool: PoolName::parse(pool).unwrap(),

@@ -28,6 +28,18 @@ pub struct Runner {
     pub current_lease: Option<CurrentLease>,
     /// The forge runners on its machine that the forge gate knows it by.
     pub forge_runners: Vec<super::forge::ForgeBinding>,
+    /// Its last attestation signed by its key and refused under rules 3–4 (a clock off, most
+    /// often): what a runner that turned stale was doing meanwhile.
+    pub last_rejection: Option<Rejection>,
+}
+
+/// An attestation the gate refused, as noted on its runner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejection {
+    pub at: Millis,
+    /// `attestation_invalid`, `attestation_expired` or `clock_skew`.
+    pub code: String,
+    pub detail: String,
 }
 
 /// The live lease a runner holds, if any.
@@ -196,6 +208,7 @@ mod tests {
     fn runner(image: Option<char>, received_ago_s: Option<i64>) -> Runner {
         Runner {
             forge_runners: vec![],
+            last_rejection: None,
             id: RunnerId("r".into()),
             name: "r".into(),
             pool: PoolName::parse("p").unwrap(),

@@ -65,10 +65,10 @@ fn pool_name(name: &str) -> Result<PoolName, ApiError> {
 struct PoolBody {
     #[serde(default)]
     image_ref: Option<String>,
-    /// Full image digests (`sha256:` and 64 hex); for `manual` pools.
+    /// Image ids (`sha256:` and 64 lowercase hex, or the bare 64 hex podman's `{{.Id}}`
+    /// prints); for `manual` pools.
     #[serde(default)]
-    #[schema(value_type = Vec<String>)]
-    expected_image_ids: Vec<ImageDigest>,
+    expected_image_ids: Vec<String>,
     #[serde(default)]
     image_policy: ImagePolicy,
     #[serde(default)]
@@ -81,6 +81,18 @@ struct PoolBody {
     drift_grace_s: Option<i64>,
     #[serde(default)]
     resolve_interval_s: Option<i64>,
+}
+
+/// The pool's image ids, each in its full form; the first that is none names itself.
+fn image_ids(given: &[String]) -> Result<Vec<ImageDigest>, ApiError> {
+    given
+        .iter()
+        .enumerate()
+        .map(|(i, id)| {
+            ImageDigest::parse_image_id(id)
+                .map_err(|e| ApiError::bad_request(format!("expected_image_ids[{i}]: {e}")))
+        })
+        .collect()
 }
 
 /// The pool as the API shows it, with its runners counted by status and its queue depth.
@@ -149,7 +161,7 @@ async fn put_pool(
     }
     let spec = PoolSpec {
         image_ref: body.image_ref.filter(|r| !r.is_empty()),
-        expected_image_ids: body.expected_image_ids,
+        expected_image_ids: image_ids(&body.expected_image_ids)?,
         image_policy: body.image_policy,
         image_source: body.image_source,
         gate_mode: body.gate_mode,

@@ -168,6 +168,9 @@ impl From<crate::domain::text::BadText> for ApiError {
     }
 }
 
+/// How soon a runner whose clock is off should try again (`Retry-After` of `clock_skew`).
+pub const CLOCK_SKEW_RETRY_S: i64 = 30;
+
 impl From<AdmitError> for ApiError {
     fn from(e: AdmitError) -> Self {
         let code = e.code();
@@ -176,6 +179,10 @@ impl From<AdmitError> for ApiError {
                 ApiError::new(StatusCode::UNAUTHORIZED, code, d)
             }
             AdmitError::Replayed => ApiError::new(StatusCode::UNAUTHORIZED, code, e.to_string()),
+            // Transient for the runner: it retries once its clock is set right.
+            AdmitError::ClockSkew(d) => {
+                ApiError::new(StatusCode::UNAUTHORIZED, code, d).retry_after(CLOCK_SKEW_RETRY_S)
+            }
             AdmitError::Revoked => ApiError::new(StatusCode::FORBIDDEN, code, e.to_string()),
             AdmitError::BadRequest(d) => ApiError::bad_request(d),
             AdmitError::Store(s) => s.into(),

@@ -286,6 +286,10 @@ pub struct RunnerView {
     pub current_lease: Option<CurrentLease>,
     /// The forge runners bound to it, for the forge gate.
     pub forge_runners: Vec<ForgeRunnerView>,
+    /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
+    /// `attestation_expired`, `clock_skew`), with why; null when there was none.
+    #[schema(required = true)]
+    pub last_rejected_attestation: Option<RejectedAttestation>,
 }
 
 /// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
@@ -299,6 +303,14 @@ pub struct ForgeRunnerView {
     /// The last time the gate saw it ask for work (written at most every 30 s).
     #[schema(required = true)]
     pub last_fetch_at: Option<String>,
+}
+
+/// An attestation the gate refused, as noted on its runner.
+#[derive(Serialize, ToSchema)]
+pub struct RejectedAttestation {
+    pub at: String,
+    pub code: String,
+    pub detail: String,
 }
 
 /// `200` to `GET /api/v1/admin/runners`.

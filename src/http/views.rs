@@ -135,6 +135,9 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
             "expires_at": l.expires_at,
         })),
         "forge_runners": runner.forge_runners.iter().map(super::forge_bindings::view).collect::<Vec<_>>(),
+        "last_rejected_attestation": runner.last_rejection.as_ref().map(|r| json!({
+            "at": r.at, "code": r.code, "detail": r.detail,
+        })),
     })
 }
 

@@ -488,6 +488,20 @@ where
         .await
     }
 
+    async fn record_rejection(
+        &self,
+        runner: &RunnerId,
+        code: &str,
+        detail: &str,
+        now: Millis,
+    ) -> StoreResult<()> {
+        let args = (runner.clone(), code.to_string(), detail.to_string(), now);
+        self.write(args, |db, (runner, code, detail, now)| {
+            Box::pin(sql::runners::note_rejection(db, runner, code, detail, *now))
+        })
+        .await
+    }
+
     async fn record_refusal(
         &self,
         runner: &RunnerId,

@@ -499,6 +499,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Option<(RunnerId, ForgeBinding)>>;
     /// Notes that the forge runner asked for work at `now`.
     async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()>;
+    /// Notes on the runner an attestation its key signed that rules 3–4 refused (`code`, why).
+    async fn record_rejection(
+        &self,
+        runner: &RunnerId,
+        code: &str,
+        detail: &str,
+        now: Millis,
+    ) -> StoreResult<()>;
     /// Records a refusal on the runner: a forge fetch the gate answered itself.
     async fn record_refusal(
         &self,

@@ -125,6 +125,7 @@ mod tests {
     fn runner(id: &str) -> Runner {
         Runner {
             forge_runners: vec![],
+            last_rejection: None,
             id: RunnerId(id.into()),
             name: id.into(),
             pool: PoolName::from_trusted("p".into()),

@@ -148,7 +148,8 @@ pub fn runner_row(
             .refusal
             .as_ref()
             .map(|r| r.detail())
-            .or_else(|| probe.and_then(|p| p.error.clone())),
+            .or_else(|| probe.and_then(|p| p.error.clone()))
+            .or_else(|| refused_since_latest(runner, now)),
         probe_error: probe
             .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
             .map(|p| {
@@ -165,6 +166,21 @@ pub fn runner_row(
         cordoned: runner.gate.cordoned,
         revoked: runner.is_revoked(),
     }
+}
+
+/// Why a runner that went silent is silent, when the gate refused what it sent since its
+/// latest accepted attestation (its clock, most often).
+fn refused_since_latest(runner: &Runner, now: Millis) -> Option<String> {
+    let r = runner.last_rejection.as_ref()?;
+    let accepted = runner.latest.as_ref().map(|l| l.received_at);
+    (accepted < Some(r.at)).then(|| {
+        format!(
+            "its attestations are refused ({}, {}): {}",
+            r.code,
+            age(r.at, now),
+            r.detail
+        )
+    })
 }
 
 fn confirm_label(runner: &Runner) -> String {

@@ -144,6 +144,15 @@ async fn write_transition<D: Db>(
         .await?;
         db.changed(Change::Runner(lease.runner_id.clone())).await?;
     }
+    if let Some(until) = t.hold_from_runner_until {
+        db.execute(
+            Statement::new("UPDATE jobs SET held_from = $1, held_until = $2 WHERE id = $3")
+                .bind(lease.runner_id.as_str())
+                .bind(until.0)
+                .bind(job.id.as_str()),
+        )
+        .await?;
+    }
     if t.job_state == JobState::Queued {
         db.changed(Change::JobsReturned(lease.pool.clone())).await?;
     }

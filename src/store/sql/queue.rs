@@ -19,9 +19,48 @@ use std::sync::LazyLock;
 /// The queue's order, after a `pool = $n` condition.
 const QUEUE_ORDER: &str = "AND state = 'queued' ORDER BY created_at, seq";
 
-/// A round's choice of jobs for the claims it holds on one pool: its `$2` oldest queued ones.
-pub static CLAIM_BATCH_SQL: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT seq FROM jobs WHERE pool = $1 {QUEUE_ORDER} LIMIT $2"));
+/// A round's choice of jobs for the claims it holds on one pool: its `$2` oldest queued ones,
+/// with the runner each is held from (an abandon's, for a while).
+pub static CLAIM_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
+    format!("SELECT seq, held_from, held_until FROM jobs WHERE pool = $1 {QUEUE_ORDER} LIMIT $2")
+});
+
+/// How many jobs beyond one per claim a round looks at, for claims whose runner a job is held
+/// from (it abandoned it a moment ago): each then takes the next.
+pub const HELD_LOOKAHEAD: usize = 4;
+
+/// A queued job a claim may take, unless it is held from the claim's runner.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Candidate {
+    pub seq: i64,
+    held: Option<(String, i64)>,
+}
+
+impl Candidate {
+    /// Whether `claim`'s runner may take it.
+    pub fn open_to(&self, claim: &Claim) -> bool {
+        self.held.as_ref().is_none_or(|(runner, until)| {
+            runner != claim.runner_id.as_str() || claim.now.0 >= *until
+        })
+    }
+}
+
+/// Each claim's job, in the queue's order: the oldest candidate not taken and open to it.
+pub fn assign<'c>(candidates: &[Candidate], claims: &[&'c Claim]) -> Vec<(i64, &'c Claim)> {
+    let mut taken = vec![false; candidates.len()];
+    let mut pairs = Vec::with_capacity(claims.len());
+    for claim in claims {
+        let pick = candidates
+            .iter()
+            .enumerate()
+            .find(|(i, c)| !taken[*i] && c.open_to(claim));
+        if let Some((i, c)) = pick {
+            taken[i] = true;
+            pairs.push((c.seq, *claim));
+        }
+    }
+    pairs
+}
 
 /// A single claim's choice (the bench's raw baseline): the oldest queued job of pool `$3`.
 pub static CLAIM_CANDIDATE_SQL: LazyLock<String> =
@@ -42,9 +81,9 @@ static PRECLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-/// The seqs of the pool's `n` oldest queued jobs, locked for the claim (skipping those
-/// another transaction holds).
-pub async fn candidates<D: Db>(db: &mut D, pool: &str, n: usize) -> StoreResult<Vec<i64>> {
+/// The pool's `n` oldest queued jobs, locked for the claim (skipping those another
+/// transaction holds).
+pub async fn candidates<D: Db>(db: &mut D, pool: &str, n: usize) -> StoreResult<Vec<Candidate>> {
     let found = db
         .fetch(
             Statement::new(CLAIM_BATCH_SQL.as_str())
@@ -53,7 +92,19 @@ pub async fn candidates<D: Db>(db: &mut D, pool: &str, n: usize) -> StoreResult<
                 .tail(Tail::SkipLocked),
         )
         .await?;
-    found.iter().map(|r| r.int("seq")).collect()
+    found
+        .iter()
+        .map(|r| {
+            let held = match (r.opt_text("held_from")?, r.opt_int("held_until")?) {
+                (Some(runner), Some(until)) => Some((runner, until)),
+                _ => None,
+            };
+            Ok(Candidate {
+                seq: r.int("seq")?,
+                held,
+            })
+        })
+        .collect()
 }
 
 /// Moves the chosen jobs to `leased`, each under its claim's lease; the jobs moved.

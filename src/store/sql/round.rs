@@ -651,12 +651,12 @@ async fn claim<D: Db>(
         wanting.entry(claim.pool.as_str()).or_default().push(i);
     }
     for (pool, waiting) in wanting {
-        let seqs = queue::candidates(db, pool, waiting.len()).await?;
-        let pairs: Vec<(i64, &Claim)> = seqs
-            .into_iter()
-            .zip(&waiting)
-            .map(|(seq, &i)| (seq, items[i].claim.as_ref().expect("a claim")))
+        let found = queue::candidates(db, pool, waiting.len() + queue::HELD_LOOKAHEAD).await?;
+        let claims: Vec<&Claim> = waiting
+            .iter()
+            .map(|&i| items[i].claim.as_ref().expect("a claim"))
             .collect();
+        let pairs = queue::assign(&found, &claims);
         let by_lease: BTreeMap<&str, usize> = waiting
             .iter()
             .map(|&i| {

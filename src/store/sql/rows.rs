@@ -11,7 +11,7 @@ use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
-use crate::domain::runner::{CurrentLease, LatestAttestation, Runner};
+use crate::domain::runner::{CurrentLease, LatestAttestation, Rejection, Runner};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, GateState};
 use crate::store::engine::Row;
@@ -130,6 +130,14 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
         latest,
         current_lease,
         forge_runners: vec![],
+        last_rejection: match opt_millis(row, "rejected_at")? {
+            Some(at) => Some(Rejection {
+                at,
+                code: row.text("rejected_code")?,
+                detail: row.text("rejected_detail")?,
+            }),
+            None => None,
+        },
     })
 }
 

@@ -304,3 +304,25 @@ pub async fn revoke<D: Db>(
     db.changed(Change::Runner(id.clone())).await?;
     Ok(get(db, id).await?.map(|r| (r, ended)))
 }
+
+/// Notes the runner's last attestation refused under rules 3–4, with why.
+pub async fn note_rejection<D: Db>(
+    db: &mut D,
+    id: &RunnerId,
+    code: &str,
+    detail: &str,
+    now: Millis,
+) -> StoreResult<()> {
+    db.execute(
+        Statement::new(
+            "UPDATE runners SET rejected_at = $2, rejected_code = $3, rejected_detail = $4 \
+             WHERE id = $1",
+        )
+        .bind(id.as_str())
+        .bind(now.0)
+        .bind(code)
+        .bind(detail),
+    )
+    .await?;
+    Ok(())
+}
