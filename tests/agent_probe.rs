@@ -179,7 +179,7 @@ async fn the_real_docker_client_without_a_daemon_is_quoted_in_its_own_words() {
         .output()
         .is_err()
     {
-        println!("skipped: no docker client on PATH");
+        common::skip::skipped("no docker client on PATH");
         return;
     }
     // A socket nobody listens on: the client's answer is the same on every machine.

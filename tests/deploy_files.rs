@@ -39,7 +39,7 @@ fn tool(name: &str, check: &str) -> Option<PathBuf> {
             !required,
             "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but `{name}` is missing ({check})"
         );
-        eprintln!("skipped: {check}: `{name}` is not installed here");
+        common::skip::skipped(format!("{check}: `{name}` is not installed here"));
     }
     found
 }
@@ -189,7 +189,7 @@ fn systemd_analyze_verifies_the_unit_and_rates_its_sandbox() {
         .args(["security", "--offline=true", "--threshold=20"])
         .arg(&path));
     if stderr.contains("unrecognized option") {
-        eprintln!("skipped: systemd-analyze security --offline: this systemd is too old");
+        common::skip::skipped("systemd-analyze security --offline: this systemd is too old");
         return;
     }
     let overall = stdout
@@ -577,8 +577,8 @@ fn compose_tool_accepts_the_file_where_installed() {
             .is_ok_and(|o| o.status.success())
     });
     let Some((bin, prefix)) = found else {
-        eprintln!(
-            "skipped: `compose config` of deploy/compose/compose.yaml: no docker compose or docker-compose here"
+        common::skip::skipped(
+            "`compose config` of deploy/compose/compose.yaml: no docker compose or docker-compose here",
         );
         return;
     };

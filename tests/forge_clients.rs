@@ -33,8 +33,8 @@ fn client_available() -> bool {
             std::env::var("LEASEGATE_REQUIRE_GITLAB_RUNNER_API").as_deref() != Ok("1"),
             "LEASEGATE_REQUIRE_GITLAB_RUNNER_API=1 but python3 cannot import gitlab_runner_api"
         );
-        eprintln!(
-            "skipped: gitlab-runner-api not installed (python3 -m pip install gitlab-runner-api)"
+        common::skip::skipped(
+            "gitlab-runner-api not installed (python3 -m pip install gitlab-runner-api)",
         );
     }
     ok

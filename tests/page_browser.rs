@@ -23,8 +23,8 @@ fn browser_available() -> bool {
             std::env::var("LEASEGATE_REQUIRE_CHROMIUM").as_deref() != Ok("1"),
             "LEASEGATE_REQUIRE_CHROMIUM=1 but {CHROMIUM} or {CHROMEDRIVER} is missing"
         );
-        eprintln!(
-            "skipped: Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)"
+        common::skip::skipped(
+            "Chromium and chromedriver are not installed (apt-get install chromium chromium-driver)",
         );
     }
     present

@@ -143,7 +143,7 @@ pub fn podman_installed() -> bool {
 pub fn podman_available() -> bool {
     let ok = podman_installed();
     if !ok {
-        println!("skipped: podman not installed");
+        super::skip::skipped("podman is not installed (apt-get install podman)");
     }
     ok
 }

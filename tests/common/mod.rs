@@ -8,6 +8,7 @@ pub mod forges;
 pub mod oci;
 pub mod pg;
 pub mod proxy;
+pub mod skip;
 
 use leasegate::agent::keys::RunnerKey;
 use leasegate::app::AppState;

@@ -57,7 +57,9 @@ pub async fn tools() -> bool {
     if required() {
         panic!("{REQUIRE_VAR}=1 but {reason}");
     }
-    eprintln!("skipped: registry case ({reason}; set {REQUIRE_VAR}=1 to fail instead)");
+    super::skip::skipped(format!(
+        "registry case ({reason}; set {REQUIRE_VAR}=1 to fail instead)"
+    ));
     false
 }
 

@@ -19,7 +19,9 @@ pub fn server_url() -> Option<String> {
         Ok(url) if !url.is_empty() => Some(url),
         _ if required() => panic!("{REQUIRE_VAR}=1 but {URL_VAR} is not set"),
         _ => {
-            eprintln!("skipped: PostgreSQL case (set {URL_VAR}=postgres://… to run it)");
+            super::skip::skipped(format!(
+                "PostgreSQL case (set {URL_VAR}=postgres://… to run it)"
+            ));
             None
         }
     }
@@ -61,7 +63,7 @@ impl TestDatabase {
             Ok(c) => c,
             Err(e) if required() => panic!("cannot reach PostgreSQL at {URL_VAR}: {e}"),
             Err(e) => {
-                eprintln!("skipped: PostgreSQL case ({URL_VAR} unreachable: {e})");
+                super::skip::skipped(format!("PostgreSQL case ({URL_VAR} unreachable: {e})"));
                 return None;
             }
         };
