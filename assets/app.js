@@ -12,11 +12,16 @@ document.addEventListener("submit", (event) => {
 const fleet = document.getElementById("fleet");
 if (fleet) {
   const url = fleet.getAttribute("data-refresh");
+  // The server answers 304 when the view is what we show: nothing to send, nothing to swap.
+  let etag = null;
   setInterval(async () => {
     if (document.hidden) return;
     try {
-      const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+      const headers = etag ? { "If-None-Match": etag } : {};
+      const response = await fetch(url, { credentials: "same-origin", cache: "no-store", headers });
+      if (response.status === 304) return;
       if (response.ok) {
+        etag = response.headers.get("ETag");
         fleet.innerHTML = await response.text();
       } else if (response.status === 401 || response.redirected) {
         window.location = "/admin/login";

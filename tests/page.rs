@@ -253,4 +253,107 @@ async fn the_job_page_tells_the_story() {
     assert!(html.contains("0 of 3"));
     let fleet = page(&app, "/admin", &cookie).await;
     assert!(fleet.contains("1 queued"));
+    // The story names the runner, with its id on hover.
+    assert!(
+        html.contains(&format!("title=\"{}\">r1</a>", runner.id)),
+        "{html}"
+    );
+}
+
+#[tokio::test]
+async fn the_fleet_lists_what_needs_attention_filters_pages_and_answers_304_when_unchanged() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    app.pool("macos", &[IMAGE_B]).await;
+    let mut healthy = Vec::new();
+    for i in 0..4 {
+        let r = app.register("linux", &format!("ok-{i}")).await;
+        let host = format!("build-{i}.ci.example");
+        app.heartbeat(&r.attest(json!({"host": host, "agent": {"version": "9.9.1"}})))
+            .await;
+        healthy.push(r);
+    }
+    let broken = app.register("linux", "broken").await;
+    app.heartbeat(&broken.failing("crun not found")).await;
+    let r = app
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/cordon", broken.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    for i in 0..3 {
+        let r = app.register("macos", &format!("mac-{i}")).await;
+        app.heartbeat(&r.failing("no podman machine")).await;
+    }
+    app.enqueue("macos").await;
+    let cookie = login(&app).await;
+
+    let html = page(&app, "/admin", &cookie).await;
+    // The pool whose jobs nobody may take says so.
+    assert!(
+        html.contains("1 jobs waiting and no runner of this pool may take one"),
+        "{html}"
+    );
+    // Healthy runners are a count; the rest are rows, with both facts of a cordoned broken one.
+    assert!(html.contains("4 healthy runners</a> not listed"), "{html}");
+    assert!(!html.contains(">ok-0</a>"), "healthy runners are collapsed");
+    assert!(
+        html.contains(">broken</a>")
+            && html.contains("cordoned</span> · <span class=\"status bad\">probe failed"),
+        "{html}"
+    );
+    // Asked for, the healthy ones are listed with their host and agent.
+    let listed = page(&app, "/admin?status=healthy", &cookie).await;
+    assert!(
+        listed.contains(">ok-3</a>")
+            && listed.contains("build-3.ci.example")
+            && listed.contains("agent 9.9.1"),
+        "{listed}"
+    );
+    // The search covers the host; the pool filter holds; filters stay in the refresh URL.
+    let found = page(&app, "/admin?status=healthy&q=BUILD-2", &cookie).await;
+    assert!(
+        found.contains(">ok-2</a>") && !found.contains(">ok-1</a>"),
+        "{found}"
+    );
+    let macs = page(&app, "/admin?pool=macos&limit=2", &cookie).await;
+    assert!(
+        macs.contains("data-refresh=\"/admin/fleet?pool=macos&#38;limit=2\""),
+        "{macs}"
+    );
+    assert_eq!(macs.matches("class=\"runner\"").count(), 2, "a page of two");
+    assert!(
+        macs.contains("href=\"/admin?pool=macos&#38;limit=2&#38;cursor=2\""),
+        "{macs}"
+    );
+    let rest = page(&app, "/admin?pool=macos&limit=2&cursor=2", &cookie).await;
+    assert_eq!(rest.matches("class=\"runner\"").count(), 1);
+
+    // The refresh: an ETag, and 304 with no body while nothing changed.
+    let fragment = |etag: Option<String>| {
+        let mut req = no_redirects()
+            .get(app.url("/admin/fleet"))
+            .header(COOKIE, &cookie);
+        if let Some(e) = etag {
+            req = req.header("if-none-match", e);
+        }
+        req.send()
+    };
+    let first = fragment(None).await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    let etag = first.headers()["etag"].to_str().unwrap().to_string();
+    let again = fragment(Some(etag.clone())).await.unwrap();
+    assert_eq!(again.status(), StatusCode::NOT_MODIFIED);
+    assert!(again.text().await.unwrap().is_empty());
+    // A change (a runner uncordoned) is a new view.
+    let r = app
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/uncordon", broken.id),
+            json!({}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let changed = fragment(Some(etag)).await.unwrap();
+    assert_eq!(changed.status(), StatusCode::OK);
 }

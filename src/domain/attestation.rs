@@ -89,6 +89,9 @@ struct RawClaims {
     image: Option<ObjectOnly<RawImage>>,
     #[serde(default)]
     agent: Option<serde_json::Value>,
+    /// The runner's host name (optional; shown on the page).
+    #[serde(default)]
+    host: Option<String>,
 }
 
 /// What the runner's container-runtime probe said.
@@ -284,8 +287,23 @@ pub fn check_claims(
             digest: image.digest,
             image_ref: image.image_ref.map(|r| sanitize(&r, 512)),
         },
-        agent: raw.agent,
+        agent: with_host(raw.agent, raw.host.map(|h| sanitize(&h, HOST_MAX_BYTES))),
     })
+}
+
+/// The longest host name kept (a DNS name's limit).
+pub const HOST_MAX_BYTES: usize = 253;
+
+/// The `agent` object as recorded: what the runner sent, with its `host` claim beside its own
+/// fields, so that the runner's record keeps one object of what it says it is.
+fn with_host(agent: Option<serde_json::Value>, host: Option<String>) -> Option<serde_json::Value> {
+    let Some(host) = host else { return agent };
+    let mut object = match agent {
+        Some(serde_json::Value::Object(o)) => o,
+        _ => serde_json::Map::new(),
+    };
+    object.insert("host".into(), serde_json::Value::String(host));
+    Some(serde_json::Value::Object(object))
 }
 
 #[cfg(test)]

@@ -287,6 +287,7 @@ mod tests {
             current_lease: None,
             forge_runners: vec![],
             last_rejection: None,
+            agent: Default::default(),
         }
     }
 

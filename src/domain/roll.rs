@@ -118,6 +118,7 @@ mod tests {
         Runner {
             forge_runners: vec![],
             last_rejection: None,
+            agent: Default::default(),
             id: RunnerId(format!("{pool}-{n}")),
             name: format!("r{n}"),
             pool: PoolName::parse(pool).unwrap(),

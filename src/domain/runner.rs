@@ -31,6 +31,33 @@ pub struct Runner {
     /// Its last attestation signed by its key and refused under rules 3–4 (a clock off, most
     /// often): what a runner that turned stale was doing meanwhile.
     pub last_rejection: Option<Rejection>,
+    /// What its latest attestation says of the machine and the agent.
+    pub agent: AgentInfo,
+}
+
+/// The host and agent a runner's latest attestation names (optional claims `host` and
+/// `agent.version`; the reference agent's `agent.hostname` counts as the host).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AgentInfo {
+    pub host: Option<String>,
+    pub version: Option<String>,
+}
+
+impl AgentInfo {
+    /// From the `agent` object as recorded, cleaned for display.
+    pub fn from_recorded(agent: Option<&serde_json::Value>) -> Self {
+        let text = |key: &str, max: usize| {
+            agent
+                .and_then(|a| a.get(key))
+                .and_then(serde_json::Value::as_str)
+                .map(|s| super::text::sanitize(s, max))
+                .filter(|s| !s.is_empty())
+        };
+        AgentInfo {
+            host: text("host", 253).or_else(|| text("hostname", 253)),
+            version: text("version", 64),
+        }
+    }
 }
 
 /// An attestation the gate refused, as noted on its runner.
@@ -209,6 +236,7 @@ mod tests {
         Runner {
             forge_runners: vec![],
             last_rejection: None,
+            agent: Default::default(),
             id: RunnerId("r".into()),
             name: "r".into(),
             pool: PoolName::parse("p").unwrap(),

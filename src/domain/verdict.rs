@@ -113,7 +113,7 @@ impl Refusal {
 }
 
 /// A runner's health, as the heartbeat and the admin views name it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RunnerStatus {
     ProbeFailed,
     Drifted,
@@ -123,6 +123,7 @@ pub enum RunnerStatus {
     ProbeStale,
     Stale,
     Cordoned,
+    #[default]
     Unknown,
     Revoked,
     Healthy,

@@ -126,6 +126,7 @@ mod tests {
         Runner {
             forge_runners: vec![],
             last_rejection: None,
+            agent: Default::default(),
             id: RunnerId(id.into()),
             name: id.into(),
             pool: PoolName::from_trusted("p".into()),

@@ -5,6 +5,7 @@
 //! Everything a runner sent (names, labels, probe errors) reaches the page only through
 //! templates that escape it. The page's own POSTs need the session's CSRF token.
 
+pub mod fleet;
 pub mod session;
 pub mod views;
 
@@ -22,7 +23,9 @@ use crate::store::AuditFilter;
 use askama::Template;
 use axum::Router;
 use axum::extract::{Form, FromRequestParts, Path, Query, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, LOCATION, RETRY_AFTER, SET_COOKIE};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_TYPE, ETAG, IF_NONE_MATCH, LOCATION, RETRY_AFTER, SET_COOKIE,
+};
 use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -68,15 +71,18 @@ fn html(status: StatusCode, body: String) -> Response {
 }
 
 fn render(status: StatusCode, t: &impl Template) -> Result<Response, ApiError> {
-    let body = t.render().map_err(|e| {
+    Ok(html(status, rendered(t)?))
+}
+
+fn rendered(t: &impl Template) -> Result<String, ApiError> {
+    t.render().map_err(|e| {
         tracing::error!(error = %e, "template failed");
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal",
             "internal error",
         )
-    })?;
-    Ok(html(status, body))
+    })
 }
 
 fn see_other(to: &str) -> Response {
@@ -254,7 +260,8 @@ struct FleetPage {
     csrf: String,
     as_of: String,
     pools: Vec<PoolCard>,
-    runners: Vec<RunnerRow>,
+    sel: fleet::FleetSelection,
+    statuses: Vec<&'static str>,
 }
 
 #[derive(Template)]
@@ -264,10 +271,22 @@ struct FleetFragment {
     csrf: String,
     as_of: String,
     pools: Vec<PoolCard>,
-    runners: Vec<RunnerRow>,
+    sel: fleet::FleetSelection,
+    statuses: Vec<&'static str>,
 }
 
-async fn fleet_view(state: &AppState) -> Result<(String, Vec<PoolCard>, Vec<RunnerRow>), ApiError> {
+/// Every status a runner may have, for the filter.
+fn statuses() -> Vec<&'static str> {
+    crate::domain::verdict::RunnerStatus::ALL
+        .iter()
+        .map(|s| s.as_str())
+        .collect()
+}
+
+async fn fleet_view(
+    state: &AppState,
+    query: &fleet::FleetQuery,
+) -> Result<(String, Vec<PoolCard>, fleet::FleetSelection), ApiError> {
     let now = Millis::now();
     let store = state.store();
     let pools: BTreeMap<String, Pool> = store
@@ -284,11 +303,18 @@ async fn fleet_view(state: &AppState) -> Result<(String, Vec<PoolCard>, Vec<Runn
         .values()
         .map(|p| views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now))
         .collect();
-    Ok((now.rfc3339(), cards, rows))
+    Ok((now.rfc3339(), cards, fleet::select(rows, query)))
 }
 
 #[utoipa::path(get, path = "/admin", tag = "page",
     security((), ("admin_token" = [])),
+    params(
+        ("pool" = Option<String>, Query, description = "Only this pool's runners."),
+        ("status" = Option<String>, Query, description = "Only runners of this status (`healthy` lists the healthy ones, otherwise a count)."),
+        ("q" = Option<String>, Query, description = "A search over name, labels (`key=value`) and host."),
+        ("limit" = Option<usize>, Query, description = "Runners per page, 1 to 500, default 50."),
+        ("cursor" = Option<String>, Query, description = "The next page's cursor, from the page's own link."),
+    ),
     responses(
         (status = 200, description = "The fleet page.", body = String, content_type = "text/html"),
         (status = 303, description = "No session: to `/admin/login`."),
@@ -296,8 +322,9 @@ async fn fleet_view(state: &AppState) -> Result<(String, Vec<PoolCard>, Vec<Runn
 async fn fleet(
     State(state): State<AppState>,
     PageViewer(viewer): PageViewer,
+    Query(query): Query<fleet::FleetQuery>,
 ) -> Result<Response, ApiError> {
-    let (as_of, pools, runners) = fleet_view(&state).await?;
+    let (as_of, pools, sel) = fleet_view(&state, &query).await?;
     render(
         StatusCode::OK,
         &FleetPage {
@@ -307,36 +334,62 @@ async fn fleet(
             csrf: viewer.csrf().into(),
             as_of,
             pools,
-            runners,
+            sel,
+            statuses: statuses(),
         },
     )
 }
 
 #[utoipa::path(get, path = "/admin/fleet", tag = "page",
     security((), ("admin_token" = [])),
+    params(
+        ("pool" = Option<String>, Query, description = "As for `/admin`."),
+        ("status" = Option<String>, Query, description = "As for `/admin`."),
+        ("q" = Option<String>, Query, description = "As for `/admin`."),
+        ("limit" = Option<usize>, Query, description = "As for `/admin`."),
+        ("cursor" = Option<String>, Query, description = "As for `/admin`."),
+    ),
     responses(
-        (status = 200, description = "The fleet without the page around it.", body = String, content_type = "text/html"),
+        (status = 200, description = "The fleet without the page around it, with an `ETag`.", body = String, content_type = "text/html"),
+        (status = 304, description = "`If-None-Match` named this view's `ETag`: nothing changed."),
         (status = 401, description = "`unauthorized`: no valid session (no redirect).", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn fleet_fragment(
     State(state): State<AppState>,
     headers: HeaderMap,
+    Query(query): Query<fleet::FleetQuery>,
 ) -> Result<Response, ApiError> {
     // The refresh script follows no redirect to a login page: an expired session is a 401.
     let viewer = session::viewer(&state, &headers, Millis::now())
         .await?
         .ok_or_else(|| ApiError::unauthorized("log in again"))?;
-    let (as_of, pools, runners) = fleet_view(&state).await?;
-    render(
-        StatusCode::OK,
-        &FleetFragment {
-            can_write: viewer.operator().may(Role::Operator),
-            csrf: viewer.csrf().into(),
-            as_of,
-            pools,
-            runners,
-        },
-    )
+    let (as_of, pools, sel) = fleet_view(&state, &query).await?;
+    let fragment = FleetFragment {
+        can_write: viewer.operator().may(Role::Operator),
+        csrf: viewer.csrf().into(),
+        as_of: as_of.clone(),
+        pools,
+        sel,
+        statuses: statuses(),
+    };
+    let body = rendered(&fragment)?;
+    let etag = fleet::etag(&body, &as_of);
+    let unchanged = headers
+        .get(IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v == etag);
+    let mut response = if unchanged {
+        let mut r = StatusCode::NOT_MODIFIED.into_response();
+        r.headers_mut()
+            .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        r
+    } else {
+        html(StatusCode::OK, body)
+    };
+    response
+        .headers_mut()
+        .insert(ETAG, HeaderValue::from_str(&etag).expect("hex is ASCII"));
+    Ok(response)
 }
 
 struct AttestationLine {
@@ -351,6 +404,8 @@ struct AttestationLine {
 #[derive(Template)]
 #[template(path = "runner.html")]
 struct RunnerPage {
+    /// Its last attestation the gate refused under rules 3–4: when, code, why.
+    rejected: Option<(String, String, String)>,
     logged_in: bool,
     who: String,
     can_write: bool,
@@ -421,7 +476,17 @@ async fn runner_page(
         .filter(|r| r.at >= now.minus_secs(3600))
         .map(|r| r.count)
         .sum();
-    let row = views::runner_row(&runner, &pool, state.settings(), refusals_last_hour, now);
+    let mut row = views::runner_row(&runner, &pool, state.settings(), refusals_last_hour, now);
+    // Since when it has been in its status: its latest change into it, first on the page.
+    row.failing_since = history
+        .status_changes
+        .first()
+        .filter(|c| c.to == row.status && row.rank != crate::domain::verdict::RunnerStatus::Healthy)
+        .map(|c| format!("{} ({})", c.at.rfc3339(), views::age(c.at, now)));
+    let rejected = runner
+        .last_rejection
+        .as_ref()
+        .map(|r| (r.at.rfc3339(), r.code.clone(), r.detail.clone()));
     let actions = if row.cordoned {
         vec![("uncordon", "Uncordon")]
     } else {
@@ -435,6 +500,7 @@ async fn runner_page(
         })
         .await?;
     let page = RunnerPage {
+        rejected,
         logged_in: viewer.is_session(),
         who: who(&viewer),
         can_write: viewer.operator().may(Role::Operator),
@@ -573,7 +639,8 @@ async fn runner_action(
 struct EventLine {
     at: String,
     what: String,
-    runner: Option<String>,
+    /// The runner's id and name.
+    runner: Option<(String, String)>,
     why: Option<String>,
 }
 
@@ -626,6 +693,15 @@ async fn job_page(
         .get_job(&JobId::parse("id", &id)?)
         .await?
         .ok_or_else(|| ApiError::not_found("job"))?;
+    // Job pages name runners: the few that took part in the story, each looked up once.
+    let mut names: BTreeMap<String, String> = BTreeMap::new();
+    for runner in events.iter().filter_map(|e| e.runner_id.as_ref()) {
+        if !names.contains_key(runner.as_str())
+            && let Some(r) = state.store().get_runner(runner).await?
+        {
+            names.insert(runner.to_string(), r.name);
+        }
+    }
     let page = JobPage {
         logged_in: viewer.is_session(),
         who: who(&viewer),
@@ -642,7 +718,11 @@ async fn job_page(
             .map(|e| EventLine {
                 at: e.at.rfc3339(),
                 what: describe(&e.kind).to_string(),
-                runner: e.runner_id.as_ref().map(|r| r.to_string()),
+                runner: e.runner_id.as_ref().map(|r| {
+                    let id = r.to_string();
+                    let name = names.get(&id).cloned().unwrap_or_else(|| id.clone());
+                    (id, name)
+                }),
                 why: match (&e.reason, &e.detail) {
                     (Some(r), Some(d)) => Some(format!("{r}: {d}")),
                     (Some(r), None) => Some(r.clone()),

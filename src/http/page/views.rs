@@ -55,6 +55,17 @@ pub fn age(then: Millis, now: Millis) -> String {
     }
 }
 
+/// An age to the minute ("under a minute ago", "3 min ago"): what the fleet table needs, and
+/// steady while a runner heartbeats, so that a refresh of a steady fleet is the same page
+/// (and answers `304`). The runner's own page gives the second.
+pub fn coarse_age(then: Millis, now: Millis) -> String {
+    if now.secs_since(then) < 60 {
+        "under a minute ago".into()
+    } else {
+        age(then, now)
+    }
+}
+
 fn duration(secs: i64) -> String {
     match secs.max(0) {
         s @ 0..120 => format!("{s} s"),
@@ -88,9 +99,11 @@ pub struct PoolCard {
     pub oldest_queued: Option<String>,
     pub roll: Option<RollView>,
     pub resolution_error: Option<String>,
+    /// Jobs wait and no runner of the pool may take one: the on-call's first question.
+    pub stuck: bool,
 }
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct RunnerRow {
     pub id: String,
     pub name: String,
@@ -114,6 +127,15 @@ pub struct RunnerRow {
     pub refusals_last_hour: i64,
     pub cordoned: bool,
     pub revoked: bool,
+    /// The host and agent version its latest attestation named.
+    pub host: Option<String>,
+    pub agent_version: Option<String>,
+    pub labels: Vec<(String, String)>,
+    /// A second fact the status word would hide: a cordoned (or quarantined) runner whose
+    /// runtime is broken too is "cordoned · probe failed".
+    pub also: Option<&'static str>,
+    /// Since when its probe has been failing, when it is.
+    pub failing_since: Option<String>,
 }
 
 pub fn is_simulated(runner: &Runner) -> bool {
@@ -139,7 +161,7 @@ pub fn runner_row(
         status: observed.status.as_str(),
         class: status_class(observed.status),
         rank: observed.status,
-        last_seen: latest.map_or_else(|| "never".to_string(), |l| age(l.received_at, now)),
+        last_seen: latest.map_or_else(|| "never".to_string(), |l| coarse_age(l.received_at, now)),
         runtime: probe.map_or_else(String::new, |p| match &p.runtime_version {
             Some(v) => format!("{} {v}", p.runtime),
             None => p.runtime.clone(),
@@ -165,6 +187,13 @@ pub fn runner_row(
         refusals_last_hour: refusals,
         cordoned: runner.gate.cordoned,
         revoked: runner.is_revoked(),
+        host: runner.agent.host.clone(),
+        agent_version: runner.agent.version.clone(),
+        labels: runner.labels.clone().into_iter().collect(),
+        also: probe
+            .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
+            .map(|_| "probe failed"),
+        failing_since: None,
     }
 }
 
@@ -272,6 +301,7 @@ pub fn pool_card(pool: &Pool, rows: &[RunnerRow], depth: QueueDepth, now: Millis
                 count,
             })
             .collect(),
+        stuck: depth.queued > 0 && !members.iter().any(|r| r.rank == RunnerStatus::Healthy),
         queued: depth.queued,
         oldest_queued: depth
             .oldest_queued_at

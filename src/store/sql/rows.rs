@@ -11,7 +11,7 @@ use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
-use crate::domain::runner::{CurrentLease, LatestAttestation, Rejection, Runner};
+use crate::domain::runner::{AgentInfo, CurrentLease, LatestAttestation, Rejection, Runner};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, GateState};
 use crate::store::engine::Row;
@@ -130,6 +130,11 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
         latest,
         current_lease,
         forge_runners: vec![],
+        agent: {
+            let recorded = row.opt_text("agent")?;
+            let parsed = recorded.and_then(|a| serde_json::from_str(&a).ok());
+            AgentInfo::from_recorded(parsed.as_ref())
+        },
         last_rejection: match opt_millis(row, "rejected_at")? {
             Some(at) => Some(Rejection {
                 at,
