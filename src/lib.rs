@@ -11,7 +11,8 @@
 //! - [`http`]: axum routers, one module per party, and the problem+json error.
 //! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
 //!   the background resolver.
-//! - [`server`], [`sweeper`], [`retention`]: starting, stopping, housekeeping, pruning.
+//! - [`server`], [`sweeper`], [`retention`], [`timeline`]: starting, stopping, housekeeping,
+//!   pruning, and sampling pools for the page's timelines.
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
 #![forbid(unsafe_code)]
@@ -32,4 +33,5 @@ pub mod secrets;
 pub mod server;
 pub mod store;
 pub mod sweeper;
+pub mod timeline;
 pub mod verifier;

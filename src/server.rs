@@ -273,6 +273,7 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         state.settings().retention,
         shutdown.clone(),
     ));
+    let sampler = tokio::spawn(crate::timeline::run(state.clone()));
     let resolver = state.settings().background_resolver.then(|| {
         tokio::spawn(crate::registry::resolver::run(
             state.store().clone(),
@@ -301,9 +302,15 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         shutdown,
     )
     .await;
-    for task in [Some(sweeper), Some(pruner), resolver, metrics_server]
-        .into_iter()
-        .flatten()
+    for task in [
+        Some(sweeper),
+        Some(pruner),
+        Some(sampler),
+        resolver,
+        metrics_server,
+    ]
+    .into_iter()
+    .flatten()
     {
         task.await.ok();
     }

@@ -289,7 +289,26 @@ async fn the_fleet_lists_what_needs_attention_filters_pages_and_answers_304_when
     app.enqueue("macos").await;
     let cookie = login(&app).await;
 
+    // Two minutes of samples (as the service's sampler takes them), drawn per pool.
+    let now = leasegate::domain::time::Millis::now();
+    for at in [now.minus_secs(60), now] {
+        // The service's own sampler took its turn at start: this is the next replica's turn.
+        app.state.store().release_task("sample", at).await.unwrap();
+        let taken = leasegate::timeline::sample_once(&app.state, at)
+            .await
+            .unwrap();
+        assert_eq!(taken.map(|s| s.len()), Some(2), "a sample per pool");
+    }
     let html = page(&app, "/admin", &cookie).await;
+    assert_eq!(
+        html.matches("<svg class=\"timeline\"").count(),
+        4,
+        "an hour and a day per pool"
+    );
+    assert!(
+        html.contains("class=\"t-bad\"") && html.contains("<title>"),
+        "{html}"
+    );
     // The pool whose jobs nobody may take says so.
     assert!(
         html.contains("1 jobs waiting and no runner of this pool may take one"),

@@ -19,4 +19,5 @@ pub mod roll;
 pub mod runner;
 pub mod text;
 pub mod time;
+pub mod timeline;
 pub mod verdict;

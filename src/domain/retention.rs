@@ -36,6 +36,8 @@ pub struct Horizons {
     pub history: Millis,
     /// Registration tokens used or expired before this.
     pub tokens: Millis,
+    /// Pools' timeline samples from before this (`timeline::SAMPLES_KEPT_S`).
+    pub samples: Millis,
 }
 
 impl Retention {
@@ -44,6 +46,7 @@ impl Retention {
             jobs: now.minus_secs(self.jobs_days.saturating_mul(86_400)),
             history: now.minus_secs(self.history_days.saturating_mul(86_400)),
             tokens: now.minus_secs(TOKENS_KEPT_S),
+            samples: now.minus_secs(super::timeline::SAMPLES_KEPT_S),
         }
     }
 }

@@ -613,6 +613,27 @@ where
         .await
     }
 
+    async fn record_pool_samples(
+        &self,
+        samples: &[crate::domain::timeline::PoolSample],
+    ) -> StoreResult<()> {
+        self.write(samples.to_vec(), |db, samples| {
+            Box::pin(sql::samples::record(db, samples))
+        })
+        .await
+    }
+
+    async fn pool_samples(
+        &self,
+        pool: &PoolName,
+        since: Millis,
+    ) -> StoreResult<Vec<crate::domain::timeline::PoolSample>> {
+        self.read((pool.clone(), since), |db, (pool, since)| {
+            Box::pin(sql::samples::since(db, pool, *since))
+        })
+        .await
+    }
+
     async fn prune(&self, horizons: &Horizons, max_batches: u32) -> StoreResult<PruneReport> {
         let mut report = PruneReport::default();
         let batch = sql::retention::BATCH as u64;

@@ -548,6 +548,17 @@ pub trait Store: Send + Sync + 'static {
     /// it; `release_task` lets it go.
     async fn claim_task(&self, task: &str, now: Millis, until: Millis) -> StoreResult<bool>;
     async fn release_task(&self, task: &str, now: Millis) -> StoreResult<()>;
+    /// Records pools' timeline samples (one per pool and instant; a repeat is ignored).
+    async fn record_pool_samples(
+        &self,
+        samples: &[crate::domain::timeline::PoolSample],
+    ) -> StoreResult<()>;
+    /// The pool's timeline samples since `since`, oldest first.
+    async fn pool_samples(
+        &self,
+        pool: &PoolName,
+        since: Millis,
+    ) -> StoreResult<Vec<crate::domain::timeline::PoolSample>>;
     /// Deletes what lies past `horizons`, in at most `max_batches` short transactions of
     /// each kind; what it deleted.
     async fn prune(&self, horizons: &Horizons, max_batches: u32) -> StoreResult<PruneReport>;

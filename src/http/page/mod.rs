@@ -7,6 +7,7 @@
 
 pub mod fleet;
 pub mod session;
+pub mod timeline;
 pub mod views;
 
 use super::auth::{Caller, Credential, credential_failed, throttle_wait};
@@ -299,10 +300,18 @@ async fn fleet_view(
     let refusals = store.refusal_counts_since(now.minus_secs(3600)).await?;
     let mut depths = store.queue_depths().await?;
     let rows = views::runner_rows(&runners, &pools, &refusals, state.settings(), now);
-    let cards = pools
-        .values()
-        .map(|p| views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now))
-        .collect();
+    let mut cards = Vec::with_capacity(pools.len());
+    for p in pools.values() {
+        let mut card = views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now);
+        let samples = store
+            .pool_samples(
+                &p.name,
+                now.minus_secs(crate::domain::timeline::SAMPLES_KEPT_S),
+            )
+            .await?;
+        card.timelines = timeline::timelines(&samples, now);
+        cards.push(card);
+    }
     Ok((now.rfc3339(), cards, fleet::select(rows, query)))
 }
 

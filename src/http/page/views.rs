@@ -101,6 +101,8 @@ pub struct PoolCard {
     pub resolution_error: Option<String>,
     /// Jobs wait and no runner of the pool may take one: the on-call's first question.
     pub stuck: bool,
+    /// The last hour and the last day, drawn.
+    pub timelines: Vec<super::timeline::Timeline>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -302,6 +304,7 @@ pub fn pool_card(pool: &Pool, rows: &[RunnerRow], depth: QueueDepth, now: Millis
             })
             .collect(),
         stuck: depth.queued > 0 && !members.iter().any(|r| r.rank == RunnerStatus::Healthy),
+        timelines: Vec::new(),
         queued: depth.queued,
         oldest_queued: depth
             .oldest_queued_at

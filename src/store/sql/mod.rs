@@ -13,6 +13,7 @@
 //! - `operators`: operators' named tokens;
 //! - `audit`: the audit trail;
 //! - `retention`: pruning past the retention horizons, one replica at a time;
+//! - `samples`: pools' samples a minute, for the page's timelines;
 //! - `rows`: rows into domain values.
 //!
 //! Below, the builders of multi-row statements that several of them share.
@@ -29,6 +30,7 @@ pub mod retention;
 pub mod round;
 pub mod rows;
 pub mod runners;
+pub mod samples;
 pub mod sessions;
 
 use crate::store::StoreResult;

@@ -85,7 +85,7 @@ pub async fn jobs_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<P
 pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<PruneReport> {
     let history = horizons.history.0;
     let mut report = PruneReport::default();
-    let deletes: [(&str, &'static str, i64); 5] = [
+    let deletes: [(&str, &'static str, i64); 6] = [
         (
             "refusals",
             "DELETE FROM refusals WHERE (runner_id, slot) IN (SELECT runner_id, slot FROM \
@@ -108,6 +108,12 @@ pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResul
             "audit",
             "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE at < $1 LIMIT $2)",
             history,
+        ),
+        (
+            "pool_samples",
+            "DELETE FROM pool_samples WHERE (pool, at) IN (SELECT pool, at FROM pool_samples \
+             WHERE at < $1 LIMIT $2)",
+            horizons.samples.0,
         ),
         (
             "registration_tokens",

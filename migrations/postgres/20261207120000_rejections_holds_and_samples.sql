@@ -8,3 +8,16 @@ ALTER TABLE runners ADD COLUMN rejected_detail TEXT;
 -- runner may take it at once).
 ALTER TABLE jobs ADD COLUMN held_from TEXT;
 ALTER TABLE jobs ADD COLUMN held_until BIGINT;
+
+-- Each pool's recent past, for the page's timelines: one sample a minute, kept a day.
+CREATE TABLE pool_samples (
+    pool      TEXT NOT NULL,
+    at        BIGINT NOT NULL,
+    counts    TEXT NOT NULL,
+    refusals  BIGINT NOT NULL,
+    live      BIGINT NOT NULL,
+    drifted   BIGINT NOT NULL,
+    PRIMARY KEY (pool, at)
+);
+CREATE INDEX pool_samples_by_time ON pool_samples (at);
+INSERT INTO maintenance (task) VALUES ('sample');
