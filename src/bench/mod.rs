@@ -13,6 +13,7 @@ mod io;
 mod limits;
 mod load;
 mod long_polls;
+mod page;
 mod wire;
 
 use crate::config::ServeArgs;
@@ -91,7 +92,8 @@ pub struct BenchArgs {
     pub server_pid: Option<u32>,
 
     /// Phases to run, comma-separated: grants, refill-grants (a grant and an enqueue, so that
-    /// the queue keeps its depth), cycles, heartbeats, refusals.
+    /// the queue keeps its depth), cycles, heartbeats, refusals, page (every runner attests
+    /// once, then the fleet page, its refresh and the runner list are timed and weighed).
     #[arg(
         long,
         default_value = "grants,cycles,heartbeats,refusals",
@@ -136,6 +138,8 @@ pub struct Report {
     pub jobs: usize,
     pub ops: Vec<OpReport>,
     pub long_polls: Option<long_polls::LongPollReport>,
+    /// The page at the fleet's size (phase `page`).
+    pub page: Option<page::PageReport>,
     pub limits: Limits,
     pub ratios: Ratios,
 }
@@ -273,7 +277,12 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         ("sqlite", Some(_)) => args.server_pid.map(Some),
         _ => None,
     };
+    let mut page_report = None;
     for phase in args.phases.iter().filter(|p| !p.is_empty()) {
+        if phase == "page" {
+            page_report = Some(page::measure(&fleet, &client, &target.admin).await?);
+            continue;
+        }
         if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
             fleet
                 .enqueue(&client, args.jobs - queued, args.concurrency)
@@ -289,7 +298,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             "refusals" => fleet.refusals(drive, !args.quiet).await,
             other => {
                 anyhow::bail!(
-                    "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals)"
+                    "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals, page)"
                 )
             }
         };
@@ -348,6 +357,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         jobs: args.jobs,
         ops,
         long_polls,
+        page: page_report,
         limits,
         ratios,
     };
@@ -393,6 +403,20 @@ fn print(r: &Report) {
             lp.wake_p50_ms,
             lp.wake_p99_ms,
             lp.wake_max_ms
+        );
+    }
+    if let Some(p) = &r.page {
+        println!(
+            "page at {} runners: /admin {:.1} ms, {:.1} KB; refresh {:.1} KB, unchanged {} with \
+             {} bytes; /api/v1/admin/runners {:.1} ms, {:.1} KB",
+            p.runners,
+            p.fleet_page_ms,
+            p.fleet_page_bytes as f64 / 1000.0,
+            p.refresh_bytes as f64 / 1000.0,
+            p.refresh_unchanged_status,
+            p.refresh_unchanged_bytes,
+            p.runner_list_ms,
+            p.runner_list_bytes as f64 / 1000.0
         );
     }
     let l = &r.limits;

@@ -1,0 +1,88 @@
+//! The page at fleet size: every runner attests once (so the fleet looks as it would, most of
+//! it healthy), then the fleet page is rendered a few times and its refresh asked again with
+//! its `ETag`, and the runner list of the admin API is fetched, measuring each answer's time
+//! and bytes. `docs/BENCHMARKS.md` quotes the figures (`leasegate bench --phases page`).
+
+use super::fleet::Fleet;
+use reqwest::{Client, StatusCode};
+use serde::Serialize;
+use std::time::Instant;
+
+/// How many times the page is rendered for its mean.
+const RENDERS: usize = 10;
+
+#[derive(Clone, Debug, Serialize)]
+pub struct PageReport {
+    pub runners: usize,
+    /// `GET /admin`: the server's time to answer (mean of `RENDERS`), and its bytes.
+    pub fleet_page_ms: f64,
+    pub fleet_page_bytes: usize,
+    /// The refresh (`GET /admin/fleet`): its bytes, and with its `ETag` when nothing changed.
+    pub refresh_bytes: usize,
+    pub refresh_unchanged_status: u16,
+    pub refresh_unchanged_bytes: usize,
+    /// `GET /api/v1/admin/runners`: its time and bytes.
+    pub runner_list_ms: f64,
+    pub runner_list_bytes: usize,
+}
+
+async fn timed(client: &Client, url: &str, admin: &str) -> anyhow::Result<(f64, usize)> {
+    let started = Instant::now();
+    let r = client.get(url).bearer_auth(admin).send().await?;
+    anyhow::ensure!(r.status().is_success(), "{url}: {}", r.status());
+    let body = r.bytes().await?;
+    Ok((started.elapsed().as_secs_f64() * 1000.0, body.len()))
+}
+
+pub async fn measure(fleet: &Fleet, client: &Client, admin: &str) -> anyhow::Result<PageReport> {
+    let base = &fleet.base;
+    for runner in fleet.healthy.iter().chain(fleet.broken.iter()) {
+        let r = client
+            .post(format!("{base}/api/v1/runners/heartbeat"))
+            .json(&serde_json::json!({"attestation": runner.attest()}))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "heartbeat: {}", r.status());
+    }
+    let page = format!("{base}/admin");
+    let mut total_ms = 0.0;
+    let mut page_bytes = 0;
+    for _ in 0..RENDERS {
+        let (ms, bytes) = timed(client, &page, admin).await?;
+        total_ms += ms;
+        page_bytes = bytes;
+    }
+    let refresh = format!("{base}/admin/fleet");
+    let first = client.get(&refresh).bearer_auth(admin).send().await?;
+    let etag = first
+        .headers()
+        .get("etag")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_string();
+    let refresh_bytes = first.bytes().await?.len();
+    let again = client
+        .get(&refresh)
+        .bearer_auth(admin)
+        .header("if-none-match", &etag)
+        .send()
+        .await?;
+    let unchanged_status = again.status();
+    let unchanged_bytes = again.bytes().await?.len();
+    anyhow::ensure!(
+        unchanged_status == StatusCode::NOT_MODIFIED || unchanged_status.is_success(),
+        "refresh: {unchanged_status}"
+    );
+    let (list_ms, list_bytes) =
+        timed(client, &format!("{base}/api/v1/admin/runners"), admin).await?;
+    Ok(PageReport {
+        runners: fleet.healthy.len() + fleet.broken.len(),
+        fleet_page_ms: total_ms / RENDERS as f64,
+        fleet_page_bytes: page_bytes,
+        refresh_bytes,
+        refresh_unchanged_status: unchanged_status.as_u16(),
+        refresh_unchanged_bytes: unchanged_bytes,
+        runner_list_ms: list_ms,
+        runner_list_bytes: list_bytes,
+    })
+}
