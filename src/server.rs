@@ -235,7 +235,7 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
     };
     // After every setting is checked, so that a bad one leaves no generated token behind.
     let secrets = load_secrets(args)?;
-    let store: DynStore = store::open(&database_url, &args.pg_settings())
+    let store: DynStore = store::open(&database_url, &args.pg_settings(), args.sqlite_synchronous)
         .await
         .with_context(|| format!("opening the database {}", redact(&args.database_url)))?;
     tracing::info!(engine = store.engine(), "database ready");

@@ -163,6 +163,7 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         registry_timeout_s: 10,
         resolver_failure_threshold: 3,
         roll_stalled_share: 0.5,
+        sqlite_synchronous: leasegate::store::sqlite::Synchronous::Normal,
         log_format: LogFormat::Human,
     }
 }
