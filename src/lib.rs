@@ -25,6 +25,7 @@ pub mod domain;
 pub mod forge_gate;
 pub mod gate;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod registry;
 pub mod retention;
