@@ -33,4 +33,5 @@ pub mod secrets;
 pub mod server;
 pub mod store;
 pub mod sweeper;
+pub mod usage;
 pub mod verifier;

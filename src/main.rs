@@ -1,8 +1,10 @@
 //! The `leasegate` binary: parse the command line, start logging, hand over to the library.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use leasegate::config::{Cli, Command, LogFormat};
+use leasegate::usage::Spelling;
+use std::ffi::OsString;
 use std::process::ExitCode;
 
 // The system allocator under `--features system-allocator`, so that heap profilers which
@@ -18,20 +20,35 @@ fn usage_error(message: &str) -> ExitCode {
     ExitCode::from(leasegate::agent::exit::USAGE)
 }
 
+/// A clap error: help and version are not errors; a bad value from the environment is named
+/// by its variable.
+fn clap_error(cmd: &clap::Command, e: clap::Error, args: &[OsString]) -> ExitCode {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    match leasegate::usage::env_error(cmd, &e, args) {
+        Some(message) => usage_error(message.trim_end()),
+        None => {
+            let _ = e.print();
+            ExitCode::from(leasegate::agent::exit::USAGE)
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            // --help and --version are not errors.
-            return if e.use_stderr() {
-                ExitCode::from(leasegate::agent::exit::USAGE)
-            } else {
-                ExitCode::SUCCESS
-            };
-        }
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let cmd = Cli::command();
+    let matches = match cmd.clone().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => return clap_error(&cmd, e, &args),
     };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(&cmd, e, &args),
+    };
+    let spelling = Spelling::of(&cmd, &matches);
     let (log_format, default_filter) = match &cli.command {
         Command::Serve(args) | Command::Demo(args) => {
             (args.log_format, leasegate::logging::DEFAULT_FILTER)
@@ -52,7 +69,7 @@ async fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("leasegate: {e:#}");
+            eprintln!("leasegate: {}", spelling.apply(&format!("{e:#}")));
             ExitCode::FAILURE
         }
     }
