@@ -12,6 +12,8 @@
 //! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
 //!   the background resolver.
 //! - [`server`], [`sweeper`], [`retention`]: starting, stopping, housekeeping, pruning.
+//! - [`startup`], [`usage`], [`logging`]: what a start checks before it writes anything, and
+//!   errors that name a setting as the user set it (variable or flag).
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
 #![forbid(unsafe_code)]
@@ -31,6 +33,7 @@ pub mod registry;
 pub mod retention;
 pub mod secrets;
 pub mod server;
+pub mod startup;
 pub mod store;
 pub mod sweeper;
 pub mod usage;

@@ -11,6 +11,8 @@
 pub mod engine;
 mod gated;
 mod group_commit;
+pub mod location;
+mod pg_connect;
 pub mod postgres;
 pub mod retry;
 pub mod signal;

@@ -162,6 +162,15 @@ impl SqliteEngine {
     pub fn open(path: &Path, sync: Synchronous) -> anyhow::Result<Self> {
         let lock = lock(path)?;
         let mut first = connection(path, false, sync)?;
+        // SQLite falls back to read-only where it cannot write, and says so only at the first
+        // write; `location::check` has usually said it already, before anything was written.
+        if first.is_readonly(rusqlite::MAIN_DB)? {
+            anyhow::bail!(
+                "the SQLite database {} opened read-only; make it and its directory writable \
+                 by the user leasegate runs as",
+                path.display()
+            );
+        }
         migrate(&mut first)?;
         let (_, loaded) = transaction(
             first,

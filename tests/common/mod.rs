@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod agent;
+pub mod binary;
 pub mod forges;
 pub mod oci;
 pub mod pg;
