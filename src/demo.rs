@@ -231,19 +231,16 @@ async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
         ttl_s: state.settings().lease_ttl_s,
         now: Millis::now(),
     };
-    let Ok(Some((lease, _))) = state.store().claim_job(&claim).await else {
+    let Ok(Some((lease, job))) = state.store().claim_job(&claim).await else {
         return;
     };
+    // Counted and logged as the service's own lease path does.
+    state.lease_granted(&lease, &job);
     let hash = hash_token(&token);
-    let store = state.store();
     let start = LeaseCall::Start {
         ttl_s: state.settings().lease_ttl_s,
     };
-    if store
-        .lease_call(&lease.id, &hash, &start, Millis::now())
-        .await
-        .is_err()
-    {
+    if !call(state, &lease, &hash, start).await {
         return;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -252,9 +249,22 @@ async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
         exit_code: Some(0),
         message: None,
     };
-    let _ = store
-        .lease_call(&lease.id, &hash, &done, Millis::now())
-        .await;
+    call(state, &lease, &hash, done).await;
+}
+
+/// A lease call, counted and logged as the service's own; whether it succeeded.
+async fn call(state: &AppState, lease: &crate::store::Lease, hash: &str, call: LeaseCall) -> bool {
+    match state
+        .store()
+        .lease_call(&lease.id, hash, &call, Millis::now())
+        .await
+    {
+        Ok((lease, job)) => {
+            state.lease_called(&call, &lease, &job);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 async fn trickle_jobs(state: AppState) {
