@@ -1,8 +1,12 @@
 //! The running service's shared state: the store, the settings, the secrets, the shutdown
-//! signal. Cheap to clone; every handler gets one.
+//! signal. Cheap to clone; every handler gets one. What the service does beside a store call
+//! whichever path made it (counting and logging a grant, a lease call, a revocation) lives
+//! here too, so that the HTTP handlers and the demo's simulated runners show alike.
 
 use crate::domain::attestation::AttestationRules;
 use crate::domain::ids::RunnerId;
+use crate::domain::job::Job;
+use crate::domain::lease::{Lease, LeaseCall};
 use crate::domain::runner::Runner;
 use crate::domain::runner::StatusRules;
 use crate::domain::time::Millis;
@@ -190,6 +194,25 @@ impl AppState {
         }
         tracing::info!(runner_id = %id, leases_ended = ended.len(), "runner revoked");
         Ok(Some(runner))
+    }
+
+    /// A granted lease, counted and logged here whichever path granted it (a lease request,
+    /// its long poll, or the demo's simulated runners), so that every grant shows alike in
+    /// the metrics and the logs.
+    pub fn lease_granted(&self, lease: &Lease, job: &Job) {
+        self.metrics().granted(lease.pool.as_str());
+        tracing::info!(runner_id = %lease.runner_id, pool = %lease.pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
+    }
+
+    /// A lease call that succeeded, counted and logged (as `lease_granted`, for every path).
+    pub fn lease_called(&self, call: &LeaseCall, lease: &Lease, job: &Job) {
+        let metrics = self.metrics();
+        match call {
+            LeaseCall::Start { .. } => metrics.attempt_used(lease.pool.as_str()),
+            LeaseCall::Abandon { .. } => metrics.returned(lease.pool.as_str(), "abandoned"),
+            LeaseCall::Extend { .. } | LeaseCall::Complete { .. } => {}
+        }
+        tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
     }
 
     pub fn forge_gate(&self) -> Option<&crate::forge_gate::ForgeGate> {

@@ -300,6 +300,11 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_ROLL_STALLED_SHARE", default_value_t = 0.5)]
     pub roll_stalled_share: f64,
 
+    /// SQLite: whether each commit waits for the disk.
+    #[arg(long, env = "LEASEGATE_SQLITE_SYNCHRONOUS", value_enum, ignore_case = true,
+        default_value_t = crate::store::sqlite::Synchronous::Normal)]
+    pub sqlite_synchronous: crate::store::sqlite::Synchronous,
+
     /// Log format.
     #[arg(long, env = "LEASEGATE_LOG_FORMAT", value_enum, default_value_t = LogFormat::Human)]
     pub log_format: LogFormat,

@@ -16,7 +16,6 @@ use crate::domain::time::Millis;
 use crate::gate::Purpose;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, NewJob, NewRunner};
-use anyhow::Context;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -45,14 +44,14 @@ struct SimRunner {
 }
 
 pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+    // As `serve`: every setting checked and the addresses taken before anything is written.
+    args.validate()?;
+    let listeners = crate::startup::bind(&args).await?;
     let dir = tempfile_dir()?;
     args.database_url = format!("sqlite://{}", dir.join("demo.db").display());
     let shutdown = CancellationToken::new();
     let state = crate::server::prepare(&args, shutdown.clone()).await?;
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let addr = listener.local_addr()?;
+    let addr = listeners.api.local_addr()?;
     let runners = seed(&state).await?;
     let admin = &state.secrets().admin;
     println!("leasegate demo: the runner-health page is at http://{addr}/admin");
@@ -70,7 +69,7 @@ pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     }
     tokio::spawn(trickle_jobs(state.clone()));
     tokio::spawn(crate::server::cancel_on_signal(shutdown));
-    crate::server::run(listener, state).await?;
+    crate::server::run_on(listeners, state).await?;
     std::fs::remove_dir_all(&dir).ok();
     Ok(())
 }
@@ -232,19 +231,16 @@ async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
         ttl_s: state.settings().lease_ttl_s,
         now: Millis::now(),
     };
-    let Ok(Some((lease, _))) = state.store().claim_job(&claim).await else {
+    let Ok(Some((lease, job))) = state.store().claim_job(&claim).await else {
         return;
     };
+    // Counted and logged as the service's own lease path does.
+    state.lease_granted(&lease, &job);
     let hash = hash_token(&token);
-    let store = state.store();
     let start = LeaseCall::Start {
         ttl_s: state.settings().lease_ttl_s,
     };
-    if store
-        .lease_call(&lease.id, &hash, &start, Millis::now())
-        .await
-        .is_err()
-    {
+    if !call(state, &lease, &hash, start).await {
         return;
     }
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -253,9 +249,22 @@ async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
         exit_code: Some(0),
         message: None,
     };
-    let _ = store
-        .lease_call(&lease.id, &hash, &done, Millis::now())
-        .await;
+    call(state, &lease, &hash, done).await;
+}
+
+/// A lease call, counted and logged as the service's own; whether it succeeded.
+async fn call(state: &AppState, lease: &crate::store::Lease, hash: &str, call: LeaseCall) -> bool {
+    match state
+        .store()
+        .lease_call(&lease.id, hash, &call, Millis::now())
+        .await
+    {
+        Ok((lease, job)) => {
+            state.lease_called(&call, &lease, &job);
+            true
+        }
+        Err(_) => false,
+    }
 }
 
 async fn trickle_jobs(state: AppState) {

@@ -13,6 +13,8 @@
 //!   the background resolver.
 //! - [`server`], [`sweeper`], [`retention`], [`timeline`]: starting, stopping, housekeeping,
 //!   pruning, and sampling pools for the page's timelines.
+//! - [`startup`], [`usage`], [`logging`]: what a start checks before it writes anything, and
+//!   errors that name a setting as the user set it (variable or flag).
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
 #![forbid(unsafe_code)]
@@ -26,12 +28,15 @@ pub mod domain;
 pub mod forge_gate;
 pub mod gate;
 pub mod http;
+pub mod logging;
 pub mod metrics;
 pub mod registry;
 pub mod retention;
 pub mod secrets;
 pub mod server;
+pub mod startup;
 pub mod store;
 pub mod sweeper;
 pub mod timeline;
+pub mod usage;
 pub mod verifier;

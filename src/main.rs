@@ -1,10 +1,11 @@
 //! The `leasegate` binary: parse the command line, start logging, hand over to the library.
 #![forbid(unsafe_code)]
 
-use clap::Parser;
+use clap::{CommandFactory, FromArgMatches};
 use leasegate::config::{Cli, Command, LogFormat};
-use std::io::IsTerminal;
-use tracing_subscriber::EnvFilter;
+use leasegate::usage::Spelling;
+use std::ffi::OsString;
+use std::process::ExitCode;
 
 // The system allocator under `--features system-allocator`, so that heap profilers which
 // intercept malloc (heaptrack, valgrind's massif) see every allocation.
@@ -12,69 +13,64 @@ use tracing_subscriber::EnvFilter;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
-fn init_tracing(format: LogFormat) {
-    init_tracing_with(format, "info,tower_http=warn,sqlx=warn");
+/// Usage errors exit 64 (`EX_USAGE`) rather than clap's 2, which `leasegate runner lease`
+/// uses for "no job".
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("{message}");
+    ExitCode::from(leasegate::agent::exit::USAGE)
 }
 
-/// Logging to stderr, filtered by `RUST_LOG` or else `default_filter`.
-fn init_tracing_with(format: LogFormat, default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour only on a terminal: journald and log files would keep the escape codes.
-        .with_ansi(std::io::stderr().is_terminal());
-    match format {
-        LogFormat::Human => builder.init(),
-        LogFormat::Json => builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
-            .init(),
+/// A clap error: help and version are not errors; a bad value from the environment is named
+/// by its variable.
+fn clap_error(cmd: &clap::Command, e: clap::Error, args: &[OsString]) -> ExitCode {
+    if !e.use_stderr() {
+        let _ = e.print();
+        return ExitCode::SUCCESS;
+    }
+    match leasegate::usage::env_error(cmd, &e, args) {
+        Some(message) => usage_error(message.trim_end()),
+        None => {
+            let _ = e.print();
+            ExitCode::from(leasegate::agent::exit::USAGE)
+        }
     }
 }
 
 #[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let cli = match Cli::try_parse() {
-        Ok(cli) => cli,
-        Err(e) => {
-            let _ = e.print();
-            // --help and --version are not errors. Usage errors exit 64 (EX_USAGE) rather than
-            // clap's 2, which `leasegate runner lease` uses for "no job".
-            return if e.use_stderr() {
-                std::process::ExitCode::from(leasegate::agent::exit::USAGE)
-            } else {
-                std::process::ExitCode::SUCCESS
-            };
-        }
+async fn main() -> ExitCode {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let cmd = Cli::command();
+    let matches = match cmd.clone().try_get_matches_from(&args) {
+        Ok(m) => m,
+        Err(e) => return clap_error(&cmd, e, &args),
     };
+    let cli = match Cli::from_arg_matches(&matches) {
+        Ok(cli) => cli,
+        Err(e) => return clap_error(&cmd, e, &args),
+    };
+    let spelling = Spelling::of(&cmd, &matches);
+    let (log_format, default_filter) = match &cli.command {
+        Command::Serve(args) | Command::Demo(args) => {
+            (args.log_format, leasegate::logging::DEFAULT_FILTER)
+        }
+        // The service runs in-process: its per-request info lines would be measured too.
+        Command::Bench(_) => (LogFormat::Human, "warn"),
+        Command::Runner(args) => (args.log_format, leasegate::logging::DEFAULT_FILTER),
+    };
+    if let Err(e) = leasegate::logging::init(log_format, default_filter) {
+        return usage_error(&format!("leasegate: {e}"));
+    }
     let result = match cli.command {
-        Command::Serve(args) => {
-            init_tracing(args.log_format);
-            leasegate::server::serve(args).await
-        }
-        Command::Demo(args) => {
-            init_tracing(args.log_format);
-            leasegate::demo::run(args).await
-        }
-        Command::Bench(args) => {
-            // The service runs in-process: its per-request info lines would be measured too.
-            init_tracing_with(LogFormat::Human, "warn");
-            leasegate::bench::run(args).await.map(|_| ())
-        }
-        Command::Runner(args) => {
-            init_tracing(args.log_format);
-            return leasegate::agent::commands::run(args).await.into();
-        }
+        Command::Serve(args) => leasegate::server::serve(args).await,
+        Command::Demo(args) => leasegate::demo::run(args).await,
+        Command::Bench(args) => leasegate::bench::run(args).await.map(|_| ()),
+        Command::Runner(args) => return leasegate::agent::commands::run(args).await.into(),
     };
     match result {
-        Ok(()) => std::process::ExitCode::SUCCESS,
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("leasegate: {e:#}");
-            std::process::ExitCode::FAILURE
+            eprintln!("leasegate: {}", spelling.apply(&format!("{e:#}")));
+            ExitCode::FAILURE
         }
     }
 }

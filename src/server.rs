@@ -1,8 +1,10 @@
 //! Starting and stopping the service: configuration to settings, secrets, store, listener,
 //! sweeper and registry resolver, and a graceful shutdown on SIGTERM or Ctrl-C.
 //!
-//! `run(listener, state, shutdown)` takes its listener and shutdown signal from the caller, so
-//! that tests and `demo` start the real service on port 0 and stop it when they like.
+//! `serve` checks and binds first (`startup`), and only then writes: the secrets, the store.
+//! `prepare` and `run(listener, state)` take the listener and the shutdown signal from the
+//! caller, so that tests, the bench and `demo` start the real service on port 0 and stop it
+//! when they like.
 
 use crate::app::{AppState, Secrets, Settings};
 use crate::config::ServeArgs;
@@ -213,10 +215,21 @@ pub fn load_secrets(args: &ServeArgs) -> anyhow::Result<Secrets> {
     })
 }
 
-/// Opens the store, builds the state: everything `serve` does before it listens.
+/// Checks the configuration, then loads the secrets and opens the store: everything `serve`
+/// does before it listens, for callers (`demo`, tests, the bench) that bring their own
+/// listener.
 pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::Result<AppState> {
-    args.validate()?;
-    let database_url = DatabaseUrl::parse(&args.database_url)?;
+    let database_url = crate::startup::check(args)?;
+    open(args, &database_url, shutdown).await
+}
+
+/// What a start writes, once `startup::check` has passed: the secrets (generated if need be)
+/// and the store (created and migrated if need be).
+async fn open(
+    args: &ServeArgs,
+    database_url: &DatabaseUrl,
+    shutdown: CancellationToken,
+) -> anyhow::Result<AppState> {
     let registry = Registry::new(args.registry_settings()?).context(
         "setting up the registry client (LEASEGATE_REGISTRY_AUTH_FILE, LEASEGATE_REGISTRY_AUTH)",
     )?;
@@ -233,15 +246,15 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
         }
         None => None,
     };
-    // After every setting is checked, so that a bad one leaves no generated token behind.
+    let settings = Settings::from_args(args)?;
     let secrets = load_secrets(args)?;
-    let store: DynStore = store::open(&database_url, &args.pg_settings())
+    let store: DynStore = store::open(database_url, &args.pg_settings(), args.sqlite_synchronous)
         .await
         .with_context(|| format!("opening the database {}", redact(&args.database_url)))?;
     tracing::info!(engine = store.engine(), "database ready");
     Ok(AppState::new(
         store,
-        Settings::from_args(args)?,
+        settings,
         secrets,
         Arc::new(registry),
         forge_gate,
@@ -249,19 +262,25 @@ pub async fn prepare(args: &ServeArgs, shutdown: CancellationToken) -> anyhow::R
     ))
 }
 
-/// Serves `state` on `listener` until `shutdown` is cancelled, then drains and returns.
+/// Serves `state` on `listener` until `shutdown` is cancelled, then drains and returns; binds
+/// `LEASEGATE_METRICS_LISTEN` itself, if set.
 pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
-    let shutdown = state.shutdown().clone();
-    let settings = state.settings().listener.clone();
-    // Bound before anything runs, so that a taken address stops the start.
-    let metrics_listener = match state.settings().metrics_listen {
-        Some(addr) => Some(
-            TcpListener::bind(addr)
-                .await
-                .with_context(|| format!("binding LEASEGATE_METRICS_LISTEN {addr}"))?,
-        ),
+    let metrics = match state.settings().metrics_listen {
+        Some(addr) => Some(crate::startup::listen("LEASEGATE_METRICS_LISTEN", addr).await?),
         None => None,
     };
+    let listeners = crate::startup::Listeners {
+        api: listener,
+        metrics,
+    };
+    run_on(listeners, state).await
+}
+
+/// Serves `state` on listeners bound beforehand (`startup::bind`) until `shutdown` is
+/// cancelled, then drains and returns.
+pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> anyhow::Result<()> {
+    let shutdown = state.shutdown().clone();
+    let settings = state.settings().listener.clone();
     let sweeper = tokio::spawn(crate::sweeper::run(
         state.store().clone(),
         state.metrics().clone(),
@@ -281,7 +300,7 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
             shutdown.clone(),
         ))
     });
-    let metrics_server = match metrics_listener {
+    let metrics_server = match listeners.metrics {
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "metrics listening");
             Some(tokio::spawn(crate::http::listener::serve(
@@ -295,7 +314,7 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
         None => None,
     };
     crate::http::listener::serve(
-        listener,
+        listeners.api,
         crate::http::router(state.clone()),
         settings,
         state.metrics().clone(),
@@ -317,15 +336,15 @@ pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `leasegate serve`.
+/// `leasegate serve`: everything is checked and the listeners are bound before anything is
+/// written, so that a start that cannot succeed leaves no token or database behind.
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     crate::config::raise_file_limit();
+    let database_url = crate::startup::check(&args)?;
+    let listeners = crate::startup::bind(&args).await?;
     let shutdown = CancellationToken::new();
-    let state = prepare(&args, shutdown.clone()).await?;
-    let listener = TcpListener::bind(args.listen)
-        .await
-        .with_context(|| format!("binding {}", args.listen))?;
-    let addr = listener.local_addr()?;
+    let state = open(&args, &database_url, shutdown.clone()).await?;
+    let addr = listeners.api.local_addr()?;
     let caps = &state.settings().listener.caps;
     tracing::info!(
         %addr,
@@ -334,7 +353,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         "listening"
     );
     tokio::spawn(cancel_on_signal(shutdown));
-    run(listener, state).await?;
+    run_on(listeners, state).await?;
     tracing::info!("stopped");
     Ok(())
 }

@@ -1,10 +1,12 @@
 //! `leasegate demo` as a newcomer runs it: within seconds the page tells the story of a
-//! broken runner, a superseded image and a stale runner, all labelled simulated.
+//! broken runner, a superseded image and a stale runner, all labelled simulated, and its
+//! metrics and logs show the simulated runners' leases as `serve` shows any runner's.
 
 use reqwest::StatusCode;
 use std::process::Stdio;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_the_whole_story_on_the_page() {
@@ -27,11 +29,29 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
         )
         // Faster staleness than the default, so the test need not wait 45 s.
         .env("LEASEGATE_HEARTBEAT_INTERVAL_S", "2")
+        .env_remove("RUST_LOG")
+        .env_remove("LEASEGATE_METRICS_TOKEN")
+        .env_remove("LEASEGATE_METRICS_LISTEN")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .kill_on_drop(true)
         .spawn()
         .unwrap();
+    // Read as it comes, so that the demo never waits on a full pipe.
+    let log = Arc::new(Mutex::new(String::new()));
+    let mut stderr = child.stderr.take().unwrap();
+    let reading = log.clone();
+    tokio::spawn(async move {
+        let mut chunk = [0u8; 4096];
+        while let Ok(n) = stderr.read(&mut chunk).await
+            && n > 0
+        {
+            reading
+                .lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&chunk[..n]));
+        }
+    });
     let mut lines = BufReader::new(child.stdout.take().unwrap()).lines();
     let mut printed = String::new();
     while let Ok(Some(line)) = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
@@ -70,7 +90,19 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
             "data-status=\"stale\"",
             "simulated",
         ];
-        if story.iter().all(|s| seen.contains(s)) {
+        let metrics = client
+            .get(format!("http://127.0.0.1:{port}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let granted = metrics
+            .lines()
+            .any(|l| l.starts_with("leasegate_leases_granted_total{") && !l.ends_with(" 0"));
+        let logged = log.lock().unwrap().contains("lease granted");
+        if story.iter().all(|s| seen.contains(s)) && granted && logged {
             let mut runners = 0;
             for line in seen.lines().filter(|l| l.contains("class=\"runner\"")) {
                 runners += 1;
@@ -97,5 +129,9 @@ async fn the_demo_shows_the_whole_story_on_the_page() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    panic!("the demo did not tell the whole story in time: {seen}");
+    panic!(
+        "the demo did not tell the whole story in time (leasegate_leases_granted_total and \
+         `lease granted` in its log included): {seen}\n{}",
+        log.lock().unwrap()
+    );
 }

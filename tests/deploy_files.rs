@@ -245,8 +245,8 @@ fn the_environment_file_documents_every_setting_with_its_default() {
         .map(String::as_str)
         .filter(|k| !documented.contains_key(k))
         .collect();
-    // Read outside the flags: by the SQLite engine, and by the log filter.
-    for extra in ["LEASEGATE_SQLITE_SYNCHRONOUS", "RUST_LOG"] {
+    // Read outside the flags: by the log filter.
+    for extra in ["RUST_LOG"] {
         if !documented.contains_key(extra) {
             missing.push(extra);
         }

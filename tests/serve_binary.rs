@@ -2,35 +2,13 @@
 
 mod common;
 
+use common::binary::*;
 use common::*;
 use reqwest::StatusCode;
 use serde_json::json;
 use std::os::unix::fs::PermissionsExt;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncReadExt;
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn serve(dir: &std::path::Path, port: u16) -> tokio::process::Command {
-    let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasegate"));
-    cmd.arg("serve")
-        .env_remove("DATABASE_URL")
-        .env_remove("LEASEGATE_ADMIN_TOKEN")
-        .env_remove("LEASEGATE_FORGE_TOKEN")
-        .env("LEASEGATE_LISTEN", format!("127.0.0.1:{port}"))
-        .current_dir(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true);
-    cmd
-}
 
 /// Registers runner `r1` in pool `linux` of the service at `base`, over HTTP.
 async fn register_runner(client: &reqwest::Client, base: &str, admin: &str) -> TestRunner {
@@ -62,31 +40,6 @@ async fn register_runner(client: &reqwest::Client, base: &str, admin: &str) -> T
         pool: "linux".into(),
         key,
     }
-}
-
-async fn wait_ready(base: &str) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while Instant::now() < deadline {
-        if let Ok(r) = reqwest::get(format!("{base}/readyz")).await
-            && r.status() == StatusCode::OK
-        {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("leasegate serve did not become ready");
-}
-
-async fn sigterm(child: &mut tokio::process::Child) -> std::process::ExitStatus {
-    let pid = child.id().unwrap().to_string();
-    std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    tokio::time::timeout(Duration::from_secs(10), child.wait())
-        .await
-        .expect("exits after SIGTERM")
-        .unwrap()
 }
 
 #[tokio::test]
@@ -313,8 +266,14 @@ async fn a_second_serve_on_one_sqlite_file_refuses_to_start_and_says_why() {
     let port = free_port();
     let mut first = serve(dir.path(), port).spawn().unwrap();
     wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    let files = files_in(dir.path());
     let out = serve(dir.path(), free_port()).output().await.unwrap();
     assert!(!out.status.success());
+    assert_eq!(
+        files_in(dir.path()),
+        files,
+        "the second start writes nothing"
+    );
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("another leasegate process is serving the SQLite database"),

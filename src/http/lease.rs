@@ -194,9 +194,8 @@ async fn wait_for_job(
 
 /// The answer to a granted lease, counted and logged.
 fn granted(state: &AppState, token: String, lease: Lease, job: Job) -> Response {
-    state.metrics().granted(lease.pool.as_str());
     record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
-    tracing::info!(runner_id = %lease.runner_id, pool = %lease.pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
+    state.lease_granted(&lease, &job);
     Json(json!({
         "lease_id": lease.id,
         "lease_token": token,
@@ -233,17 +232,11 @@ async fn run_call(
             .await?)
     })
     .await?;
-    let metrics = state.metrics();
-    match call {
-        LeaseCall::Start { .. } => metrics.attempt_used(lease.pool.as_str()),
-        LeaseCall::Abandon { .. } => metrics.returned(lease.pool.as_str(), "abandoned"),
-        LeaseCall::Extend { .. } | LeaseCall::Complete { .. } => {}
-    }
     let span = tracing::Span::current();
     span.record("runner_id", tracing::field::display(&lease.runner_id));
     span.record("pool", tracing::field::display(&lease.pool));
     record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
-    tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
+    state.lease_called(&call, &lease, &job);
     Ok(Json(views::lease(&lease, &job)))
 }
 

@@ -11,6 +11,8 @@
 pub mod engine;
 mod gated;
 mod group_commit;
+pub mod location;
+mod pg_connect;
 pub mod postgres;
 pub mod retry;
 pub mod signal;
@@ -646,13 +648,17 @@ impl DatabaseUrl {
 }
 
 /// Opens the store that `url` names, migrated, behind group commit and the gate's cache.
-pub async fn open(url: &DatabaseUrl, pg: &postgres::PgSettings) -> anyhow::Result<DynStore> {
+pub async fn open(
+    url: &DatabaseUrl,
+    pg: &postgres::PgSettings,
+    sync: sqlite::Synchronous,
+) -> anyhow::Result<DynStore> {
     Ok(match url {
         DatabaseUrl::Sqlite(path) => {
             // Wake-ups are not lost in one process, but one may be swallowed by a waiter that
             // was cordoned while it waited: re-check now and then all the same.
             let held = gated::Held::new(JobSignal::with_recheck(sqlite::RECHECK_INTERVAL));
-            let engine = sqlite::SqliteEngine::open(path, sqlite::Synchronous::from_env()?)?;
+            let engine = sqlite::SqliteEngine::open(path, sync)?;
             // One writer: a second round could only wait for the first.
             Arc::new(gated::GatedStore::new(Arc::new(engine), held, 1))
         }

@@ -108,7 +108,13 @@ impl PgEngine {
 
     async fn pool(url: &str, settings: &PgSettings) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
-        let options = PgConnectOptions::from_str(url)?
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| {
+                anyhow::anyhow!(
+                    "DATABASE_URL: {e}; write postgres://USER[:PASSWORD]@HOST[:PORT]/DATABASE \
+                     (through a unix socket: postgres://USER@localhost/DATABASE?host=/run/postgresql)"
+                )
+            })?
             .application_name("leasegate")
             // Room for the rounds' statements in each of their sizes (`sql::chunks`).
             .statement_cache_capacity(256)
@@ -116,6 +122,8 @@ impl PgEngine {
                 ("statement_timeout", timeout_ms.as_str()),
                 ("lock_timeout", timeout_ms.as_str()),
             ]);
+        // Alone first, so that a failure says why rather than "pool timed out".
+        super::pg_connect::first_connection(&options, settings.acquire_timeout).await?;
         Ok(PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)

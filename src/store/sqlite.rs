@@ -54,27 +54,20 @@ pub struct SqliteEngine {
     spills: Arc<SpillIndex>,
 }
 
-/// Whether commits wait for the disk (`LEASEGATE_SQLITE_SYNCHRONOUS`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Whether commits wait for the disk (`LEASEGATE_SQLITE_SYNCHRONOUS`, a setting of `serve`).
+/// Written in capitals as SQLite's own PRAGMA values are, and accepted in any case.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum Synchronous {
+    /// Survives a crash of the process; the last commits may be lost on power loss.
+    #[default]
+    #[value(name = "NORMAL")]
     Normal,
+    /// Survives power loss too, at the cost of an fsync per commit.
+    #[value(name = "FULL")]
     Full,
 }
 
 impl Synchronous {
-    /// `LEASEGATE_SQLITE_SYNCHRONOUS`: `NORMAL` (the default) or `FULL`.
-    pub fn from_env() -> anyhow::Result<Self> {
-        const VAR: &str = "LEASEGATE_SQLITE_SYNCHRONOUS";
-        let Some(value) = std::env::var_os(VAR) else {
-            return Ok(Synchronous::Normal);
-        };
-        match value.to_string_lossy().to_ascii_uppercase().as_str() {
-            "NORMAL" => Ok(Synchronous::Normal),
-            "FULL" => Ok(Synchronous::Full),
-            _ => anyhow::bail!("{VAR} must be NORMAL or FULL, not {value:?}"),
-        }
-    }
-
     fn pragma(self) -> &'static str {
         match self {
             Synchronous::Normal => "NORMAL",
@@ -169,6 +162,15 @@ impl SqliteEngine {
     pub fn open(path: &Path, sync: Synchronous) -> anyhow::Result<Self> {
         let lock = lock(path)?;
         let mut first = connection(path, false, sync)?;
+        // SQLite falls back to read-only where it cannot write, and says so only at the first
+        // write; `location::check` has usually said it already, before anything was written.
+        if first.is_readonly(rusqlite::MAIN_DB)? {
+            anyhow::bail!(
+                "the SQLite database {} opened read-only; make it and its directory writable \
+                 by the user leasegate runs as",
+                path.display()
+            );
+        }
         migrate(&mut first)?;
         let (_, loaded) = transaction(
             first,

@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_macros, unused_imports)]
 
 pub mod agent;
+pub mod binary;
 pub mod forges;
 pub mod oci;
 pub mod pg;
@@ -164,6 +165,7 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         registry_timeout_s: 10,
         resolver_failure_threshold: 3,
         roll_stalled_share: 0.5,
+        sqlite_synchronous: leasegate::store::sqlite::Synchronous::Normal,
         log_format: LogFormat::Human,
     }
 }

@@ -1,0 +1,173 @@
+//! Settings named as the user set them: by the variable when its value came from the
+//! environment, by the flag when it came from the command line.
+//!
+//! Every setting is both (`LEASEGATE_LISTEN` and `--listen`). clap names the flag whatever the
+//! source, so a bad `LEASEGATE_LISTEN` in a systemd environment file read "invalid value for
+//! '--listen <LISTEN>'", a flag nobody typed. The service's own checks name the variable,
+//! which is as wrong for someone who typed the flag. One mechanism covers both, for every
+//! setting: `env_error` rewords clap's errors, `Spelling` the service's.
+
+use clap::error::{ContextKind, ContextValue};
+use clap::parser::ValueSource;
+use clap::{Arg, ArgMatches, Command};
+use std::ffi::OsString;
+
+/// clap's error `err` reworded to name the variable, when the value at fault came from the
+/// environment; `None` when the flag was typed, and clap's own words are right.
+pub fn env_error(cmd: &Command, err: &clap::Error, args: &[OsString]) -> Option<String> {
+    let Some(ContextValue::String(shown)) = err.get(ContextKind::InvalidArg) else {
+        return None;
+    };
+    // Built, as the parser built its own copy: an argument shows as `--listen <LISTEN>` only
+    // once its command is.
+    let mut cmd = cmd.clone();
+    cmd.build();
+    let arg = all_args(&cmd)
+        .into_iter()
+        .find(|a| a.get_env().is_some() && a.to_string() == *shown)?;
+    if typed(args, arg) {
+        return None;
+    }
+    let var = arg.get_env()?.to_string_lossy();
+    let text = err.render().to_string();
+    let reworded = text.replace(&format!("'{shown}'"), &var);
+    (reworded != text).then_some(reworded)
+}
+
+/// Every argument of `cmd` and of its subcommands, however deep.
+fn all_args(cmd: &Command) -> Vec<&Arg> {
+    let mut args: Vec<&Arg> = cmd.get_arguments().collect();
+    for sub in cmd.get_subcommands() {
+        args.extend(all_args(sub));
+    }
+    args
+}
+
+/// Whether `arg`'s flag is on the command line (before a `--`).
+fn typed(args: &[OsString], arg: &Arg) -> bool {
+    let long = arg.get_long().map(|l| format!("--{l}"));
+    let short = arg.get_short().map(|s| format!("-{s}"));
+    args.iter()
+        .skip(1)
+        .map(|a| a.to_string_lossy())
+        .take_while(|a| a != "--")
+        .any(|a| {
+            long.as_ref()
+                .is_some_and(|l| a == *l || a.starts_with(&format!("{l}=")))
+                || short.as_ref().is_some_and(|s| a.starts_with(s.as_str()))
+        })
+}
+
+/// The settings this command line gave as flags: each one's variable and its flag.
+#[derive(Debug, Default)]
+pub struct Spelling {
+    flags: Vec<(String, String)>,
+}
+
+impl Spelling {
+    /// What `matches` (parsed by `cmd`) took from the command line, down its subcommands.
+    pub fn of(cmd: &Command, matches: &ArgMatches) -> Spelling {
+        let mut flags = Vec::new();
+        let (mut cmd, mut matches) = (cmd, matches);
+        loop {
+            for arg in cmd.get_arguments() {
+                let (Some(var), Some(long)) = (arg.get_env(), arg.get_long()) else {
+                    continue;
+                };
+                if matches.value_source(arg.get_id().as_str()) == Some(ValueSource::CommandLine) {
+                    flags.push((var.to_string_lossy().into_owned(), format!("--{long}")));
+                }
+            }
+            let Some((name, sub)) = matches.subcommand() else {
+                break;
+            };
+            let Some(sub_cmd) = cmd.find_subcommand(name) else {
+                break;
+            };
+            (cmd, matches) = (sub_cmd, sub);
+        }
+        Spelling { flags }
+    }
+
+    /// `message` with every variable that was given as a flag named as that flag. Only whole
+    /// names are replaced: `LEASEGATE_ADMIN_TOKEN` is not a part of `…_TOKEN_FILE`.
+    pub fn apply(&self, message: &str) -> String {
+        let mut out = message.to_string();
+        for (var, flag) in &self.flags {
+            out = replace_word(&out, var, flag);
+        }
+        out
+    }
+}
+
+fn replace_word(text: &str, word: &str, with: &str) -> String {
+    let is_name = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(at) = rest.find(word) {
+        let before = rest[..at].chars().next_back();
+        let after = rest[at + word.len()..].chars().next();
+        out.push_str(&rest[..at]);
+        if before.is_some_and(is_name) || after.is_some_and(is_name) {
+            out.push_str(word);
+        } else {
+            out.push_str(with);
+        }
+        rest = &rest[at + word.len()..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_is_named_by_its_variable() {
+        let cmd = crate::config::Cli::command();
+        let args = os(&["leasegate", "serve", "--listen", "nowhere"]);
+        let typed = cmd.clone().try_get_matches_from(&args).unwrap_err();
+        assert!(typed.to_string().contains("'--listen <LISTEN>'"), "{typed}");
+        assert_eq!(env_error(&cmd, &typed, &args), None, "typed: clap's words");
+        // As if from the environment: the same error, with no flag on the command line.
+        let args = os(&["leasegate", "serve"]);
+        let reworded = env_error(&cmd, &typed, &args).unwrap();
+        assert!(
+            reworded.contains("invalid value 'nowhere' for LEASEGATE_LISTEN:"),
+            "{reworded}"
+        );
+    }
+
+    #[test]
+    fn the_services_messages_name_the_flags_that_were_typed() {
+        let cmd = crate::config::Cli::command();
+        let args = os(&[
+            "leasegate",
+            "serve",
+            "--lease-ttl-s",
+            "0",
+            "--admin-token-file=x",
+        ]);
+        let matches = cmd.clone().try_get_matches_from(&args).unwrap();
+        let spelling = Spelling::of(&cmd, &matches);
+        assert_eq!(
+            spelling.apply("LEASEGATE_LEASE_TTL_S must be positive, got 0"),
+            "--lease-ttl-s must be positive, got 0"
+        );
+        assert_eq!(
+            spelling.apply("set LEASEGATE_ADMIN_TOKEN or LEASEGATE_ADMIN_TOKEN_FILE"),
+            "set LEASEGATE_ADMIN_TOKEN or --admin-token-file"
+        );
+        assert_eq!(
+            spelling.apply("LEASEGATE_LISTEN 127.0.0.1:8080: address in use"),
+            "LEASEGATE_LISTEN 127.0.0.1:8080: address in use",
+            "not typed: the variable"
+        );
+    }
+}
