@@ -26,6 +26,12 @@ const CURRENT_IMAGE: &str =
     "sha256:2f1c9b0e7d4a3c5b6e8f9a0b1c2d3e4f5a6b7c8d9e0f1a2b3c4d5e6f7a8b9c0d";
 const SUPERSEDED_IMAGE: &str =
     "sha256:9e8d7c6b5a4f3e2d1c0b9a8f7e6d5c4b3a2f1e0d9c8b7a6f5e4d3c2b1a0f9e8d";
+/// The second pool's image: two pools, two images, each runner judged against its own.
+const ARM_IMAGE: &str = "sha256:4a7c1e9d3b5f2a8c6e0d4b2f9a1c7e5d3b8f6a2c0e4d9b7f5a3c1e8d6b4f2a0c";
+const LINUX_POOL: &str = "linux-x86_64";
+const ARM_POOL: &str = "linux-arm64";
+/// How far ahead the clock-ahead runner's clock is.
+const CLOCK_AHEAD_S: i64 = 600;
 
 /// How a simulated runner behaves.
 #[derive(Clone, Copy)]
@@ -35,10 +41,15 @@ enum Behaviour {
     Superseded,
     /// Healthy for a while, then silent.
     GoesStale,
+    /// Healthy, but its clock is ten minutes fast: every attestation is refused `clock_skew`.
+    ClockAhead,
+    /// Healthy in the second pool, on that pool's image.
+    OtherPool,
 }
 
 struct SimRunner {
     id: RunnerId,
+    name: String,
     key: RunnerKey,
     behaviour: Behaviour,
 }
@@ -83,7 +94,7 @@ fn tempfile_dir() -> anyhow::Result<std::path::PathBuf> {
 async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
     let now = Millis::now();
     let store = state.store();
-    let pool = PoolName::parse("linux-x86_64")?;
+    let pool = PoolName::parse(LINUX_POOL)?;
     let spec = PoolSpec {
         image_ref: Some("registry.example/ci/runner:stable".into()),
         expected_image_ids: vec![ImageDigest::parse(SUPERSEDED_IMAGE)?],
@@ -119,6 +130,20 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         .put_pool(&pool, rolled, now, &audit(Action::PoolPut, pool.as_str()))
         .await?;
 
+    let arm = PoolName::parse(ARM_POOL)?;
+    let arm_spec = PoolSpec {
+        image_ref: Some("registry.example/ci/runner-arm64:stable".into()),
+        expected_image_ids: vec![ImageDigest::parse(ARM_IMAGE)?],
+        image_policy: ImagePolicy::Enforce,
+        image_source: ImageSource::Manual,
+        gate_mode: GateMode::Enforce,
+        drift_grace_s: 900,
+        resolve_interval_s: 300,
+    };
+    store
+        .put_pool(&arm, arm_spec, now, &audit(Action::PoolPut, arm.as_str()))
+        .await?;
+
     let mut runners = Vec::new();
     let plan = [
         ("simulated-healthy-1", Behaviour::Healthy),
@@ -126,8 +151,14 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         ("simulated-no-crun", Behaviour::MissingCrun),
         ("simulated-superseded-image", Behaviour::Superseded),
         ("simulated-goes-stale", Behaviour::GoesStale),
+        ("simulated-clock-ahead", Behaviour::ClockAhead),
+        ("simulated-arm-1", Behaviour::OtherPool),
     ];
     for (name, behaviour) in plan {
+        let pool = match behaviour {
+            Behaviour::OtherPool => arm.clone(),
+            _ => pool.clone(),
+        };
         let token = generate_token("lgr_");
         store
             .create_registration_token(
@@ -150,6 +181,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         let runner = store.register_runner(&hash_token(&token), new, now).await?;
         runners.push(SimRunner {
             id: runner.id,
+            name: runner.name,
             key,
             behaviour,
         });
@@ -158,9 +190,15 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
 }
 
 fn attestation(runner: &SimRunner, audience: &str) -> String {
-    let now = Millis::now().0 / 1000;
+    let mut now = Millis::now().0 / 1000;
+    if matches!(runner.behaviour, Behaviour::ClockAhead) {
+        now += CLOCK_AHEAD_S;
+    }
     let (ok, error, image) = match runner.behaviour {
-        Behaviour::Healthy | Behaviour::GoesStale => (true, None, CURRENT_IMAGE),
+        Behaviour::Healthy | Behaviour::GoesStale | Behaviour::ClockAhead => {
+            (true, None, CURRENT_IMAGE)
+        }
+        Behaviour::OtherPool => (true, None, ARM_IMAGE),
         Behaviour::MissingCrun => (
             false,
             Some("default OCI runtime \"crun\" not found: invalid argument"),
@@ -174,7 +212,8 @@ fn attestation(runner: &SimRunner, audience: &str) -> String {
         "probe": {"ok": ok, "runtime": "podman", "runtime_version": "4.3.1", "checked_at": now,
                   "error": error, "exit_code": if ok { None } else { Some(125) }},
         "image": {"id": image, "ref": "registry.example/ci/runner:stable"},
-        "agent": {"name": "leasegate-demo", "version": env!("CARGO_PKG_VERSION"), "hostname": "simulated"},
+        "agent": {"name": "leasegate-demo", "version": env!("CARGO_PKG_VERSION")},
+        "host": format!("{}.demo.invalid", runner.name),
     });
     runner.key.sign_attestation(runner.id.as_str(), &claims)
 }
@@ -268,14 +307,14 @@ async fn call(state: &AppState, lease: &crate::store::Lease, hash: &str, call: L
 }
 
 async fn trickle_jobs(state: AppState) {
-    let pool = PoolName::parse("linux-x86_64").expect("valid pool name");
+    let pools = [LINUX_POOL, ARM_POOL].map(|p| PoolName::parse(p).expect("valid pool name"));
     for n in 1.. {
         if state.shutdown().is_cancelled() {
             return;
         }
         let job = NewJob {
             id: JobId::generate(),
-            pool: pool.clone(),
+            pool: pools[n % pools.len()].clone(),
             payload: serde_json::json!({"simulated": true, "build": n}),
             max_attempts: 3,
             idempotency_key: None,

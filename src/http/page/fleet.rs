@@ -109,16 +109,12 @@ pub fn select(all: Vec<RunnerRow>, query: &FleetQuery) -> FleetSelection {
         .filter(|r| status.is_empty() || r.status == status)
         .filter(|r| matches_search(r, &q))
         .collect();
-    // Unfiltered by status, the healthy ones are a count: the table is for attention.
+    // Unfiltered by status, the healthy ones are a count: the table is for attention (and a
+    // healthy runner on a superseded image needs it: the roll waits for its recycle).
+    let quiet = |r: &RunnerRow| r.rank == RunnerStatus::Healthy && r.image_current != Some(false);
     let (shown, healthy_hidden): (Vec<RunnerRow>, usize) = if status.is_empty() {
-        let healthy = filtered
-            .iter()
-            .filter(|r| r.rank == RunnerStatus::Healthy)
-            .count();
-        let rest = filtered
-            .into_iter()
-            .filter(|r| r.rank != RunnerStatus::Healthy)
-            .collect();
+        let healthy = filtered.iter().filter(|r| quiet(r)).count();
+        let rest = filtered.into_iter().filter(|r| !quiet(r)).collect();
         (rest, healthy)
     } else {
         (filtered, 0)
