@@ -3,6 +3,7 @@
 //!
 //! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs.
 //! - [`attestation`]: a probe report as signed claims.
+//! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it.
@@ -18,4 +19,5 @@ pub mod heartbeat;
 pub mod key_file;
 pub mod keys;
 pub mod probe;
+pub mod runtime_message;
 pub mod state;
