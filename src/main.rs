@@ -66,7 +66,8 @@ async fn main() -> std::process::ExitCode {
             leasegate::bench::run(args).await.map(|_| ())
         }
         Command::Runner(args) => {
-            init_tracing(args.log_format);
+            // The agent's logging tags each line with its priority for journald.
+            leasegate::agent::journal::init_tracing(args.log_format);
             return leasegate::agent::commands::run(args).await.into();
         }
     };

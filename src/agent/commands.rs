@@ -9,6 +9,7 @@
 use super::cli::*;
 use super::client::{AgentClient, ClientError, LeaseToken, LeaseView};
 use super::exit::Exit;
+use super::journal::{self, Priority};
 use super::keys::RunnerKey;
 use super::probe::{self, Depth, ProbeSpec};
 use super::state::RunnerState;
@@ -171,7 +172,7 @@ async fn preflight(a: PreflightArgs) -> Outcome {
     if report.ok() {
         println!("{}", report.summary());
     } else {
-        eprintln!("{}", report.summary());
+        journal::eprint_line(Priority::Warning, &report.summary());
     }
 
     if let Some((key, state, client)) = reporting {

@@ -5,6 +5,9 @@
 //! mid-life stops being leased to, so each beat must carry a probe as fresh as the beat. Why
 //! back off with jitter: after an outage, a fleet that retried in lockstep would hammer the
 //! service the moment it came back.
+//!
+//! A failed probe (or a runner the service would not lease to) is logged at WARN, so that
+//! `journalctl -p warning` shows it; the beat after it that passes says so at INFO.
 
 use super::attestation;
 use super::client::{Action, AgentClient, ClientError, HeartbeatAnswer};
@@ -88,19 +91,30 @@ pub async fn post(
         .await
 }
 
-/// The one info line per accepted heartbeat.
+/// The one line per accepted heartbeat: WARN when the probe failed or the service would not
+/// lease to the runner (`status` other than `healthy`), INFO otherwise.
 pub fn log_answer(report: &ProbeReport, answer: &HeartbeatAnswer) {
-    tracing::info!(
-        runner_id = %answer.runner_id,
-        status = %answer.status,
-        action = %answer.action.as_str(),
-        image_current = %answer.image_current.map_or("unknown", |c| if c { "true" } else { "false" }),
-        image_id = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
-        next_heartbeat_s = answer.next_heartbeat_s,
-        detail = %answer.detail.as_deref().unwrap_or("-"),
-        "heartbeat: {}",
-        report.summary(),
-    );
+    macro_rules! line {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                runner_id = %answer.runner_id,
+                status = %answer.status,
+                action = %answer.action.as_str(),
+                image_current = %answer.image_current.map_or("unknown", |c| if c { "true" } else { "false" }),
+                image_id = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
+                next_heartbeat_s = answer.next_heartbeat_s,
+                detail = %answer.detail.as_deref().unwrap_or("-"),
+                "heartbeat: {}",
+                report.summary(),
+            )
+        };
+    }
+    if report.ok() && answer.status == "healthy" {
+        line!(tracing::Level::INFO);
+    } else {
+        line!(tracing::Level::WARN);
+    }
 }
 
 /// Runs heartbeats until told to stop. With `once`, posts one and returns: `Ok` when accepted
@@ -114,11 +128,16 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Exit {
     let mut backoff = Backoff::standard();
+    let mut failing = false;
     loop {
         let report = tokio::select! {
             r = probe::run(spec) => r,
             () = stop.cancelled() => return Exit::Ok,
         };
+        if report.ok() && failing {
+            tracing::info!("the runtime works again: {}", report.summary());
+        }
+        failing = !report.ok();
         let result = tokio::select! {
             r = post(client, key, state, &report) => r,
             () = stop.cancelled() => return Exit::Ok,

@@ -7,7 +7,8 @@
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it.
-//! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses.
+//! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses;
+//!   [`journal`]: logging, with priorities journald files.
 
 pub mod attestation;
 pub mod cli;
@@ -16,6 +17,7 @@ pub mod commands;
 pub mod exit;
 pub mod forge_runners;
 pub mod heartbeat;
+pub mod journal;
 pub mod key_file;
 pub mod keys;
 pub mod probe;
