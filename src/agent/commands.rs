@@ -5,6 +5,11 @@
 //! stdout; a problem's JSON, or one `leasegate: …` line, on stderr; the exit status from
 //! `exit::Exit`. Nothing here prints the private key or a lease token, except `lease`, whose
 //! JSON answer is where the caller gets the token from.
+//!
+//! `preflight` runs in the runner unit's `ExecStartPre=`, where its exit status decides
+//! whether the runner starts, so it is the runtime's verdict alone: trouble with the agent's
+//! own files (a key this user may not read, a missing state file) or with the service is
+//! logged at WARN and the report skipped, never a reason to keep a healthy runner down.
 
 use super::cli::*;
 use super::client::{AgentClient, ClientError, LeaseToken, LeaseView};
@@ -149,8 +154,8 @@ fn identity(c: &ConnArgs) -> Result<(RunnerKey, RunnerState, AgentClient), Strin
 
 async fn preflight(a: PreflightArgs) -> Outcome {
     let spec = probe_spec(&a.probe)?;
-    // Read the identity before probing, so that a bad key file is not discovered after the
-    // probe's (possibly long) work.
+    // Read the identity before probing, so that a bad key file is said before the probe's
+    // (possibly long) work, not after.
     let reporting = match &a.server {
         None => None,
         Some(server) => {
@@ -164,7 +169,15 @@ async fn preflight(a: PreflightArgs) -> Outcome {
                     state: state.clone(),
                 },
             };
-            Some(identity(&conn)?)
+            match identity(&conn) {
+                Ok(identity) => Some(identity),
+                Err(why) => {
+                    tracing::warn!(
+                        "{why}. The probe runs anyway and decides the exit status; its result is not reported to the service"
+                    );
+                    None
+                }
+            }
         }
     };
 

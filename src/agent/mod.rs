@@ -6,7 +6,8 @@
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
-//! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it.
+//! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
+//!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
 //! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses;
 //!   [`journal`]: logging, with priorities journald files.
 
@@ -15,6 +16,7 @@ pub mod cli;
 pub mod client;
 pub mod commands;
 pub mod exit;
+pub mod file_access;
 pub mod forge_runners;
 pub mod heartbeat;
 pub mod journal;
