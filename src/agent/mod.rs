@@ -4,7 +4,8 @@
 //! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs.
 //! - [`attestation`]: a probe report as signed claims.
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
-//! - [`client`]: `AgentClient`, the HTTP API with typed answers.
+//! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
+//!   could not be reached.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
 //!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
@@ -22,6 +23,7 @@ pub mod heartbeat;
 pub mod journal;
 pub mod key_file;
 pub mod keys;
+pub mod net_error;
 pub mod probe;
 pub mod runtime_message;
 pub mod state;
