@@ -5,15 +5,18 @@
 //! Every answer keeps the server's JSON as it came (`raw`), because the shell commands print it
 //! unchanged; the typed fields are what Rust callers branch on. Errors separate "the server
 //! could not be reached" (with the cause, `net_error`) from "the server answered with a
-//! problem", since a runner retries the first and acts on the second's `code`.
+//! problem", since a runner retries the first and acts on the second's `code`. Every answer's
+//! `Date` is compared with the local clock (`clock`), because a runner whose clock is off is
+//! refused for it.
 
+use super::clock::{self, ClockOffset, ClockWatch};
 use super::net_error::{self, Cause, Timeouts};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How long a call may take, beyond any long poll it asks for.
 pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
@@ -25,6 +28,7 @@ pub struct AgentClient {
     http: reqwest::Client,
     base: String,
     timeouts: Timeouts,
+    clock: ClockWatch,
 }
 
 /// An RFC 9457 problem the service answered with.
@@ -256,11 +260,18 @@ impl AgentClient {
             http,
             base: server.trim_end_matches('/').to_string(),
             timeouts,
+            clock: ClockWatch::default(),
         })
     }
 
     pub fn server(&self) -> &str {
         &self.base
+    }
+
+    /// How far this machine's clock was from the service's at the latest answer, by its
+    /// `Date` header; `None` before any answer.
+    pub fn clock_offset(&self) -> Option<ClockOffset> {
+        self.clock.last()
     }
 
     fn unreachable(&self, url: &str, source: reqwest::Error) -> ClientError {
@@ -415,9 +426,19 @@ impl AgentClient {
         if let Some(b) = body {
             req = req.json(&b);
         }
-        req.send()
+        let sent = SystemTime::now();
+        let response = req
+            .send()
             .await
-            .map_err(|source| self.unreachable(&url, source))
+            .map_err(|source| self.unreachable(&url, source))?;
+        let date = response.headers().get(reqwest::header::DATE);
+        if let Some(offset) = date
+            .and_then(|d| d.to_str().ok())
+            .and_then(|d| clock::measure(d, sent, SystemTime::now()))
+        {
+            self.clock.observe(offset);
+        }
+        Ok(response)
     }
 
     /// A 2xx answer as `T` (with its raw JSON), anything else as a problem.

@@ -101,7 +101,7 @@ async fn register(a: RegisterArgs) -> Outcome {
         .await
     {
         Ok(r) => r,
-        Err(e) => return Ok(report_error(&e)),
+        Err(e) => return Ok(report_error(&e, &client)),
     };
     let state = RunnerState {
         runner_id: reg.runner_id.clone(),
@@ -237,7 +237,7 @@ async fn lease(a: LeaseArgs) -> Outcome {
             Ok(Exit::Ok)
         }
         Ok(None) => Ok(Exit::NoJob),
-        Err(e) => Ok(report_error(&e)),
+        Err(e) => Ok(report_error(&e, &client)),
     }
 }
 
@@ -252,19 +252,29 @@ where
         (None, None) => return Err("give --server or --state (to read the server from)".into()),
     };
     let client = AgentClient::new(&server).map_err(|e| e.to_string())?;
-    match call(client, a.lease_id.clone(), LeaseToken::new(&a.lease_token)).await {
+    match call(
+        client.clone(),
+        a.lease_id.clone(),
+        LeaseToken::new(&a.lease_token),
+    )
+    .await
+    {
         Ok(view) => {
             println!("{}", view.raw);
             Ok(Exit::Ok)
         }
-        Err(e) => Ok(report_error(&e)),
+        Err(e) => Ok(report_error(&e, &client)),
     }
 }
 
 /// Prints a failed call for a shell: the problem JSON as the service sent it, or one line.
-fn report_error(e: &ClientError) -> Exit {
+/// A refusal for this machine's clock also gets the measured offset, at WARN.
+fn report_error(e: &ClientError, client: &AgentClient) -> Exit {
     match e.problem() {
         Some(p) => {
+            if super::clock::is_clock_refusal(p, client.clock_offset()) {
+                heartbeat::log_clock_refusal(p, client.clock_offset(), None);
+            }
             eprintln!("{}", p.raw);
             if p.code == "runner_revoked" {
                 Exit::Revoked

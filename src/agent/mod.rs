@@ -5,7 +5,7 @@
 //! - [`attestation`]: a probe report as signed claims.
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
-//!   could not be reached.
+//!   could not be reached; [`clock`]: this machine's clock against the service's.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
 //!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
@@ -15,6 +15,7 @@
 pub mod attestation;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod commands;
 pub mod exit;
 pub mod file_access;
