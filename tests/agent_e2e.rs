@@ -257,7 +257,15 @@ async fn a_probe_failure_reaches_the_operator_as_probe_failed_in_the_runtimes_wo
     cmd.env("CONTAINERS_CONF", &conf);
     let ran = run(cmd).await;
     assert_eq!(ran.code, 1, "{ran:?}");
-    assert!(ran.stderr.contains("status=probe_failed"), "{ran:?}");
+    let line = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains("status=probe_failed"))
+        .unwrap_or_else(|| panic!("{ran:?}"));
+    assert!(
+        line.contains(" WARN "),
+        "a failed probe is a warning: {line}"
+    );
     assert!(ran.stderr.contains("crun-missing"), "{ran:?}");
     assert_eq!(app.runner(&agent.runner_id).await["status"], "probe_failed");
 }
@@ -418,6 +426,48 @@ async fn heartbeat_backs_off_while_the_service_is_unreachable_and_stops_on_sigte
     assert!(delays.len() >= 2, "{log}");
     assert!((800..=1200).contains(&delays[0]), "1 s ± 20 %: {delays:?}");
     assert!((1600..=2400).contains(&delays[1]), "2 s ± 20 %: {delays:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_service_is_named_by_its_cause() {
+    let app = spawn_app().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    // The real service speaks plain HTTP: https:// to it is a TLS mismatch.
+    let tls_to_plain = app.base.replacen("http://", "https://", 1);
+    let cases = [
+        (
+            closed.clone(),
+            format!(
+                "leasegate: cannot reach {closed}: connection refused (is leasegate running and listening there?)"
+            ),
+        ),
+        (
+            "http://nonexistent.invalid:8080".to_string(),
+            "leasegate: cannot reach http://nonexistent.invalid:8080: the name nonexistent.invalid could not be resolved (".to_string(),
+        ),
+        (
+            tls_to_plain.clone(),
+            format!("leasegate: cannot reach {tls_to_plain}: TLS handshake failed: "),
+        ),
+    ];
+    for (server, said) in cases {
+        let ran = run(runner(&[
+            "start",
+            "--server",
+            &server,
+            "--lease-id",
+            "l-1",
+            "--lease-token",
+            "lgl_x",
+        ]))
+        .await;
+        assert_eq!(ran.code, 5, "{ran:?}");
+        assert!(ran.stderr.starts_with(&said), "{said} in {ran:?}");
+        assert!(!ran.stderr.contains("error sending request"), "{ran:?}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
