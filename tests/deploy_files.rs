@@ -334,6 +334,31 @@ fn the_rootless_heartbeat_runs_as_its_user_in_a_sandbox_rootless_podman_can_work
     );
 }
 
+#[test]
+fn runners_doc_says_which_heartbeat_unit_to_choose_and_who_owns_the_key() {
+    let doc = read("docs/RUNNERS.md");
+    for file in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS, PREFLIGHT_DROP_IN] {
+        assert!(repo(file).exists(), "{file}");
+        assert!(
+            doc.contains(&format!("../{file}")),
+            "RUNNERS.md links {file}"
+        );
+    }
+    // The agent's own messages point at this section by name.
+    assert!(doc.contains("\n## Who owns the key\n"));
+    for said in [
+        "/var/lib/leasegate-runner/",
+        "StateDirectory=leasegate-runner/%i",
+        "loginctl enable-linger",
+        "`clock_skew`",
+        "clock is 612 s ahead of the server's",
+        "connection refused (is leasegate running and listening there?)",
+        "journalctl -p warning",
+    ] {
+        assert!(doc.contains(said), "RUNNERS.md: {said}");
+    }
+}
+
 /// `systemd-analyze security --offline`'s overall exposure for `path` (0 safest, 10 worst).
 fn exposure(analyze: &Path, path: &Path) -> Option<f64> {
     let (_, stdout, stderr) = run(Command::new(analyze)
