@@ -60,13 +60,14 @@ async fn a_rootless_podman_error_in_logrus_framing_is_reported_as_its_message() 
     let (wrapper, runtime_dir) = if user.is_self {
         ("exec env XDG_RUNTIME_DIR=/ podman \"$@\"".to_string(), "/")
     } else {
+        // nobody's home, and its temporary directory, so that nothing is left outside.
         let home = dir.path().join("home");
         std::fs::create_dir(&home).unwrap();
         std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
         (
             format!(
-                "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH=\"$PATH\" HOME={} XDG_RUNTIME_DIR=/run podman \"$@\"",
-                home.display()
+                "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH=\"$PATH\" HOME={h} TMPDIR={h} XDG_RUNTIME_DIR=/run podman \"$@\"",
+                h = home.display()
             ),
             "/run",
         )
