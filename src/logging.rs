@@ -16,13 +16,21 @@ const LEVELS: [&str; 6] = ["trace", "debug", "info", "warn", "error", "off"];
 /// The filter of the service's commands when `RUST_LOG` is unset.
 pub const DEFAULT_FILTER: &str = "info,tower_http=warn,sqlx=warn";
 
-/// Starts logging to stderr, filtered by `RUST_LOG` or else `default_filter`.
-pub fn init(format: LogFormat, default_filter: &str) -> Result<(), String> {
+/// Starts logging to stderr, filtered by `RUST_LOG` or else `default_filter`; with
+/// `priorities`, each line tagged with its syslog priority when stderr is the journal
+/// (`agent::journal`, for the runner's commands).
+pub fn init(format: LogFormat, default_filter: &str, priorities: bool) -> Result<(), String> {
+    use tracing_subscriber::fmt::writer::BoxMakeWriter;
     let given = std::env::var("RUST_LOG").ok();
     let filter = filter(given.as_deref(), default_filter)?;
+    let writer = if priorities {
+        BoxMakeWriter::new(crate::agent::journal::Stderr)
+    } else {
+        BoxMakeWriter::new(std::io::stderr)
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
+        .with_writer(writer)
         // Colour only on a terminal: journald and log files would keep the escape codes.
         .with_ansi(std::io::stderr().is_terminal());
     match format {

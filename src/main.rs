@@ -49,15 +49,16 @@ async fn main() -> ExitCode {
         Err(e) => return clap_error(&cmd, e, &args),
     };
     let spelling = Spelling::of(&cmd, &matches);
-    let (log_format, default_filter) = match &cli.command {
+    let (log_format, default_filter, priorities) = match &cli.command {
         Command::Serve(args) | Command::Demo(args) => {
-            (args.log_format, leasegate::logging::DEFAULT_FILTER)
+            (args.log_format, leasegate::logging::DEFAULT_FILTER, false)
         }
         // The service runs in-process: its per-request info lines would be measured too.
-        Command::Bench(_) => (LogFormat::Human, "warn"),
-        Command::Runner(args) => (args.log_format, leasegate::logging::DEFAULT_FILTER),
+        Command::Bench(_) => (LogFormat::Human, "warn", false),
+        // The agent's lines carry their priority for journald (`agent::journal`).
+        Command::Runner(args) => (args.log_format, leasegate::logging::DEFAULT_FILTER, true),
     };
-    if let Err(e) = leasegate::logging::init(log_format, default_filter) {
+    if let Err(e) = leasegate::logging::init(log_format, default_filter, priorities) {
         return usage_error(&format!("leasegate: {e}"));
     }
     let result = match cli.command {

@@ -257,7 +257,15 @@ async fn a_probe_failure_reaches_the_operator_as_probe_failed_in_the_runtimes_wo
     cmd.env("CONTAINERS_CONF", &conf);
     let ran = run(cmd).await;
     assert_eq!(ran.code, 1, "{ran:?}");
-    assert!(ran.stderr.contains("status=probe_failed"), "{ran:?}");
+    let line = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains("status=probe_failed"))
+        .unwrap_or_else(|| panic!("{ran:?}"));
+    assert!(
+        line.contains(" WARN "),
+        "a failed probe is a warning: {line}"
+    );
     assert!(ran.stderr.contains("crun-missing"), "{ran:?}");
     assert_eq!(app.runner(&agent.runner_id).await["status"], "probe_failed");
 }
@@ -421,6 +429,48 @@ async fn heartbeat_backs_off_while_the_service_is_unreachable_and_stops_on_sigte
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_service_is_named_by_its_cause() {
+    let app = spawn_app().await;
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        format!("http://{}", l.local_addr().unwrap())
+    };
+    // The real service speaks plain HTTP: https:// to it is a TLS mismatch.
+    let tls_to_plain = app.base.replacen("http://", "https://", 1);
+    let cases = [
+        (
+            closed.clone(),
+            format!(
+                "leasegate: cannot reach {closed}: connection refused (is leasegate running and listening there?)"
+            ),
+        ),
+        (
+            "http://nonexistent.invalid:8080".to_string(),
+            "leasegate: cannot reach http://nonexistent.invalid:8080: the name nonexistent.invalid could not be resolved (".to_string(),
+        ),
+        (
+            tls_to_plain.clone(),
+            format!("leasegate: cannot reach {tls_to_plain}: TLS handshake failed: "),
+        ),
+    ];
+    for (server, said) in cases {
+        let ran = run(runner(&[
+            "start",
+            "--server",
+            &server,
+            "--lease-id",
+            "l-1",
+            "--lease-token",
+            "lgl_x",
+        ]))
+        .await;
+        assert_eq!(ran.code, 5, "{ran:?}");
+        assert!(ran.stderr.starts_with(&said), "{said} in {ran:?}");
+        assert!(!ran.stderr.contains("error sending request"), "{ran:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lease_start_complete_and_abandon_print_the_services_json() {
     let app = spawn_app().await;
     let probed = Probed::new();
@@ -512,9 +562,14 @@ async fn lease_start_complete_and_abandon_print_the_services_json() {
     .await;
     assert_eq!(ran.code, 0, "{ran:?}");
     assert_eq!(ran.stdout_json()["state"], "abandoned");
+    // The job it gave back is held from it for a while; the next one is not.
+    let job3 = app
+        .enqueue_with(json!({"pool": "linux", "idempotency_key": "third"}))
+        .await;
     let ran = run(lease(&[])).await;
     assert_eq!(ran.code, 0, "a fresh probe lifts the quarantine: {ran:?}");
-    assert_eq!(ran.stdout_json()["job"]["id"], job2.as_str());
+    assert_eq!(ran.stdout_json()["job"]["id"], job3.as_str());
+    assert_eq!(app.job(&job2).await["state"], "queued");
     assert_eq!(app.job(&job2).await["attempts"], 0);
 }
 

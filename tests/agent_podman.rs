@@ -43,6 +43,64 @@ async fn a_missing_oci_runtime_fails_in_podmans_own_words() {
     );
 }
 
+/// Rootless podman that cannot use its runtime directory. It says so through logrus
+/// (`time="…" level=error msg="XDG_RUNTIME_DIR directory \"/run\" is not owned by the
+/// current user"`, exit 1), not as an `Error: ` line; the probe reports the message. As root,
+/// podman runs as `nobody` (which makes it rootless); as any other user, as that user.
+#[tokio::test]
+async fn a_rootless_podman_error_in_logrus_framing_is_reported_as_its_message() {
+    if !podman_available() {
+        return;
+    }
+    let Some(user) = Unprivileged::find() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    // A runtime directory this user does not own: root's.
+    let (wrapper, runtime_dir) = if user.is_self {
+        ("exec env XDG_RUNTIME_DIR=/ podman \"$@\"".to_string(), "/")
+    } else {
+        // nobody's home, and its temporary directory, so that nothing is left outside.
+        let home = dir.path().join("home");
+        std::fs::create_dir(&home).unwrap();
+        std::os::unix::fs::chown(&home, Some(65534), Some(65534)).unwrap();
+        (
+            format!(
+                "exec setpriv --reuid=65534 --regid=65534 --clear-groups env -i PATH=\"$PATH\" HOME={h} TMPDIR={h} XDG_RUNTIME_DIR=/run podman \"$@\"",
+                h = home.display()
+            ),
+            "/run",
+        )
+    };
+    let rt = script(dir.path(), "podman", &wrapper);
+
+    // podman itself: the frame on stderr.
+    let direct = std::process::Command::new(&rt)
+        .arg("info")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&direct.stderr);
+    let message =
+        format!("XDG_RUNTIME_DIR directory \"{runtime_dir}\" is not owned by the current user");
+    let framed = format!("level=error msg=\"{}\"", message.replace('"', "\\\""));
+    assert!(!direct.status.success());
+    assert!(
+        stderr
+            .lines()
+            .last()
+            .is_some_and(|l| l.starts_with("time=\"") && l.ends_with(&framed)),
+        "podman's own framing: {stderr}"
+    );
+
+    let ran = run(runner(&["preflight", "--runtime", rt.to_str().unwrap()])).await;
+    assert_eq!(ran.code, 1, "{ran:?}");
+    assert_eq!(
+        ran.stderr_lines(),
+        [format!("cannot run a container with podman: {message}")]
+    );
+}
+
 #[tokio::test]
 async fn a_local_image_reports_its_real_id_and_create_leaves_no_container() {
     if !podman_available() {

@@ -6,6 +6,7 @@
 mod common;
 
 use common::agent::*;
+use std::os::unix::fs::PermissionsExt;
 use std::time::{Duration, Instant};
 
 const ID: &str = "sha256:1234567890abcdef1234567890abcdef1234567890abcdef1234567890abcdef";
@@ -233,4 +234,198 @@ async fn depth_create_without_an_image_and_bad_flags_are_refused_before_probing(
     assert_eq!(ran.code, 5);
     assert!(ran.stderr.contains("--server needs --key and --state"));
     assert!(calls(dir.path()).is_empty(), "nothing was probed");
+}
+
+fn strs(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+/// A port nobody listens on.
+fn closed_server() -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    format!("http://{}", l.local_addr().unwrap())
+}
+
+#[tokio::test]
+async fn a_key_it_may_not_read_is_warned_about_and_the_runtime_still_decides() {
+    let Some(user) = Unprivileged::find() else {
+        return;
+    };
+    // The runtime where the user may run it; the key and state where it may not enter, as
+    // when they are in root's 0700 /etc/leasegate and the preflight runs as the runner's user.
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let healthy = script(dir.path(), "fakepod", "echo 9.9.9-fake");
+    let broken = script(
+        dir.path(),
+        "brokenpod",
+        "echo 'Error: default OCI runtime \"crun\" not found: invalid argument' >&2; exit 125",
+    );
+    let private = dir.path().join("leasegate");
+    std::fs::create_dir(&private).unwrap();
+    let key = private.join("runner.key");
+    let state = private.join("runner.json");
+    let ran = run(runner(&["keygen", "--key", key.to_str().unwrap()])).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    std::fs::write(&state, "{}").unwrap();
+    user.close(&private);
+
+    let server = closed_server();
+    let args = |rt: &std::path::Path| {
+        vec![
+            "preflight".to_string(),
+            "--runtime".into(),
+            rt.display().to_string(),
+            "--server".into(),
+            server.clone(),
+            "--key".into(),
+            key.display().to_string(),
+            "--state".into(),
+            state.display().to_string(),
+        ]
+    };
+
+    let healthy_args = args(&healthy);
+    let ran = run(user.runner(&strs(&healthy_args))).await;
+    assert_eq!(ran.code, 0, "a healthy runtime starts the runner: {ran:?}");
+    assert_eq!(ran.stdout, "fakepod 9.9.9-fake ok\n");
+    let warning = ran
+        .stderr
+        .lines()
+        .find(|l| l.contains(" WARN "))
+        .unwrap_or_else(|| panic!("a warning: {ran:?}"));
+    for said in [
+        format!(
+            "{}: permission denied for {}",
+            key.display(),
+            user.described
+        ),
+        format!("it may not enter {}", private.display()),
+        format!(
+            "`chown {}: {} {}`",
+            user.chown_name,
+            private.display(),
+            key.display()
+        ),
+        "`chmod 0600".to_string(),
+        "The probe runs anyway and decides the exit status".to_string(),
+    ] {
+        assert!(warning.contains(&said), "{said:?} in {warning}");
+    }
+
+    let broken_args = args(&broken);
+    let ran = run(user.runner(&strs(&broken_args))).await;
+    assert_eq!(
+        ran.code, 1,
+        "a broken runtime still fails the unit: {ran:?}"
+    );
+    assert!(
+        ran.stderr.contains(
+            "cannot run a container with brokenpod: default OCI runtime \"crun\" not found"
+        ),
+        "{ran:?}"
+    );
+
+    // A command that cannot work without the key fails, saying the same.
+    let ran = run(user.runner(&[
+        "heartbeat",
+        "--once",
+        "--runtime",
+        healthy.to_str().unwrap(),
+        "--server",
+        &server,
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ]))
+    .await;
+    user.open(&private);
+    assert_eq!(ran.code, 5, "{ran:?}");
+    assert!(
+        ran.stderr.starts_with(&format!(
+            "leasegate: {}: permission denied for {}",
+            key.display(),
+            user.described
+        )),
+        "{ran:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_missing_state_file_is_warned_about_and_the_probe_still_passes() {
+    let dir = tempfile::tempdir().unwrap();
+    let rt = script(dir.path(), "fakepod", "echo 9.9.9-fake");
+    let key = dir.path().join("runner.key");
+    assert_eq!(
+        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
+            .await
+            .code,
+        0
+    );
+    let state = dir.path().join("not-registered-yet.json");
+    let ran = run(preflight(
+        &rt,
+        &[
+            "--server",
+            &closed_server(),
+            "--key",
+            key.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+        ],
+    ))
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert!(
+        ran.stderr.contains(" WARN ") && ran.stderr.contains(&state.display().to_string()),
+        "{ran:?}"
+    );
+}
+
+#[tokio::test]
+async fn under_journald_warnings_and_a_failed_probe_are_filed_as_warnings() {
+    use std::os::unix::fs::MetadataExt;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(
+        dir.path(),
+        "fakepod",
+        ID,
+        &[(
+            "info",
+            "echo 'Error: default OCI runtime \"crun\" not found: invalid argument' >&2; exit 125",
+        )],
+    );
+    let missing = dir.path().join("missing");
+    // stderr to a file that JOURNAL_STREAM names, as systemd does with the journal's socket.
+    let journal = dir.path().join("journal");
+    let file = std::fs::File::create(&journal).unwrap();
+    let meta = file.metadata().unwrap();
+    let mut cmd = preflight(
+        &rt,
+        &[
+            "--server",
+            &closed_server(),
+            "--key",
+            missing.join("k").to_str().unwrap(),
+            "--state",
+            missing.join("s").to_str().unwrap(),
+        ],
+    );
+    cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()))
+        .stdout(std::process::Stdio::null())
+        .stderr(file);
+    let status = cmd.status().await.unwrap();
+    assert_eq!(status.code(), Some(1));
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 2, "{text}");
+    assert!(
+        lines[0].starts_with("<4>") && lines[0].contains(" WARN "),
+        "the key's warning at priority 4: {text}"
+    );
+    assert_eq!(
+        lines[1],
+        "<4>cannot run a container with fakepod: default OCI runtime \"crun\" not found: invalid argument"
+    );
 }

@@ -202,6 +202,252 @@ fn systemd_analyze_verifies_the_unit_and_rates_its_sandbox() {
     );
 }
 
+const HEARTBEAT_ROOT: &str = "deploy/systemd/leasegate-heartbeat@.service";
+const HEARTBEAT_ROOTLESS: &str = "deploy/systemd/leasegate-heartbeat-rootless@.service";
+const PREFLIGHT_DROP_IN: &str = "deploy/systemd/runner-preflight.conf";
+
+/// The values of `[Service] key=` in `entries`.
+fn service_values(entries: &[(String, String, String)], key: &str) -> Vec<String> {
+    entries
+        .iter()
+        .filter(|(s, k, _)| s == "Service" && k == key)
+        .map(|(_, _, v)| v.clone())
+        .collect()
+}
+
+#[test]
+fn the_rootless_heartbeat_runs_as_its_user_in_a_sandbox_rootless_podman_can_work_in() {
+    let entries = unit_entries(&read(HEARTBEAT_ROOTLESS));
+    let service = |key: &str| service_values(&entries, key);
+    let user = service("User");
+    assert_eq!(user.len(), 1, "one User=: {user:?}");
+    assert!(
+        !user[0].is_empty() && user[0] != "root" && user[0] != "0",
+        "User={}",
+        user[0]
+    );
+    for (key, value) in [
+        ("ExecStart", "/usr/local/bin/leasegate runner heartbeat"),
+        ("EnvironmentFile", "/etc/leasegate/runner-%i.env"),
+        // The key and state: a directory the user owns, private to it.
+        ("StateDirectory", "leasegate-runner/%i"),
+        ("StateDirectoryMode", "0700"),
+        ("UMask", "0077"),
+        ("ProtectSystem", "full"),
+        ("PrivateMounts", "yes"),
+        ("Restart", "on-failure"),
+        ("RestartPreventExitStatus", "4"),
+    ] {
+        assert_eq!(service(key), [value], "[Service] {key}");
+    }
+    // Restarting the runner unit on "recycle" needs root: that one command has it ("+").
+    let stop_post = service("ExecStopPost");
+    assert!(
+        stop_post.len() == 1
+            && stop_post[0].starts_with("+/bin/sh -c ")
+            && stop_post[0].contains("systemctl restart"),
+        "{stop_post:?}"
+    );
+
+    // What would break rootless podman, as the unit's comments explain: anything implying
+    // NoNewPrivileges= for a User= service (newuidmap is setuid), anything changing the mount
+    // namespace the user's pause process may inherit, and RemoveIPC= (podman's locks).
+    let breaks_rootless_podman = [
+        "NoNewPrivileges",
+        "SystemCallFilter",
+        "SystemCallArchitectures",
+        "RestrictAddressFamilies",
+        "RestrictNamespaces",
+        "RestrictSUIDSGID",
+        "RestrictRealtime",
+        "LockPersonality",
+        "MemoryDenyWriteExecute",
+        "PrivateDevices",
+        "ProtectHostname",
+        "ProtectClock",
+        "ProtectKernelTunables",
+        "ProtectKernelModules",
+        "ProtectKernelLogs",
+        "DynamicUser",
+        "PrivateUsers",
+        "PrivateTmp",
+        "ProtectHome",
+        "ProtectControlGroups",
+        "ProtectProc",
+        "ProcSubset",
+        "RemoveIPC",
+        "DevicePolicy",
+    ];
+    for key in breaks_rootless_podman {
+        assert!(
+            service(key).is_empty(),
+            "[Service] {key}= breaks rootless podman"
+        );
+    }
+    // The bounding set keeps what podman, newuidmap and containers' default capabilities need.
+    let caps = service("CapabilityBoundingSet");
+    assert_eq!(caps.len(), 1);
+    let dropped = caps[0]
+        .strip_prefix('~')
+        .expect("a list of capabilities taken away");
+    for needed in [
+        "CAP_SYS_ADMIN",
+        "CAP_SETUID",
+        "CAP_SETGID",
+        "CAP_SETPCAP",
+        "CAP_SETFCAP",
+        "CAP_CHOWN",
+        "CAP_DAC_OVERRIDE",
+        "CAP_FOWNER",
+        "CAP_FSETID",
+        "CAP_KILL",
+        "CAP_NET_BIND_SERVICE",
+        "CAP_NET_ADMIN",
+        "CAP_NET_RAW",
+        "CAP_SYS_CHROOT",
+        "CAP_SYS_RESOURCE",
+        "CAP_MKNOD",
+        "CAP_AUDIT_WRITE",
+    ] {
+        assert!(
+            !dropped.split_whitespace().any(|c| c == needed),
+            "{needed} is taken away"
+        );
+    }
+
+    // Both heartbeat units run the same command on the same terms, so RUNNERS.md's exit
+    // statuses are true of either.
+    let root = unit_entries(&read(HEARTBEAT_ROOT));
+    for key in [
+        "ExecStart",
+        "EnvironmentFile",
+        "Restart",
+        "RestartSec",
+        "RestartPreventExitStatus",
+        "TimeoutStopSec",
+    ] {
+        assert_eq!(service_values(&root, key), service(key), "[Service] {key}");
+    }
+    assert!(
+        service_values(&root, "User").is_empty(),
+        "the other one runs as root"
+    );
+}
+
+#[test]
+fn runners_doc_says_which_heartbeat_unit_to_choose_and_who_owns_the_key() {
+    let doc = read("docs/RUNNERS.md");
+    for file in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS, PREFLIGHT_DROP_IN] {
+        assert!(repo(file).exists(), "{file}");
+        assert!(
+            doc.contains(&format!("../{file}")),
+            "RUNNERS.md links {file}"
+        );
+    }
+    // The agent's own messages point at this section by name.
+    assert!(doc.contains("\n## Who owns the key\n"));
+    for said in [
+        "/var/lib/leasegate-runner/",
+        "StateDirectory=leasegate-runner/%i",
+        "loginctl enable-linger",
+        "`clock_skew`",
+        "clock is 612 s ahead of the server's",
+        "connection refused (is leasegate running and listening there?)",
+        "journalctl -p warning",
+    ] {
+        assert!(doc.contains(said), "RUNNERS.md: {said}");
+    }
+}
+
+/// `systemd-analyze security --offline`'s overall exposure for `path` (0 safest, 10 worst).
+fn exposure(analyze: &Path, path: &Path) -> Option<f64> {
+    let (_, stdout, stderr) = run(Command::new(analyze)
+        .args(["security", "--offline=true"])
+        .arg(path));
+    if stderr.contains("unrecognized option") {
+        return None;
+    }
+    let line = stdout
+        .lines()
+        .find(|l| l.contains("Overall exposure level"))
+        .unwrap_or_else(|| panic!("no exposure for {}: {stdout}\n{stderr}", path.display()));
+    let score = line
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap();
+    Some(score.parse().unwrap())
+}
+
+#[test]
+fn systemd_analyze_verifies_the_heartbeat_units_and_the_preflight_drop_in() {
+    let Some(analyze) = tool(
+        "systemd-analyze",
+        "systemd-analyze verify of the heartbeat units and the preflight drop-in",
+    ) else {
+        return;
+    };
+    // verify needs the commands' binaries to exist: point them at the binary under test.
+    let binary = env!("CARGO_BIN_EXE_leasegate");
+    let dir = tempfile::tempdir().unwrap();
+    let verify = |path: &Path, names: &[&str]| {
+        let (ok, _, stderr) = run(Command::new(&analyze)
+            .args(["verify", "--man=no"])
+            .arg(path));
+        // Unknown keys and bad values are only warnings (exit 0), so read what it says, too.
+        let about: Vec<&str> = stderr
+            .lines()
+            .filter(|l| names.iter().any(|n| l.contains(n)))
+            .collect();
+        assert!(
+            ok && about.is_empty(),
+            "systemd-analyze verify {}: {stderr}",
+            path.display()
+        );
+    };
+    let mut placed = Vec::new();
+    for unit in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS] {
+        let text = read(unit).replace("/usr/local/bin/leasegate ", &format!("{binary} "));
+        assert!(text.contains(binary), "{unit}: ExecStart was not rewritten");
+        let name = Path::new(unit).file_name().unwrap();
+        let path = dir.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        verify(&path, &[name.to_str().unwrap()]);
+        placed.push(path);
+    }
+
+    // The drop-in, on a stand-in for the runner's unit.
+    let runner_unit = dir.path().join("ci-runner.service");
+    std::fs::write(
+        &runner_unit,
+        "[Unit]\nDescription=a CI runner\n\n[Service]\nExecStart=/bin/sleep infinity\n",
+    )
+    .unwrap();
+    let drop_ins = dir.path().join("ci-runner.service.d");
+    std::fs::create_dir(&drop_ins).unwrap();
+    let text = read(PREFLIGHT_DROP_IN).replace("/usr/local/bin/leasegate ", &format!("{binary} "));
+    assert!(text.contains(binary), "ExecStartPre was not rewritten");
+    std::fs::write(drop_ins.join("leasegate-preflight.conf"), text).unwrap();
+    verify(
+        &runner_unit,
+        &["ci-runner.service", "leasegate-preflight.conf"],
+    );
+
+    // The rootless unit's sandbox rates better than the root one's, and within a bound: the
+    // rest of the scale is what rootless podman needs (see the unit's comments).
+    let (Some(root), Some(rootless)) = (
+        exposure(&analyze, &placed[0]),
+        exposure(&analyze, &placed[1]),
+    ) else {
+        eprintln!("skipped: systemd-analyze security --offline: this systemd is too old");
+        return;
+    };
+    assert!(rootless < root, "rootless {rootless} vs root {root}");
+    assert!(rootless <= 8.5, "rootless heartbeat exposure {rootless}");
+}
+
 /// `serve --help`: each environment variable with its default, when it has one.
 fn serve_settings() -> BTreeMap<String, Option<String>> {
     let (ok, help, stderr) = run(Command::new(env!("CARGO_BIN_EXE_leasegate"))

@@ -135,7 +135,8 @@ pub struct PreflightArgs {
     pub probe: ProbeArgs,
 
     /// Also post the result as a signed heartbeat to this service (needs `--key` and
-    /// `--state`). The exit status still reflects the probe alone.
+    /// `--state`). The exit status still reflects the probe alone: a key or state file that
+    /// cannot be read, or a service that cannot be reached, is only a warning.
     #[arg(long, env = "LEASEGATE_SERVER")]
     pub server: Option<String>,
 
@@ -170,8 +171,8 @@ pub struct HeartbeatArgs {
     #[command(flatten)]
     pub conn: ConnArgs,
 
-    /// Post one heartbeat and exit: 0 accepted, 1 the probe failed, 3 recycle, 4 revoked,
-    /// 5 not delivered.
+    /// Post one heartbeat and exit: 0 accepted, 1 the probe failed (or the service refused
+    /// this machine's clock), 3 recycle, 4 revoked, 5 not delivered.
     #[arg(long)]
     pub once: bool,
 }

@@ -4,25 +4,31 @@
 //!
 //! Every answer keeps the server's JSON as it came (`raw`), because the shell commands print it
 //! unchanged; the typed fields are what Rust callers branch on. Errors separate "the server
-//! could not be reached" from "the server answered with a problem", since a runner retries the
-//! first and acts on the second's `code`.
+//! could not be reached" (with the cause, `net_error`) from "the server answered with a
+//! problem", since a runner retries the first and acts on the second's `code`. Every answer's
+//! `Date` is compared with the local clock (`clock`), because a runner whose clock is off is
+//! refused for it.
 
+use super::clock::{self, ClockOffset, ClockWatch};
+use super::net_error::{self, Cause, Timeouts};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 /// How long a call may take, beyond any long poll it asks for.
-const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A client of one leasegate service.
 #[derive(Clone, Debug)]
 pub struct AgentClient {
     http: reqwest::Client,
     base: String,
+    timeouts: Timeouts,
+    clock: ClockWatch,
 }
 
 /// An RFC 9457 problem the service answered with.
@@ -49,9 +55,12 @@ pub enum ClientError {
     /// A request that cannot be sent: a bad server URL, a lease ID that is not an ID.
     #[error("{0}")]
     Invalid(String),
-    #[error("could not reach {url}: {source}")]
+    /// No answer came: `cause` says why (refused, DNS, TLS, timeout, …).
+    #[error("cannot reach {url}: {cause}")]
     Unreachable {
+        /// The service's base URL.
         url: String,
+        cause: Cause,
         #[source]
         source: reqwest::Error,
     },
@@ -224,6 +233,17 @@ with_raw!(Registration, HeartbeatAnswer, Lease, LeaseView);
 impl AgentClient {
     /// A client of the service at `server` (`http://` or `https://`, no path needed).
     pub fn new(server: &str) -> Result<Self, ClientError> {
+        Self::with_timeouts(
+            server,
+            Timeouts {
+                connect: CONNECT_TIMEOUT,
+                request: REQUEST_TIMEOUT,
+            },
+        )
+    }
+
+    /// The same, with other bounds on connecting and on each call (a long poll adds its wait).
+    pub fn with_timeouts(server: &str, timeouts: Timeouts) -> Result<Self, ClientError> {
         let url = reqwest::Url::parse(server)
             .map_err(|e| ClientError::Invalid(format!("server URL {server:?}: {e}")))?;
         if !matches!(url.scheme(), "http" | "https") {
@@ -232,18 +252,38 @@ impl AgentClient {
             )));
         }
         let http = reqwest::Client::builder()
-            .connect_timeout(CONNECT_TIMEOUT)
+            .connect_timeout(timeouts.connect)
             .user_agent(concat!("leasegate-runner/", env!("CARGO_PKG_VERSION")))
             .build()
             .map_err(|e| ClientError::Invalid(format!("HTTP client: {e}")))?;
         Ok(AgentClient {
             http,
             base: server.trim_end_matches('/').to_string(),
+            timeouts,
+            clock: ClockWatch::default(),
         })
     }
 
     pub fn server(&self) -> &str {
         &self.base
+    }
+
+    /// How far this machine's clock was from the service's at the latest answer, by its
+    /// `Date` header; `None` before any answer.
+    pub fn clock_offset(&self) -> Option<ClockOffset> {
+        self.clock.last()
+    }
+
+    fn unreachable(&self, url: &str, source: reqwest::Error) -> ClientError {
+        let cause = match reqwest::Url::parse(url) {
+            Ok(u) => net_error::cause(&source, &u, self.timeouts),
+            Err(_) => Cause::Other(source.to_string()),
+        };
+        ClientError::Unreachable {
+            url: self.base.clone(),
+            cause,
+            source,
+        }
     }
 
     /// Registers `public_jwk` with a single-use registration token.
@@ -290,7 +330,7 @@ impl AgentClient {
         wait_s: u64,
     ) -> Result<Option<Lease>, ClientError> {
         let body = json!({"attestation": attestation, "wait_s": wait_s});
-        let timeout = REQUEST_TIMEOUT + Duration::from_secs(wait_s);
+        let timeout = self.timeouts.request + Duration::from_secs(wait_s);
         let r = self
             .post("/api/v1/lease", None, Some(body), Some(timeout))
             .await?;
@@ -379,16 +419,26 @@ impl AgentClient {
         let mut req = self
             .http
             .post(&url)
-            .timeout(timeout.unwrap_or(REQUEST_TIMEOUT));
+            .timeout(timeout.unwrap_or(self.timeouts.request));
         if let Some(t) = bearer {
             req = req.bearer_auth(t.expose());
         }
         if let Some(b) = body {
             req = req.json(&b);
         }
-        req.send()
+        let sent = SystemTime::now();
+        let response = req
+            .send()
             .await
-            .map_err(|source| ClientError::Unreachable { url, source })
+            .map_err(|source| self.unreachable(&url, source))?;
+        let date = response.headers().get(reqwest::header::DATE);
+        if let Some(offset) = date
+            .and_then(|d| d.to_str().ok())
+            .and_then(|d| clock::measure(d, sent, SystemTime::now()))
+        {
+            self.clock.observe(offset);
+        }
+        Ok(response)
     }
 
     /// A 2xx answer as `T` (with its raw JSON), anything else as a problem.
@@ -400,10 +450,10 @@ impl AgentClient {
             .get(reqwest::header::RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse().ok());
-        let text = r.text().await.map_err(|source| ClientError::Unreachable {
-            url: url.clone(),
-            source,
-        })?;
+        let text = r
+            .text()
+            .await
+            .map_err(|source| self.unreachable(&url, source))?;
         let unexpected = |text: &str| ClientError::Unexpected {
             url: url.clone(),
             status: status.as_u16(),

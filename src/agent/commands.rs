@@ -5,10 +5,16 @@
 //! stdout; a problem's JSON, or one `leasegate: …` line, on stderr; the exit status from
 //! `exit::Exit`. Nothing here prints the private key or a lease token, except `lease`, whose
 //! JSON answer is where the caller gets the token from.
+//!
+//! `preflight` runs in the runner unit's `ExecStartPre=`, where its exit status decides
+//! whether the runner starts, so it is the runtime's verdict alone: trouble with the agent's
+//! own files (a key this user may not read, a missing state file) or with the service is
+//! logged at WARN and the report skipped, never a reason to keep a healthy runner down.
 
 use super::cli::*;
 use super::client::{AgentClient, ClientError, LeaseToken, LeaseView};
 use super::exit::Exit;
+use super::journal::{self, Priority};
 use super::keys::RunnerKey;
 use super::probe::{self, Depth, ProbeSpec};
 use super::state::RunnerState;
@@ -95,7 +101,7 @@ async fn register(a: RegisterArgs) -> Outcome {
         .await
     {
         Ok(r) => r,
-        Err(e) => return Ok(report_error(&e)),
+        Err(e) => return Ok(report_error(&e, &client)),
     };
     let state = RunnerState {
         runner_id: reg.runner_id.clone(),
@@ -148,8 +154,8 @@ fn identity(c: &ConnArgs) -> Result<(RunnerKey, RunnerState, AgentClient), Strin
 
 async fn preflight(a: PreflightArgs) -> Outcome {
     let spec = probe_spec(&a.probe)?;
-    // Read the identity before probing, so that a bad key file is not discovered after the
-    // probe's (possibly long) work.
+    // Read the identity before probing, so that a bad key file is said before the probe's
+    // (possibly long) work, not after.
     let reporting = match &a.server {
         None => None,
         Some(server) => {
@@ -163,7 +169,15 @@ async fn preflight(a: PreflightArgs) -> Outcome {
                     state: state.clone(),
                 },
             };
-            Some(identity(&conn)?)
+            match identity(&conn) {
+                Ok(identity) => Some(identity),
+                Err(why) => {
+                    tracing::warn!(
+                        "{why}. The probe runs anyway and decides the exit status; its result is not reported to the service"
+                    );
+                    None
+                }
+            }
         }
     };
 
@@ -171,7 +185,7 @@ async fn preflight(a: PreflightArgs) -> Outcome {
     if report.ok() {
         println!("{}", report.summary());
     } else {
-        eprintln!("{}", report.summary());
+        journal::eprint_line(Priority::Warning, &report.summary());
     }
 
     if let Some((key, state, client)) = reporting {
@@ -223,7 +237,7 @@ async fn lease(a: LeaseArgs) -> Outcome {
             Ok(Exit::Ok)
         }
         Ok(None) => Ok(Exit::NoJob),
-        Err(e) => Ok(report_error(&e)),
+        Err(e) => Ok(report_error(&e, &client)),
     }
 }
 
@@ -238,19 +252,29 @@ where
         (None, None) => return Err("give --server or --state (to read the server from)".into()),
     };
     let client = AgentClient::new(&server).map_err(|e| e.to_string())?;
-    match call(client, a.lease_id.clone(), LeaseToken::new(&a.lease_token)).await {
+    match call(
+        client.clone(),
+        a.lease_id.clone(),
+        LeaseToken::new(&a.lease_token),
+    )
+    .await
+    {
         Ok(view) => {
             println!("{}", view.raw);
             Ok(Exit::Ok)
         }
-        Err(e) => Ok(report_error(&e)),
+        Err(e) => Ok(report_error(&e, &client)),
     }
 }
 
 /// Prints a failed call for a shell: the problem JSON as the service sent it, or one line.
-fn report_error(e: &ClientError) -> Exit {
+/// A refusal for this machine's clock also gets the measured offset, at WARN.
+fn report_error(e: &ClientError, client: &AgentClient) -> Exit {
     match e.problem() {
         Some(p) => {
+            if super::clock::is_clock_refusal(p, client.clock_offset()) {
+                heartbeat::log_clock_refusal(p, client.clock_offset(), None);
+            }
             eprintln!("{}", p.raw);
             if p.code == "runner_revoked" {
                 Exit::Revoked

@@ -7,7 +7,8 @@ pub enum Exit {
     /// Done: the probe passed, the call succeeded, the lease was granted.
     Ok = 0,
     /// The runtime cannot run a container, or the service refused the request (its problem
-    /// JSON is on stderr). Under systemd this fails the unit, which is the point.
+    /// JSON is on stderr), this machine's clock included. Under systemd this fails the unit,
+    /// which is the point.
     Failed = 1,
     /// `lease`: no job came within `--wait-s`. Nothing is printed.
     NoJob = 2,
@@ -16,8 +17,10 @@ pub enum Exit {
     Recycle = 3,
     /// The runner was revoked by an operator (403 `runner_revoked`); restarting will not help.
     Revoked = 4,
-    /// The command could not do its job: bad key or state file, the service unreachable, an
-    /// answer it did not understand. Retrying later may help.
+    /// The command could not do its job: bad key or state file (`preflight` only warns about
+    /// those), the service unreachable, a key the service does not accept, an answer it did
+    /// not understand. Retrying later may help. Never for a clock that is off: the heartbeat
+    /// loop keeps retrying through that.
     Error = 5,
 }
 

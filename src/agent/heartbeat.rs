@@ -4,10 +4,16 @@
 //! Why re-probe every time: the point of a heartbeat is that a runner that loses its runtime
 //! mid-life stops being leased to, so each beat must carry a probe as fresh as the beat. Why
 //! back off with jitter: after an outage, a fleet that retried in lockstep would hammer the
-//! service the moment it came back.
+//! service the moment it came back. Why a refusal for the clock is not an exit: the key is
+//! fine and time sync will catch up, so the loop keeps the offset in the journal at WARN and
+//! tries again when the service says to (`Retry-After`), or at the next beat.
+//!
+//! A failed probe (or a runner the service would not lease to) is logged at WARN, so that
+//! `journalctl -p warning` shows it; the beat after it that passes says so at INFO.
 
 use super::attestation;
-use super::client::{Action, AgentClient, ClientError, HeartbeatAnswer};
+use super::client::{Action, AgentClient, ClientError, HeartbeatAnswer, Problem};
+use super::clock;
 use super::exit::Exit;
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeReport, ProbeSpec};
@@ -53,15 +59,21 @@ impl Backoff {
 }
 
 /// What the loop does after a failed post.
-enum AfterError {
+#[derive(Debug)]
+enum AfterError<'a> {
+    /// Again, after the backoff's next delay.
     Retry,
+    /// Refused for this machine's clock: again after the service's `Retry-After` or the
+    /// heartbeat interval, with the offset logged.
+    Clock(&'a Problem),
     Stop(Exit),
 }
 
-fn judge_error(e: &ClientError) -> AfterError {
+fn judge_error(e: &ClientError, offset: Option<clock::ClockOffset>) -> AfterError<'_> {
     match e {
         ClientError::Unreachable { .. } => AfterError::Retry,
         ClientError::Problem(p) if p.code == "runner_revoked" => AfterError::Stop(Exit::Revoked),
+        ClientError::Problem(p) if clock::is_clock_refusal(p, offset) => AfterError::Clock(p),
         ClientError::Problem(p) if p.is_server_side() => AfterError::Retry,
         // Both are about time, not identity: a clock being corrected, a retried request.
         ClientError::Problem(p)
@@ -76,6 +88,32 @@ fn judge_error(e: &ClientError) -> AfterError {
     }
 }
 
+/// How long to wait after a refusal for the clock: the service's `Retry-After`, else the
+/// heartbeat interval; never less than a second nor more than ten minutes.
+fn clock_retry_delay(p: &Problem, interval_s: u64) -> Duration {
+    Duration::from_secs(p.retry_after_s.unwrap_or(interval_s).clamp(1, 600))
+}
+
+/// The WARN line for a refusal for the clock: the offset (as measured, or as the service
+/// words it) and what to fix.
+pub fn log_clock_refusal(p: &Problem, offset: Option<clock::ClockOffset>, retry: Option<Duration>) {
+    let measured = offset.map_or_else(
+        || "off (no Date header to measure it by)".to_string(),
+        |o| o.to_string(),
+    );
+    let then = retry.map_or_else(
+        || "not retrying".to_string(),
+        |d| format!("retrying in {} s", d.as_secs()),
+    );
+    tracing::warn!(
+        code = %p.code,
+        offset_s = offset.map(|o| o.runner_ahead_ms as f64 / 1000.0),
+        retry_in_s = retry.map(|d| d.as_secs()),
+        detail = %p.detail,
+        "refused for this machine's clock: clock is {measured}; fix its time sync (NTP); {then}",
+    );
+}
+
 /// Signs `report` and posts it as one heartbeat.
 pub async fn post(
     client: &AgentClient,
@@ -88,19 +126,30 @@ pub async fn post(
         .await
 }
 
-/// The one info line per accepted heartbeat.
+/// The one line per accepted heartbeat: WARN when the probe failed or the service would not
+/// lease to the runner (`status` other than `healthy`), INFO otherwise.
 pub fn log_answer(report: &ProbeReport, answer: &HeartbeatAnswer) {
-    tracing::info!(
-        runner_id = %answer.runner_id,
-        status = %answer.status,
-        action = %answer.action.as_str(),
-        image_current = %answer.image_current.map_or("unknown", |c| if c { "true" } else { "false" }),
-        image_id = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
-        next_heartbeat_s = answer.next_heartbeat_s,
-        detail = %answer.detail.as_deref().unwrap_or("-"),
-        "heartbeat: {}",
-        report.summary(),
-    );
+    macro_rules! line {
+        ($level:expr) => {
+            tracing::event!(
+                $level,
+                runner_id = %answer.runner_id,
+                status = %answer.status,
+                action = %answer.action.as_str(),
+                image_current = %answer.image_current.map_or("unknown", |c| if c { "true" } else { "false" }),
+                image_id = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
+                next_heartbeat_s = answer.next_heartbeat_s,
+                detail = %answer.detail.as_deref().unwrap_or("-"),
+                "heartbeat: {}",
+                report.summary(),
+            )
+        };
+    }
+    if report.ok() && answer.status == "healthy" {
+        line!(tracing::Level::INFO);
+    } else {
+        line!(tracing::Level::WARN);
+    }
 }
 
 /// Runs heartbeats until told to stop. With `once`, posts one and returns: `Ok` when accepted
@@ -114,11 +163,17 @@ pub async fn run(
     stop: CancellationToken,
 ) -> Exit {
     let mut backoff = Backoff::standard();
+    let mut interval_s = state.heartbeat_interval_s.max(1);
+    let mut failing = false;
     loop {
         let report = tokio::select! {
             r = probe::run(spec) => r,
             () = stop.cancelled() => return Exit::Ok,
         };
+        if report.ok() && failing {
+            tracing::info!("the runtime works again: {}", report.summary());
+        }
+        failing = !report.ok();
         let result = tokio::select! {
             r = post(client, key, state, &report) => r,
             () = stop.cancelled() => return Exit::Ok,
@@ -140,14 +195,23 @@ pub async fn run(
                 if once {
                     return if report.ok() { Exit::Ok } else { Exit::Failed };
                 }
-                let interval = answer.next_heartbeat_s.max(1);
+                interval_s = answer.next_heartbeat_s.max(1);
                 // Early rather than late, so that jitter never makes a runner look stale.
-                Duration::from_secs(interval).mul_f64(1.0 - 0.1 * rand::random::<f64>())
+                Duration::from_secs(interval_s).mul_f64(1.0 - 0.1 * rand::random::<f64>())
             }
-            Err(e) => match judge_error(&e) {
+            Err(e) => match judge_error(&e, client.clock_offset()) {
                 AfterError::Stop(exit) => {
                     tracing::error!(error = %e, "heartbeat refused; exiting with status {}", exit as u8);
                     return exit;
+                }
+                AfterError::Clock(p) => {
+                    if once {
+                        log_clock_refusal(p, client.clock_offset(), None);
+                        return Exit::Failed;
+                    }
+                    let d = clock_retry_delay(p, interval_s);
+                    log_clock_refusal(p, client.clock_offset(), Some(d));
+                    d
                 }
                 AfterError::Retry if once => {
                     tracing::error!(error = %e, "heartbeat not delivered");
@@ -170,6 +234,81 @@ pub async fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
+
+    fn problem(status: u16, code: &str, detail: &str, retry_after_s: Option<u64>) -> ClientError {
+        ClientError::Problem(Problem {
+            status,
+            code: code.into(),
+            detail: detail.into(),
+            retry_after_s,
+            raw: json!({"code": code, "detail": detail}),
+        })
+    }
+
+    #[test]
+    fn clock_refusals_are_retried_and_key_refusals_stop() {
+        let far = Some(clock::ClockOffset {
+            runner_ahead_ms: 612_000,
+        });
+        let judged = |e: &ClientError, o| match judge_error(e, o) {
+            AfterError::Retry => "retry".to_string(),
+            AfterError::Clock(p) => format!("clock {}", p.code),
+            AfterError::Stop(exit) => format!("stop {}", exit as u8),
+        };
+        let skew = problem(
+            401,
+            "clock_skew",
+            "the runner's clock is 612 s ahead",
+            Some(7),
+        );
+        assert_eq!(judged(&skew, None), "clock clock_skew");
+        let future = problem(
+            401,
+            "attestation_invalid",
+            "probe.checked_at is in the future",
+            None,
+        );
+        assert_eq!(judged(&future, far), "clock attestation_invalid");
+        assert_eq!(
+            judged(&future, None),
+            "stop 5",
+            "unmeasured, it may be the state file"
+        );
+        let key = problem(
+            401,
+            "attestation_invalid",
+            "the attestation is not a valid EdDSA JWS from a registered runner",
+            None,
+        );
+        assert_eq!(judged(&key, far), "stop 5");
+        let expired = problem(
+            401,
+            "attestation_expired",
+            "the attestation has expired",
+            None,
+        );
+        assert_eq!(judged(&expired, None), "retry");
+        assert_eq!(
+            judged(&problem(403, "runner_revoked", "revoked", None), far),
+            "stop 4"
+        );
+
+        let ClientError::Problem(p) = skew else {
+            unreachable!()
+        };
+        assert_eq!(clock_retry_delay(&p, 15), Duration::from_secs(7));
+        let none = Problem {
+            retry_after_s: None,
+            ..p.clone()
+        };
+        assert_eq!(clock_retry_delay(&none, 15), Duration::from_secs(15));
+        let zero = Problem {
+            retry_after_s: Some(0),
+            ..p
+        };
+        assert_eq!(clock_retry_delay(&zero, 15), Duration::from_secs(1));
+    }
 
     #[test]
     fn backoff_doubles_to_its_cap_with_bounded_jitter_and_resets() {

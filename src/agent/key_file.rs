@@ -5,6 +5,7 @@
 //! this runner, so a key that was ever readable by others must be treated as leaked (rotate it)
 //! rather than silently used; and overwriting one would orphan the registered runner.
 
+use super::file_access;
 use super::keys::RunnerKey;
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -23,6 +24,10 @@ pub enum KeyFileError {
     TooOpen { path: PathBuf, mode: u32 },
     #[error("{path} is not a regular file")]
     NotAFile { path: PathBuf },
+    /// This process's user may not read it (or its directory): the sentence says who, where
+    /// and what to change.
+    #[error("{explanation}")]
+    Denied { path: PathBuf, explanation: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -33,9 +38,20 @@ pub enum KeyFileError {
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> KeyFileError + '_ {
-    move |source| KeyFileError::Io {
-        path: path.to_path_buf(),
-        source,
+    move |source| match source.kind() {
+        std::io::ErrorKind::PermissionDenied => KeyFileError::Denied {
+            path: path.to_path_buf(),
+            explanation: file_access::explain_denied(
+                "key",
+                path,
+                &file_access::User::current(),
+                &file_access::refusal(path),
+            ),
+        },
+        _ => KeyFileError::Io {
+            path: path.to_path_buf(),
+            source,
+        },
     }
 }
 

@@ -3,19 +3,28 @@
 //!
 //! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs.
 //! - [`attestation`]: a probe report as signed claims.
-//! - [`client`]: `AgentClient`, the HTTP API with typed answers.
+//! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
+//! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
+//!   could not be reached; [`clock`]: this machine's clock against the service's.
 //! - [`heartbeat`]: the heartbeat loop and its backoff.
-//! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it.
-//! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses.
+//! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
+//!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
+//! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses;
+//!   [`journal`]: logging, with priorities journald files.
 
 pub mod attestation;
 pub mod cli;
 pub mod client;
+pub mod clock;
 pub mod commands;
 pub mod exit;
+pub mod file_access;
 pub mod forge_runners;
 pub mod heartbeat;
+pub mod journal;
 pub mod key_file;
 pub mod keys;
+pub mod net_error;
 pub mod probe;
+pub mod runtime_message;
 pub mod state;

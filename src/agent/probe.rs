@@ -4,10 +4,11 @@
 //! Why a probe at all: a runtime binary on `PATH` says nothing about a missing OCI runtime, an
 //! unwritable run root or a broken storage driver. `<runtime> info` initialises the runtime and
 //! catches those cheaply; `create` and `run` go further for those who want it. A failure is
-//! reported in the runtime's own words (its last stderr line), because that is what an operator
-//! can act on, and every command is bounded by a timeout because a hung runtime must not hang
-//! the runner's start-up.
+//! reported in the runtime's own words (the stderr line that says why, unframed by
+//! `runtime_message`), because that is what an operator can act on, and every command is
+//! bounded by a timeout because a hung runtime must not hang the runner's start-up.
 
+pub use super::runtime_message::last_error_line;
 use crate::domain::digest::ImageDigest;
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -344,8 +345,8 @@ fn spawn_failure(rt: &Runtime, e: &std::io::Error) -> ProbeFailure {
     }
 }
 
-/// A failed command in the runtime's own words: its last non-empty stderr line, without
-/// podman's `Error: ` prefix (the sentence around it already says it is an error).
+/// A failed command in the runtime's own words: the line of its stderr that says why, without
+/// podman's framing (`runtime_message`).
 fn runtime_failure(rt: &Runtime, step: &str, out: &Output) -> ProbeFailure {
     let message = match last_error_line(&out.stderr) {
         Some(line) => line,
@@ -358,23 +359,6 @@ fn runtime_failure(rt: &Runtime, step: &str, out: &Output) -> ProbeFailure {
         message,
         exit_code: out.status.code(),
     }
-}
-
-/// The last non-empty line of `stderr`, trimmed, with a leading `Error: ` (podman) or
-/// `ERROR: ` removed.
-pub fn last_error_line(stderr: &str) -> Option<String> {
-    let line = stderr
-        .lines()
-        .rev()
-        .map(str::trim)
-        .find(|l| !l.is_empty())?;
-    let line = ["Error:", "ERROR:"]
-        .iter()
-        .filter_map(|p| line.strip_prefix(p))
-        .find(|rest| rest.is_empty() || rest.starts_with(char::is_whitespace))
-        .unwrap_or(line)
-        .trim();
-    (!line.is_empty()).then(|| line.to_string())
 }
 
 fn is_image_missing(stderr: &str) -> bool {
@@ -455,23 +439,6 @@ mod tests {
 
     const HEX: &str = "ab18ead3fcae10744bfa6eac32515d9181e11701a7e02ff04d0b0c0c448f27ab";
     const DIGEST: &str = "sha256:821b9a0e488f210219f31b6ab39f8ec77054be77882b67e3f9ceb9a53c9de985";
-
-    #[test]
-    fn the_last_line_without_podmans_prefix_is_the_message() {
-        let stderr = "time=\"…\" level=warning msg=\"RunRoot is pointing to a path\"\n\
-                      Error: default OCI runtime \"crun\" not found: invalid argument\n\n";
-        assert_eq!(
-            last_error_line(stderr).as_deref(),
-            Some("default OCI runtime \"crun\" not found: invalid argument")
-        );
-        assert_eq!(
-            last_error_line("Cannot connect to the Docker daemon. Is it running?\n").as_deref(),
-            Some("Cannot connect to the Docker daemon. Is it running?")
-        );
-        assert_eq!(last_error_line("\n  \n"), None);
-        assert_eq!(last_error_line("Error: "), None);
-        assert_eq!(last_error_line("Errors: 3").as_deref(), Some("Errors: 3"));
-    }
 
     #[test]
     fn image_ids_become_full_digests() {

@@ -5,6 +5,7 @@
 //! every later command (preflight, heartbeat, lease) reads the runner ID, the audience and the
 //! server's URL from here instead of asking the operator to repeat them.
 
+use super::file_access;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
@@ -32,6 +33,10 @@ pub struct RunnerState {
 pub enum StateError {
     #[error("{0} already exists; it names a registered runner (move it aside to register again)")]
     Exists(PathBuf),
+    /// This process's user may not read it (or its directory): the sentence says who, where
+    /// and what to change.
+    #[error("{explanation}")]
+    Denied { path: PathBuf, explanation: String },
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -41,12 +46,27 @@ pub enum StateError {
     Invalid { path: PathBuf, reason: String },
 }
 
-impl RunnerState {
-    pub fn load(path: &Path) -> Result<Self, StateError> {
-        let text = std::fs::read_to_string(path).map_err(|source| StateError::Io {
+fn io(path: &Path, source: std::io::Error) -> StateError {
+    match source.kind() {
+        std::io::ErrorKind::PermissionDenied => StateError::Denied {
+            path: path.to_path_buf(),
+            explanation: file_access::explain_denied(
+                "state file",
+                path,
+                &file_access::User::current(),
+                &file_access::refusal(path),
+            ),
+        },
+        _ => StateError::Io {
             path: path.to_path_buf(),
             source,
-        })?;
+        },
+    }
+}
+
+impl RunnerState {
+    pub fn load(path: &Path) -> Result<Self, StateError> {
+        let text = std::fs::read_to_string(path).map_err(|e| io(path, e))?;
         serde_json::from_str(&text).map_err(|e| StateError::Invalid {
             path: path.to_path_buf(),
             reason: e.to_string(),
@@ -64,12 +84,9 @@ impl RunnerState {
 
     /// Writes the state to a new file at `path` (mode 0600), never over an existing one.
     pub fn create(&self, path: &Path) -> Result<(), StateError> {
-        let io = |source| StateError::Io {
-            path: path.to_path_buf(),
-            source,
-        };
+        let fail = |source| io(path, source);
         if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).map_err(io)?;
+            std::fs::create_dir_all(parent).map_err(fail)?;
         }
         let mut file = std::fs::OpenOptions::new()
             .write(true)
@@ -78,13 +95,13 @@ impl RunnerState {
             .open(path)
             .map_err(|e| match e.kind() {
                 std::io::ErrorKind::AlreadyExists => StateError::Exists(path.to_path_buf()),
-                _ => io(e),
+                _ => fail(e),
             })?;
         let mut text = serde_json::to_string_pretty(self).expect("state serialises");
         text.push('\n');
         file.write_all(text.as_bytes())
             .and_then(|()| file.sync_all())
-            .map_err(io)
+            .map_err(fail)
     }
 }
 

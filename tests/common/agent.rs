@@ -22,6 +22,8 @@ const AGENT_VARS: &[&str] = &[
     "LEASEGATE_LOG_FORMAT",
     "RUST_LOG",
     "CONTAINERS_CONF",
+    // Set by systemd when a test runs under it: the agent would then tag its lines for journald.
+    "JOURNAL_STREAM",
 ];
 
 /// `leasegate runner <args>` as a child process.
@@ -33,6 +35,76 @@ pub fn runner(args: &[&str]) -> tokio::process::Command {
     }
     cmd.stdin(Stdio::null()).kill_on_drop(true);
     cmd
+}
+
+/// A user that directories private to this one refuse: this user when it is not root, else
+/// `nobody` (uid 65534, through `setpriv`). `None`, with the reason printed, when this is root
+/// and there is no `setpriv`.
+pub struct Unprivileged {
+    /// How the agent names it: `user nobody (uid 65534)`.
+    pub described: String,
+    /// The name the agent gives `chown`.
+    pub chown_name: String,
+    /// Whether it is this very user (then its private directories are made so by mode 000).
+    pub is_self: bool,
+}
+
+impl Unprivileged {
+    pub fn find() -> Option<Unprivileged> {
+        use leasegate::agent::file_access::User;
+        let me = User::current();
+        if me.uid != Some(0) {
+            return Some(Unprivileged {
+                described: me.to_string(),
+                chown_name: me.chown_name(),
+                is_self: true,
+            });
+        }
+        let setpriv = std::process::Command::new("setpriv")
+            .arg("--version")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !setpriv {
+            println!("skipped: running as root without setpriv to become another user");
+            return None;
+        }
+        let nobody = User::of_uid(65534);
+        Some(Unprivileged {
+            described: nobody.to_string(),
+            chown_name: nobody.chown_name(),
+            is_self: false,
+        })
+    }
+
+    /// `leasegate runner <args>` as this user.
+    pub fn runner(&self, args: &[&str]) -> tokio::process::Command {
+        if self.is_self {
+            return runner(args);
+        }
+        let mut cmd = tokio::process::Command::new("setpriv");
+        cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", "--"])
+            .arg(env!("CARGO_BIN_EXE_leasegate"))
+            .arg("runner")
+            .args(args);
+        for v in AGENT_VARS {
+            cmd.env_remove(v);
+        }
+        cmd.stdin(Stdio::null()).kill_on_drop(true);
+        cmd
+    }
+
+    /// Makes `dir` one this user may not enter: root's and mode 0700 for `nobody`, mode 000 for
+    /// this user (undone by [`Unprivileged::open`]).
+    pub fn close(&self, dir: &Path) {
+        let mode = if self.is_self { 0o000 } else { 0o700 };
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    pub fn open(&self, dir: &Path) {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    }
 }
 
 /// How a command ended and what it printed.
