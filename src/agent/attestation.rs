@@ -46,6 +46,7 @@ pub fn claims(state: &RunnerState, report: &ProbeReport, now_s: i64) -> Value {
             "version": env!("CARGO_PKG_VERSION"),
             "hostname": hostname(),
         },
+        "host": hostname(),
     });
     if let Some(image) = &report.image {
         let mut obj = Map::new();
