@@ -9,6 +9,19 @@ document.addEventListener("submit", (event) => {
   }
 });
 
+// A digest's copy button puts the full digest on the clipboard (the page shows it short).
+document.addEventListener("click", async (event) => {
+  const button = event.target.closest("button.copy");
+  if (!button) return;
+  try {
+    await navigator.clipboard.writeText(button.getAttribute("data-copy"));
+    button.textContent = "copied";
+    setTimeout(() => { button.textContent = "copy"; }, 1500);
+  } catch (_) {
+    // No clipboard (an insecure origin): the full digest is in the tooltip.
+  }
+});
+
 const fleet = document.getElementById("fleet");
 if (fleet) {
   const url = fleet.getAttribute("data-refresh");

@@ -81,20 +81,9 @@ fn assert_not_blank(png_bytes: &[u8]) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_operator_finds_the_broken_runner_and_cordons_it() {
-    if !browser_available() {
-        return;
-    }
-    let app = spawn_app().await;
-    app.pool("linux", &[IMAGE_A]).await;
-    let broken = app.register("linux", "broken-runner").await;
-    let healthy = app.register("linux", "healthy-runner").await;
-    app.heartbeat(&broken.failing("default OCI runtime \"crun\" not found: invalid argument"))
-        .await;
-    app.heartbeat(&healthy.healthy()).await;
-
-    let (_driver, driver_url) = start_chromedriver().await;
+/// A headless Chromium under its own chromedriver, with a throwaway profile.
+async fn open_browser() -> (tokio::process::Child, fantoccini::Client, tempfile::TempDir) {
+    let (driver, driver_url) = start_chromedriver().await;
     let profile = tempfile::tempdir().unwrap();
     let caps = serde_json::json!({
         "goog:chromeOptions": {
@@ -111,6 +100,23 @@ async fn an_operator_finds_the_broken_runner_and_cordons_it() {
         .connect(&driver_url)
         .await
         .expect("a browser session");
+    (driver, browser, profile)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_finds_the_broken_runner_and_cordons_it() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let broken = app.register("linux", "broken-runner").await;
+    let healthy = app.register("linux", "healthy-runner").await;
+    app.heartbeat(&broken.failing("default OCI runtime \"crun\" not found: invalid argument"))
+        .await;
+    app.heartbeat(&healthy.healthy()).await;
+
+    let (_driver, browser, _profile) = open_browser().await;
 
     browser.goto(&app.url("/admin")).await.unwrap();
     assert!(
@@ -206,5 +212,104 @@ async fn an_operator_finds_the_broken_runner_and_cordons_it() {
         &shot,
     )
     .unwrap();
+    browser.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleet_collapses_the_healthy_filters_pages_and_draws_its_pools() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    app.pool("macos", &[IMAGE_B]).await;
+    for i in 0..3 {
+        let r = app.register("linux", &format!("ok-{i}")).await;
+        app.heartbeat(&r.attest(serde_json::json!({"host": format!("host-{i}.ci")})))
+            .await;
+    }
+    for i in 0..3 {
+        let r = app.register("macos", &format!("mac-{i}")).await;
+        app.heartbeat(&r.failing("no podman machine")).await;
+    }
+    app.enqueue("macos").await;
+    let now = leasegate::domain::time::Millis::now();
+    app.state.store().release_task("sample", now).await.unwrap();
+    leasegate::timeline::sample_once(&app.state, now)
+        .await
+        .unwrap();
+
+    let (_driver, browser, _profile) = open_browser().await;
+    browser
+        .goto(&app.url(&format!("/admin/login?token={ADMIN}")))
+        .await
+        .unwrap();
+    let text = |css: &'static str| {
+        let browser = browser.clone();
+        async move {
+            browser
+                .find(Locator::Css(css))
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap()
+        }
+    };
+    // The banner, the timelines, the healthy ones as a count.
+    assert!(
+        text("#pool-macos .banner")
+            .await
+            .contains("no runner of this pool may take one")
+    );
+    assert_eq!(
+        browser
+            .find_all(Locator::Css("svg.timeline"))
+            .await
+            .unwrap()
+            .len(),
+        4
+    );
+    assert!(text(".healthy-count").await.contains("3 healthy runners"));
+    assert_eq!(
+        browser
+            .find_all(Locator::Css("tr.runner"))
+            .await
+            .unwrap()
+            .len(),
+        3
+    );
+    // The filter form: the healthy ones, then a search over hosts; kept in the URL.
+    let form = browser.form(Locator::Css("form.filters")).await.unwrap();
+    form.set_by_name("status", "healthy").await.unwrap();
+    form.set_by_name("q", "host-1").await.unwrap();
+    form.submit().await.unwrap();
+    let url = browser.current_url().await.unwrap();
+    assert_eq!(url.query(), Some("pool=&status=healthy&q=host-1"), "{url}");
+    let rows = browser.find_all(Locator::Css("tr.runner")).await.unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(rows[0].text().await.unwrap().contains("host-1.ci"));
+    // Paging: one a page, the next page's link.
+    browser
+        .goto(&app.url("/admin?pool=macos&limit=1"))
+        .await
+        .unwrap();
+    browser
+        .find(Locator::Css("a[rel=next]"))
+        .await
+        .unwrap()
+        .click()
+        .await
+        .unwrap();
+    let url = browser.current_url().await.unwrap();
+    assert!(url.query().unwrap().contains("cursor=1"), "{url}");
+    assert_eq!(
+        browser
+            .find_all(Locator::Css("tr.runner"))
+            .await
+            .unwrap()
+            .len(),
+        1
+    );
     browser.close().await.unwrap();
 }
