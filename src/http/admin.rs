@@ -61,7 +61,8 @@ fn pool_name(name: &str) -> Result<PoolName, ApiError> {
     PoolName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+/// Its schema is `constraints::pool_body`, which says `PoolSpec::validate`'s rules too.
+#[derive(Deserialize)]
 struct PoolBody {
     #[serde(default)]
     image_ref: Option<String>,
@@ -77,10 +78,24 @@ struct PoolBody {
     /// the runner gets its work all the same.
     #[serde(default)]
     gate_mode: GateMode,
-    #[serde(default)]
+    /// 0 to 2592000 seconds, default 900.
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     drift_grace_s: Option<i64>,
-    #[serde(default)]
+    /// 10 to 86400 seconds, default 300 (registry pools).
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     resolve_interval_s: Option<i64>,
+}
+
+impl utoipa::PartialSchema for PoolBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        super::constraints::placeholder()
+    }
+}
+
+impl utoipa::ToSchema for PoolBody {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "PoolBody".into()
+    }
 }
 
 /// The pool's image ids, each in its full form; the first that is none names itself.
@@ -139,7 +154,7 @@ fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> P
 
 #[utoipa::path(put, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body = PoolBody,
     responses(
         (status = 201, description = "Created.", body = PoolView),
@@ -203,7 +218,7 @@ async fn put_pool(
 
 #[utoipa::path(delete, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 204, description = "Deleted, with its revoked runners, their history, its finished jobs and its registration tokens."),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
@@ -225,7 +240,7 @@ async fn delete_pool(
 
 #[utoipa::path(get, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "The pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
@@ -276,13 +291,14 @@ async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<V
 #[derive(Deserialize, Default, utoipa::ToSchema)]
 struct TokenBody {
     /// 1 to 2592000 seconds, default 3600.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    #[schema(minimum = 1, maximum = 2592000)]
     ttl_s: Option<i64>,
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/registration-tokens", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body(content = Option<TokenBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 201, description = "A single-use registration token.", body = RegistrationToken),
@@ -334,6 +350,7 @@ async fn create_registration_token(
 struct RunnerFilter {
     /// Only the runners of this pool.
     #[serde(default)]
+    #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: Option<String>,
 }
 
@@ -413,7 +430,7 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
 
 #[utoipa::path(get, path = "/api/v1/admin/runners/{id}", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The runner and its history.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -457,7 +474,7 @@ async fn set_cordon(
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/cordon", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -474,7 +491,7 @@ async fn cordon(
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/uncordon", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -491,7 +508,7 @@ async fn uncordon(
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -525,7 +542,7 @@ struct ForgeRunnersBody {
 
 #[utoipa::path(put, path = "/api/v1/admin/runners/{id}/forge-runners", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body = ForgeRunnersBody,
     responses(
         (status = 200, description = "Replaced; the runner detail.", body = RunnerDetail),
@@ -616,7 +633,7 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>
 /// over, 502 `pool_resolution_failed` (the set unchanged) when it failed.
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/resolve", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "Resolved; the pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),

@@ -32,15 +32,22 @@ pub fn router() -> Router<AppState> {
 
 #[derive(Deserialize, utoipa::ToSchema)]
 struct EnqueueBody {
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: String,
     /// Any JSON, handed to the runner; default null.
     #[serde(default)]
     payload: Value,
     /// 1 to 100, default 3.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     #[schema(minimum = 1, maximum = 100)]
     max_attempts: Option<i64>,
+    /// 1 to 256 characters, no control character: the same key answers with the same job.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     idempotency_key: Option<String>,
 }
 
@@ -61,8 +68,11 @@ async fn enqueue(
     JsonBody(body): JsonBody<EnqueueBody>,
 ) -> Result<(StatusCode, Json<Value>), ApiError> {
     if let Some(key) = &body.idempotency_key {
-        if key.is_empty() || key.len() > 256 {
-            return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
+        // Counted in characters, as JSON Schema's `maxLength` counts them.
+        if key.is_empty() || key.chars().count() > 256 {
+            return Err(ApiError::bad_request(
+                "idempotency_key: 1 to 256 characters",
+            ));
         }
         without_controls("idempotency_key", key)?;
     }
@@ -110,7 +120,7 @@ fn new_job(body: EnqueueBody) -> Result<NewJob, (ApiError, Option<String>)> {
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "forge",
     security(("forge_token" = [])),
-    params(("id" = String, Path, description = "The job id.")),
+    params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The job and its story.", body = JobView),
         (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
@@ -132,7 +142,7 @@ async fn read(
 
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "forge",
     security(("forge_token" = [])),
-    params(("id" = String, Path, description = "The job id.")),
+    params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cancelled; the job view.", body = JobView),
         (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),

@@ -12,12 +12,11 @@ use serde_json::{Value, json};
 /// many `[[runners]]` stays far below it).
 pub const MAX_FORGE_RUNNERS: usize = 64;
 
-/// One forge runner in a request.
-#[derive(Deserialize, Clone, utoipa::ToSchema)]
+/// One forge runner in a request; its schema is `constraints::forge_runner`.
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeRunnerSpec {
     /// `forgejo` (or `gitea`) or `gitlab`.
-    #[schema(example = "forgejo")]
     kind: String,
     /// A Forgejo or Gitea runner's uuid (its `.runner` file's `uuid`).
     #[serde(default)]
@@ -25,6 +24,18 @@ pub struct ForgeRunnerSpec {
     /// The SHA-256 of a GitLab runner's authentication token, 64 lowercase hex characters.
     #[serde(default)]
     token_sha256: Option<String>,
+}
+
+impl utoipa::PartialSchema for ForgeRunnerSpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        super::constraints::placeholder()
+    }
+}
+
+impl utoipa::ToSchema for ForgeRunnerSpec {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ForgeRunnerSpec".into()
+    }
 }
 
 /// The identities of `specs`, checked, without repeats.

@@ -51,7 +51,7 @@ struct LeaseBody {
 
 fn wait_seconds(wait: Option<serde_json::Number>) -> Result<u64, ApiError> {
     let Some(n) = wait else { return Ok(0) };
-    match n.as_u64() {
+    match super::json::whole(&n).and_then(|s| u64::try_from(s).ok()) {
         Some(s) if s <= MAX_WAIT_S => Ok(s),
         _ => Err(ApiError::bad_request(format!(
             "wait_s: must be a whole number from 0 to {MAX_WAIT_S}"
@@ -257,7 +257,7 @@ struct TtlBody {
 
 fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, ApiError> {
     let Some(n) = ttl else { return Ok(default) };
-    match n.as_i64() {
+    match super::json::whole(&n) {
         Some(s) if (1..=3600).contains(&s) => Ok(s),
         _ => Err(ApiError::bad_request(
             "ttl_s: must be a whole number from 1 to 3600",
@@ -267,7 +267,7 @@ fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, Api
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/start", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Started: an attempt is used, job `leased → running`.", body = LeaseView),
         (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
@@ -287,7 +287,7 @@ async fn start(
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/extend", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body(content = Option<TtlBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Extended: `expires_at = now + ttl_s`.", body = LeaseView),
@@ -319,7 +319,7 @@ enum OutcomeBody {
 #[derive(Deserialize, utoipa::ToSchema)]
 struct CompleteBody {
     outcome: OutcomeBody,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     exit_code: Option<i64>,
     #[serde(default)]
     message: Option<String>,
@@ -331,7 +331,7 @@ fn clean_message(m: Option<String>) -> Option<String> {
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/complete", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body = CompleteBody,
     responses(
         (status = 200, description = "Completed.", body = LeaseView),
@@ -370,7 +370,7 @@ struct AbandonBody {
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/abandon", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body(content = Option<AbandonBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Abandoned: the job returns to the queue without using an attempt.", body = LeaseView),

@@ -33,8 +33,13 @@ pub fn router() -> Router<AppState> {
 /// An Ed25519 public key as a JWK.
 #[derive(Deserialize, utoipa::ToSchema)]
 struct Jwk {
+    #[schema(pattern = "^OKP$")]
     kty: String,
+    #[schema(pattern = "^Ed25519$")]
     crv: String,
+    /// The key's 32 bytes, base64url without padding (padding `=` is ignored): a valid
+    /// point, not of small order, in its one canonical encoding.
+    #[schema(pattern = "^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]=*$")]
     x: String,
 }
 
@@ -94,11 +99,13 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
     }
     for (k, v) in labels {
         let printable = plain_name("labels", k).and_then(|_| plain_name("labels", v));
-        if k.is_empty() || k.len() > 128 || v.len() > 1024 || printable.is_err() {
+        // Counted in characters, as JSON Schema's `maxLength` counts them.
+        let (klen, vlen) = (k.chars().count(), v.chars().count());
+        if k.is_empty() || klen > 128 || vlen > 1024 || printable.is_err() {
             // The key is shown only once it is known to be plain.
             let key = if printable.is_ok() { k.as_str() } else { "…" };
             return Err(ApiError::bad_request(format!(
-                "labels.{key}: keys 1-128 bytes, values at most 1024, no control or \
+                "labels.{key}: keys 1-128 characters, values at most 1024, no control or \
                  invisible format characters"
             )));
         }

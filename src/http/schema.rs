@@ -624,6 +624,7 @@ impl Modify for CommonProblems {
         ];
         for (path, item) in openapi.paths.paths.iter_mut() {
             if !path.starts_with("/api/") {
+                page_problems(item);
                 continue;
             }
             let operations = [
@@ -650,6 +651,35 @@ impl Modify for CommonProblems {
                         .or_insert_with(|| RefOr::T(problem_response(THROTTLED)));
                 }
             }
+        }
+    }
+}
+
+/// The problems of the page's forms and paths: a path that is not a valid id, or a form that
+/// is not `application/x-www-form-urlencoded` or lacks a field.
+fn page_problems(item: &mut utoipa::openapi::PathItem) {
+    for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+        let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+        let has_form = op.request_body.is_some();
+        let mut add = |status: &str, description: &str| {
+            op.responses
+                .responses
+                .entry(status.to_string())
+                .or_insert_with(|| RefOr::T(problem_response(description)));
+        };
+        if has_params || has_form {
+            add("400", "`bad_request`: a malformed path, query or form.");
+        }
+        if has_form {
+            add(
+                "415",
+                "`bad_request`: the form is not `application/x-www-form-urlencoded`.",
+            );
+            add(
+                "413",
+                "`payload_too_large`: the body is over the configured limit.",
+            );
+            add("422", "`bad_request`: the form lacks a field.");
         }
     }
 }
@@ -686,8 +716,9 @@ impl Modify for OptionalBodies {
 pub fn document() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
-        ApiDoc::openapi()
-            .to_pretty_json()
-            .expect("the OpenAPI document serializes")
+        let mut doc =
+            serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes");
+        super::constraints::apply(&mut doc);
+        serde_json::to_string_pretty(&doc).expect("the OpenAPI document serializes")
     })
 }
