@@ -42,9 +42,12 @@ for _ in $(seq 1 100); do
   sleep 0.1
 done
 
+# Run from the temporary directory, so that schemathesis' own cache (`.schemathesis/`) starts
+# empty each time and stays out of the work tree: the same seed then makes the same cases.
+ci="$(pwd)/.ci"
 status=0
-PYTHONPATH=".ci${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
-  schemathesis --config-file .ci/schemathesis.toml run "$base/openapi.json" \
+(cd "$work" && PYTHONPATH="$ci${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hooks \
+  schemathesis --config-file "$ci/schemathesis.toml" run "$base/openapi.json" \
   --checks all \
   --phases examples,coverage,fuzzing,stateful \
   --seed "$SEED" \
@@ -52,7 +55,7 @@ PYTHONPATH=".ci${PYTHONPATH:+:$PYTHONPATH}" SCHEMATHESIS_HOOKS=schemathesis_hook
   --workers 1 \
   --request-timeout 10 \
   --suppress-health-check all \
-  "$@" || status=$?
+  "$@") || status=$?
 
 if [ "$status" -ne 0 ]; then
   echo "== leasegate serve's log (tail)"
