@@ -5,8 +5,9 @@ use super::auth::ForgeAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::runners::AttestationBody;
-use super::schema::{GateDecision, JobSummary, JobView, Problem};
+use super::schema::Problem;
 use super::views;
+use super::views::{GateDecision, JobSummary, JobView};
 use crate::app::AppState;
 use crate::domain::ids::JobId;
 use crate::domain::job::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE};
@@ -20,7 +21,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -66,7 +67,7 @@ async fn enqueue(
     _: ForgeAuth,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<JobSummary>), ApiError> {
     if let Some(key) = &body.idempotency_key {
         // Counted in characters, as JSON Schema's `maxLength` counts them.
         if key.is_empty() || key.chars().count() > 256 {
@@ -131,7 +132,7 @@ async fn read(
     _: ForgeAuth,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let (job, events) = state
         .store()
         .get_job(&JobId::parse("id", &id)?)
@@ -154,7 +155,7 @@ async fn cancel(
     _: ForgeAuth,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let job_id = JobId::parse("id", &id)?;
     state
         .store()
@@ -187,7 +188,15 @@ async fn gate_check(
     JsonBody(body): JsonBody<AttestationBody>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let refuse = |code: &str, detail: String, runner: Option<String>, pool: Option<String>| json!({"decision": "refuse", "code": code, "detail": detail, "runner_id": runner, "pool": pool});
+    let decision = |allow: bool, code: Option<&str>, detail: Option<String>, runner, pool| {
+        Json(GateDecision {
+            decision: if allow { "allow" } else { "refuse" }.to_string(),
+            code: code.map(str::to_string),
+            detail,
+            runner_id: runner,
+            pool,
+        })
+    };
     match state
         .gate()
         .admit(&body.attestation, Purpose::GateCheck, Millis::now())
@@ -198,23 +207,24 @@ async fn gate_check(
             let pool = Some(admitted.pool.name.to_string());
             if let Some(r) = admitted.observed_refusal() {
                 // A pool that observes allows, and says what it would have refused.
-                let mut answer = Json(json!({"decision": "allow", "code": r.code(), "detail": r.detail(), "runner_id": runner, "pool": pool})).into_response();
+                let mut answer =
+                    decision(true, Some(r.code()), Some(r.detail()), runner, pool).into_response();
                 answer.headers_mut().insert(
                     crate::forge_gate::WOULD_REFUSE_HEADER,
                     axum::http::HeaderValue::from_static(r.code()),
                 );
                 return Ok(answer);
             }
-            Ok(Json(match &admitted.verdict {
-                Ok(()) => {
-                    json!({"decision": "allow", "code": null, "detail": null, "runner_id": runner, "pool": pool})
-                }
-                Err(r) => refuse(r.code(), r.detail(), runner, pool),
-            })
+            Ok(match &admitted.verdict {
+                Ok(()) => decision(true, None, None, runner, pool),
+                Err(r) => decision(false, Some(r.code()), Some(r.detail()), runner, pool),
+            }
             .into_response())
         }
         Err(AdmitError::Store(e)) => Err(e.into()),
         Err(e @ AdmitError::BadRequest(_)) => Err(e.into()),
-        Err(e) => Ok(Json(refuse(e.code(), e.to_string(), None, None)).into_response()),
+        Err(e) => {
+            Ok(decision(false, Some(e.code()), Some(e.to_string()), None, None).into_response())
+        }
     }
 }

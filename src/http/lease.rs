@@ -8,8 +8,9 @@ use super::auth::{Credential, LeaseBearer, throttled};
 use super::client::Client;
 use super::json::{JsonBody, OptionalJson};
 use super::problem::ApiError;
-use super::schema::{LeaseGrant, LeaseView, Problem};
+use super::schema::Problem;
 use super::views;
+use super::views::{LeaseGrant, LeaseView};
 use crate::app::AppState;
 use crate::domain::ids::{LeaseId, RunnerId};
 use crate::domain::job::Job;
@@ -24,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
+
 use std::time::Duration;
 
 pub fn router() -> Router<AppState> {
@@ -197,13 +198,7 @@ fn granted(state: &AppState, token: String, lease: Lease, job: Job) -> Response 
     state.metrics().granted(lease.pool.as_str());
     record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
     tracing::info!(runner_id = %lease.runner_id, pool = %lease.pool, job_id = %job.id, lease_id = %lease.id, "lease granted");
-    Json(json!({
-        "lease_id": lease.id,
-        "lease_token": token,
-        "expires_at": lease.expires_at,
-        "job": views::leased_job(&job, &lease),
-    }))
-    .into_response()
+    Json(views::lease_grant(token, &lease, &job)).into_response()
 }
 
 /// Puts the job and lease ids on the request's span, so every log line of it carries them.
@@ -223,7 +218,7 @@ async fn run_call(
     id: String,
     token: &str,
     call: LeaseCall,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let lease_id = LeaseId::parse("id", &id)?;
     let token_hash = hash_token(token);
     let (lease, job) = throttled(state, client, Credential::Lease, async {
@@ -280,7 +275,7 @@ async fn start(
     client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let ttl_s = state.settings().lease_ttl_s;
     run_call(&state, client, id, &token, LeaseCall::Start { ttl_s }).await
 }
@@ -302,7 +297,7 @@ async fn extend(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<TtlBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let ttl_s = ttl_seconds(body.ttl_s, state.settings().lease_ttl_s)?;
     run_call(&state, client, id, &token, LeaseCall::Extend { ttl_s }).await
 }
@@ -346,7 +341,7 @@ async fn complete(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     JsonBody(body): JsonBody<CompleteBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let outcome = match body.outcome {
         OutcomeBody::Succeeded => Outcome::Succeeded,
         OutcomeBody::Failed => Outcome::Failed,
@@ -385,7 +380,7 @@ async fn abandon(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<AbandonBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let reason = body.reason.map(|r| crate::domain::text::sanitize(&r, 128));
     let call = LeaseCall::Abandon {
         reason,

@@ -1,13 +1,17 @@
 //! The OpenAPI document, `GET /openapi.json`, generated from the code with `utoipa`.
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
-//! to them); request bodies derive `ToSchema` where they are defined. The response shapes that
-//! `views` builds with `json!` are described here by structs that only exist for the document.
+//! to them); request bodies derive `ToSchema` where they are defined, and so do the answers
+//! that `views` types (jobs, leases, registration, heartbeat, gate check): there the struct is
+//! both the answer and its schema. The shapes `views` still builds with `json!` (pools,
+//! runners and their history, the drift report, registration tokens, registry events) are
+//! described here by structs that only exist for the document.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
 
-// These structs describe JSON that `views` builds; they are never constructed. Every key is
+// These structs describe JSON that `views` still builds with `json!`; they are never
+// constructed. Every key is
 // always sent, `null` where there is no value: optional fields are required and nullable.
 #![allow(dead_code)]
 
@@ -40,137 +44,6 @@ pub struct Problem {
     /// Stable snake_case code that clients branch on.
     #[schema(example = "probe_failed")]
     pub code: String,
-}
-
-/// `201` to `POST /api/v1/runners`.
-#[derive(Serialize, ToSchema)]
-pub struct Registered {
-    pub runner_id: String,
-    pub pool: String,
-    /// The `aud` every attestation must carry.
-    pub audience: String,
-    pub heartbeat_interval_s: i64,
-    pub attestation_max_age_s: i64,
-    pub probe_max_age_s: i64,
-}
-
-/// `200` to `POST /api/v1/runners/heartbeat`.
-#[derive(Serialize, ToSchema)]
-pub struct Heartbeat {
-    pub runner_id: String,
-    /// `healthy`, `probe_failed`, `probe_stale`, `pool_image_unresolved`, `image_unreported`,
-    /// `drifted`, `cordoned` or `quarantined`.
-    pub status: String,
-    /// The refusal's code when `status` is not `healthy`.
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    pub expected_image_ids: Vec<String>,
-    /// Null when the pool's policy is `off`, its set is empty, or no image was reported.
-    #[schema(required = true)]
-    pub image_current: Option<bool>,
-    pub next_heartbeat_s: i64,
-    /// `recycle` exactly when `image_current` is false, else `none`.
-    #[schema(example = "none")]
-    pub action: String,
-}
-
-/// The job as a runner holding a lease sees it.
-#[derive(Serialize, ToSchema)]
-pub struct LeasedJob {
-    pub id: String,
-    pub pool: String,
-    pub state: String,
-    /// Whatever the forge enqueued.
-    pub payload: serde_json::Value,
-    /// The attempt this lease is, or will be once started.
-    pub attempt: i64,
-    pub max_attempts: i64,
-}
-
-/// `200` to `POST /api/v1/lease`: a lease was granted.
-#[derive(Serialize, ToSchema)]
-pub struct LeaseGrant {
-    pub lease_id: String,
-    /// The bearer token of the lease calls (`lgl_…`), shown once.
-    pub lease_token: String,
-    /// RFC 3339 UTC.
-    pub expires_at: String,
-    pub job: LeasedJob,
-}
-
-/// `200` to the lease calls (start, extend, complete, abandon).
-#[derive(Serialize, ToSchema)]
-pub struct LeaseView {
-    pub lease_id: String,
-    /// `leased`, `running`, `completed`, `abandoned`, `expired`, `cancelled` or `revoked`.
-    pub state: String,
-    /// RFC 3339 UTC; after `complete` or `abandon`, when the lease ended.
-    pub expires_at: String,
-    pub job: LeasedJob,
-}
-
-/// `201`/`200` to `POST /api/v1/jobs`.
-#[derive(Serialize, ToSchema)]
-pub struct JobSummary {
-    pub id: String,
-    pub state: String,
-}
-
-/// One step of a job's story.
-#[derive(Serialize, ToSchema)]
-pub struct JobEvent {
-    pub at: String,
-    /// `enqueued`, `leased`, `started`, `returned`, `requeued`, `completed`, `failed`,
-    /// `cancelled`.
-    pub kind: String,
-    #[schema(required = true)]
-    pub runner_id: Option<String>,
-    #[schema(required = true)]
-    pub lease_id: Option<String>,
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-}
-
-/// A job as the forge reads it.
-#[derive(Serialize, ToSchema)]
-pub struct JobView {
-    pub id: String,
-    pub pool: String,
-    /// `queued`, `leased`, `running`, `succeeded`, `failed`, `cancelled`.
-    pub state: String,
-    pub payload: serde_json::Value,
-    pub attempts: i64,
-    pub max_attempts: i64,
-    pub returns: i64,
-    #[schema(required = true)]
-    pub last_error: Option<String>,
-    #[schema(required = true)]
-    pub idempotency_key: Option<String>,
-    #[schema(required = true)]
-    pub lease_id: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-    pub events: Vec<JobEvent>,
-}
-
-/// `200` to `POST /api/v1/gate/check`.
-#[derive(Serialize, ToSchema)]
-pub struct GateDecision {
-    /// `allow` or `refuse`.
-    #[schema(example = "allow")]
-    pub decision: String,
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    #[schema(required = true)]
-    pub runner_id: Option<String>,
-    #[schema(required = true)]
-    pub pool: Option<String>,
 }
 
 /// The outcome of a pool's last registry resolution.

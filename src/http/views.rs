@@ -1,68 +1,234 @@
 //! The JSON shapes of PROTOCOL.md, built from domain values. One function per shape, so that
-//! a runner or a job looks the same in every response that carries it.
+//! a runner or a job looks the same in every response that carries it. A shape that is a
+//! struct here (deriving `Serialize` and `ToSchema`) is at once the answer and its schema in
+//! the OpenAPI document; the ones still built with `json!` are described a second time in
+//! `schema.rs`.
 
 use crate::app::Settings;
-use crate::domain::job::{Job, JobEvent};
-use crate::domain::pool::{Pool, ResolverStatus};
+use crate::domain::digest::ImageDigest;
+use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::job::{Job, JobEvent as StoredJobEvent};
+use crate::domain::pool::{Pool, PoolName, ResolverStatus};
 use crate::domain::roll::RollHealth;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::{Lease, QueueDepth, RunnerHistory};
+use serde::Serialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
-pub fn job_summary(job: &Job) -> Value {
-    json!({"id": job.id, "state": job.state.as_str()})
+/// `201`/`200` to `POST /api/v1/jobs`.
+#[derive(Serialize, ToSchema)]
+pub struct JobSummary {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    pub state: String,
+}
+
+pub fn job_summary(job: &Job) -> JobSummary {
+    JobSummary {
+        id: job.id.clone(),
+        state: job.state.as_str().to_string(),
+    }
 }
 
 /// The job as a runner holding a lease sees it.
-pub fn leased_job(job: &Job, lease: &Lease) -> Value {
-    json!({
-        "id": job.id,
-        "pool": job.pool,
-        "state": job.state.as_str(),
-        "payload": job.payload,
-        "attempt": lease.attempt,
-        "max_attempts": job.max_attempts,
-    })
+#[derive(Serialize, ToSchema)]
+pub struct LeasedJob {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    pub state: String,
+    /// Whatever the forge enqueued.
+    pub payload: Value,
+    /// The attempt this lease is, or will be once started.
+    pub attempt: i64,
+    pub max_attempts: i64,
 }
 
-pub fn lease(lease: &Lease, job: &Job) -> Value {
-    json!({
-        "lease_id": lease.id,
-        "state": lease.state.as_str(),
-        "expires_at": lease.expires_at,
-        "job": leased_job(job, lease),
-    })
+pub fn leased_job(job: &Job, lease: &Lease) -> LeasedJob {
+    LeasedJob {
+        id: job.id.clone(),
+        pool: job.pool.clone(),
+        state: job.state.as_str().to_string(),
+        payload: job.payload.clone(),
+        attempt: lease.attempt,
+        max_attempts: job.max_attempts,
+    }
 }
 
-pub fn job_event(e: &JobEvent) -> Value {
-    json!({
-        "at": e.at,
-        "kind": e.kind,
-        "runner_id": e.runner_id,
-        "lease_id": e.lease_id,
-        "reason": e.reason,
-        "detail": e.detail,
-    })
+/// `200` to `POST /api/v1/lease`: a lease was granted.
+#[derive(Serialize, ToSchema)]
+pub struct LeaseGrant {
+    #[schema(value_type = String)]
+    pub lease_id: LeaseId,
+    /// The bearer token of the lease calls (`lgl_…`), shown once.
+    pub lease_token: String,
+    /// RFC 3339 UTC.
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+    pub job: LeasedJob,
 }
 
-pub fn job(job: &Job, events: &[JobEvent]) -> Value {
-    json!({
-        "id": job.id,
-        "pool": job.pool,
-        "state": job.state.as_str(),
-        "payload": job.payload,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "returns": job.returns,
-        "last_error": job.last_error,
-        "idempotency_key": job.idempotency_key,
-        "lease_id": job.lease_id,
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "events": events.iter().map(job_event).collect::<Vec<_>>(),
-    })
+pub fn lease_grant(token: String, lease: &Lease, job: &Job) -> LeaseGrant {
+    LeaseGrant {
+        lease_id: lease.id.clone(),
+        lease_token: token,
+        expires_at: lease.expires_at,
+        job: leased_job(job, lease),
+    }
+}
+
+/// `200` to the lease calls (start, extend, complete, abandon).
+#[derive(Serialize, ToSchema)]
+pub struct LeaseView {
+    #[schema(value_type = String)]
+    pub lease_id: LeaseId,
+    /// `leased`, `running`, `completed`, `abandoned`, `expired`, `cancelled` or `revoked`.
+    pub state: String,
+    /// RFC 3339 UTC; after `complete` or `abandon`, when the lease ended.
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+    pub job: LeasedJob,
+}
+
+pub fn lease(lease: &Lease, job: &Job) -> LeaseView {
+    LeaseView {
+        lease_id: lease.id.clone(),
+        state: lease.state.as_str().to_string(),
+        expires_at: lease.expires_at,
+        job: leased_job(job, lease),
+    }
+}
+
+/// One step of a job's story. Every key is always sent, `null` where there is no value:
+/// optional fields are required and nullable, here and in every view.
+#[derive(Serialize, ToSchema)]
+pub struct JobEvent {
+    #[schema(value_type = String)]
+    pub at: Millis,
+    /// `enqueued`, `leased`, `started`, `returned`, `requeued`, `completed`, `failed`,
+    /// `cancelled`.
+    pub kind: String,
+    #[schema(required = true, value_type = Option<String>)]
+    pub runner_id: Option<RunnerId>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub lease_id: Option<LeaseId>,
+    #[schema(required = true)]
+    pub reason: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+}
+
+pub fn job_event(e: &StoredJobEvent) -> JobEvent {
+    JobEvent {
+        at: e.at,
+        kind: e.kind.clone(),
+        runner_id: e.runner_id.clone(),
+        lease_id: e.lease_id.clone(),
+        reason: e.reason.clone(),
+        detail: e.detail.clone(),
+    }
+}
+
+/// A job as the forge reads it.
+#[derive(Serialize, ToSchema)]
+pub struct JobView {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    /// `queued`, `leased`, `running`, `succeeded`, `failed`, `cancelled`.
+    pub state: String,
+    pub payload: Value,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub returns: i64,
+    #[schema(required = true)]
+    pub last_error: Option<String>,
+    #[schema(required = true)]
+    pub idempotency_key: Option<String>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub lease_id: Option<LeaseId>,
+    #[schema(value_type = String)]
+    pub created_at: Millis,
+    #[schema(value_type = String)]
+    pub updated_at: Millis,
+    pub events: Vec<JobEvent>,
+}
+
+pub fn job(job: &Job, events: &[StoredJobEvent]) -> JobView {
+    JobView {
+        id: job.id.clone(),
+        pool: job.pool.clone(),
+        state: job.state.as_str().to_string(),
+        payload: job.payload.clone(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        returns: job.returns,
+        last_error: job.last_error.clone(),
+        idempotency_key: job.idempotency_key.clone(),
+        lease_id: job.lease_id.clone(),
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+        events: events.iter().map(job_event).collect(),
+    }
+}
+
+/// `201` to `POST /api/v1/runners`.
+#[derive(Serialize, ToSchema)]
+pub struct Registered {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    /// The `aud` every attestation must carry.
+    pub audience: String,
+    pub heartbeat_interval_s: i64,
+    pub attestation_max_age_s: i64,
+    pub probe_max_age_s: i64,
+}
+
+/// `200` to `POST /api/v1/runners/heartbeat`.
+#[derive(Serialize, ToSchema)]
+pub struct Heartbeat {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    /// `healthy`, `probe_failed`, `probe_stale`, `pool_image_unresolved`, `image_unreported`,
+    /// `drifted`, `cordoned` or `quarantined`.
+    pub status: String,
+    /// The refusal's code when `status` is not `healthy`.
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+    /// Null when the pool's policy is `off`, its set is empty, or no image was reported.
+    #[schema(required = true)]
+    pub image_current: Option<bool>,
+    pub next_heartbeat_s: i64,
+    /// `recycle` exactly when `image_current` is false, else `none`.
+    #[schema(example = "none")]
+    pub action: String,
+}
+
+/// `200` to `POST /api/v1/gate/check`.
+#[derive(Serialize, ToSchema)]
+pub struct GateDecision {
+    /// `allow` or `refuse`.
+    #[schema(example = "allow")]
+    pub decision: String,
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(required = true)]
+    pub runner_id: Option<String>,
+    #[schema(required = true)]
+    pub pool: Option<String>,
 }
 
 /// What the pool view adds from outside the pool record: its runners' standing and the
