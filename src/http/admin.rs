@@ -6,10 +6,9 @@
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{
-    DriftReport, PoolList, PoolView, Problem, RegistrationToken, RunnerDetail, RunnerList,
-};
+use super::schema::{PoolList, PoolView, Problem, RunnerDetail, RunnerList};
 use super::views::{self, PoolStanding};
+use super::views::{DriftReport, DriftedRunner, RegistrationToken, RollHealthView, SkippedRunner};
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
@@ -312,7 +311,7 @@ async fn create_registration_token(
     State(state): State<AppState>,
     Path(name): Path<String>,
     super::json::OptionalJson(body): super::json::OptionalJson<TokenBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<RegistrationToken>), ApiError> {
     let name = pool_name(&name)?;
     let ttl_s = body.ttl_s.unwrap_or(3600);
     if !(1..=30 * 86_400).contains(&ttl_s) {
@@ -341,7 +340,11 @@ async fn create_registration_token(
     tracing::info!(pool = %name, ttl_s, "registration token created");
     Ok((
         StatusCode::CREATED,
-        Json(json!({"token": token, "pool": name, "expires_at": expires_at})),
+        Json(RegistrationToken {
+            token,
+            pool: name,
+            expires_at,
+        }),
     ))
 }
 
@@ -583,7 +586,7 @@ async fn put_forge_runners(
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<DriftReport>, ApiError> {
     let now = Millis::now();
     let pools = pools_by_name(&state).await?;
     let runners = state.store().list_runners(None).await?;
@@ -598,20 +601,21 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>
                 pool,
                 running_image_id,
                 expected_image_ids,
-            } => drifted.push(json!({
-                "runner_id": runner_id,
-                "pool": pool,
-                "running_image_id": running_image_id,
-                "expected_image_ids": expected_image_ids,
-            })),
-            DriftEntry::Skipped { runner_id, reason } => {
-                skipped.push(json!({"runner_id": runner_id, "reason": reason}))
-            }
+            } => drifted.push(DriftedRunner {
+                runner_id,
+                pool,
+                running_image_id,
+                expected_image_ids,
+            }),
+            DriftEntry::Skipped { runner_id, reason } => skipped.push(SkippedRunner {
+                runner_id,
+                reason: reason.to_string(),
+            }),
             DriftEntry::Current => {}
         }
     }
     let settings = state.settings();
-    let rolls: Vec<Value> = pools
+    let rolls: Vec<RollHealthView> = pools
         .values()
         .map(|pool| {
             let h = roll_health(
@@ -621,12 +625,14 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>
                 settings.status_rules(),
                 settings.roll_stalled_share,
             );
-            json!({"pool": pool.name, "roll_stalled": h.roll_stalled, "drifted": h.drifted, "live": h.live})
+            RollHealthView::new(&pool.name, &h)
         })
         .collect();
-    Ok(Json(
-        json!({"drifted": drifted, "skipped": skipped, "pools": rolls}),
-    ))
+    Ok(Json(DriftReport {
+        drifted,
+        skipped,
+        pools: rolls,
+    }))
 }
 
 /// `POST /api/v1/admin/pools/{name}/resolve`: one attempt now; 200 with the pool when it is

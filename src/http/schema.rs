@@ -3,8 +3,9 @@
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
 //! to them); request bodies derive `ToSchema` where they are defined, and so do the answers
 //! that `views` types (jobs, leases, registration, heartbeat, gate check): there the struct is
-//! both the answer and its schema. The shapes `views` still builds with `json!` (pools,
-//! runners and their history, the drift report, registration tokens, registry events) are
+//! both the answer and its schema (also registration tokens, the drift report and registry
+//! events). The shapes `views` still builds with `json!` (pools,
+//! runners and their history) are
 //! described here by structs that only exist for the document.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
@@ -95,15 +96,6 @@ pub struct PoolView {
 #[derive(Serialize, ToSchema)]
 pub struct PoolList {
     pub pools: Vec<PoolView>,
-}
-
-/// `201` to `POST /api/v1/admin/pools/{name}/registration-tokens`.
-#[derive(Serialize, ToSchema)]
-pub struct RegistrationToken {
-    /// The single-use token (`lgr_…`), shown once.
-    pub token: String,
-    pub pool: String,
-    pub expires_at: String,
 }
 
 /// A runner's live lease.
@@ -321,47 +313,6 @@ pub struct CreatedOperatorToken {
 #[derive(Serialize, ToSchema)]
 pub struct OperatorTokenList {
     pub tokens: Vec<OperatorTokenView>,
-}
-
-/// A runner whose image is outside its pool's set.
-#[derive(Serialize, ToSchema)]
-pub struct DriftedRunner {
-    pub runner_id: String,
-    pub pool: String,
-    pub running_image_id: String,
-    pub expected_image_ids: Vec<String>,
-}
-
-/// A runner the drift report cannot judge, and why.
-#[derive(Serialize, ToSchema)]
-pub struct SkippedRunner {
-    pub runner_id: String,
-    /// `revoked`, `pool_policy_off`, `pool_image_unresolved`, `never_attested`, `stale`,
-    /// `image_unreported`.
-    pub reason: String,
-}
-
-/// A pool's roll health.
-#[derive(Serialize, ToSchema)]
-pub struct RollHealth {
-    pub pool: String,
-    pub roll_stalled: bool,
-    pub drifted: i64,
-    pub live: i64,
-}
-
-/// `200` to `GET /api/v1/admin/drift`.
-#[derive(Serialize, ToSchema)]
-pub struct DriftReport {
-    pub drifted: Vec<DriftedRunner>,
-    pub skipped: Vec<SkippedRunner>,
-    pub pools: Vec<RollHealth>,
-}
-
-/// `202` to `POST /api/v1/admin/registry-events`: the pools being resolved.
-#[derive(Serialize, ToSchema)]
-pub struct PoolsResolving {
-    pub pools: Vec<String>,
 }
 
 #[derive(OpenApi)]

@@ -231,6 +231,76 @@ pub struct GateDecision {
     pub pool: Option<String>,
 }
 
+/// `201` to `POST /api/v1/admin/pools/{name}/registration-tokens`.
+#[derive(Serialize, ToSchema)]
+pub struct RegistrationToken {
+    /// The single-use token (`lgr_…`), shown once.
+    pub token: String,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+}
+
+/// `202` to `POST /api/v1/admin/registry-events`: the pools being resolved.
+#[derive(Serialize, ToSchema)]
+pub struct PoolsResolving {
+    pub pools: Vec<String>,
+}
+
+/// A runner whose image is outside its pool's set.
+#[derive(Serialize, ToSchema)]
+pub struct DriftedRunner {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    #[schema(value_type = String)]
+    pub running_image_id: ImageDigest,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+}
+
+/// A runner the drift report cannot judge, and why.
+#[derive(Serialize, ToSchema)]
+pub struct SkippedRunner {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    /// `revoked`, `pool_policy_off`, `pool_image_unresolved`, `never_attested`, `stale`,
+    /// `image_unreported`.
+    pub reason: String,
+}
+
+/// A pool's roll health.
+#[derive(Serialize, ToSchema)]
+#[schema(as = RollHealth)]
+pub struct RollHealthView {
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    pub roll_stalled: bool,
+    pub drifted: i64,
+    pub live: i64,
+}
+
+impl RollHealthView {
+    pub fn new(pool: &PoolName, h: &RollHealth) -> Self {
+        RollHealthView {
+            pool: pool.clone(),
+            roll_stalled: h.roll_stalled,
+            drifted: h.drifted as i64,
+            live: h.live as i64,
+        }
+    }
+}
+
+/// `200` to `GET /api/v1/admin/drift`.
+#[derive(Serialize, ToSchema)]
+pub struct DriftReport {
+    pub drifted: Vec<DriftedRunner>,
+    pub skipped: Vec<SkippedRunner>,
+    pub pools: Vec<RollHealthView>,
+}
+
 /// What the pool view adds from outside the pool record: its runners' standing and the
 /// resolver's status under the configured threshold.
 pub struct PoolStanding {
