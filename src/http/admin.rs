@@ -288,6 +288,8 @@ async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<V
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
+// Named apart from the operators' `TokenBody`: one document has one schema per name.
+#[schema(as = RegistrationTokenBody)]
 struct TokenBody {
     /// 1 to 2592000 seconds, default 3600.
     #[serde(default, deserialize_with = "super::json::whole_number")]
