@@ -6,9 +6,12 @@
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{PoolList, PoolView, Problem, RunnerDetail, RunnerList};
+use super::schema::{Problem, RunnerDetail, RunnerList};
 use super::views::{self, PoolStanding};
-use super::views::{DriftReport, DriftedRunner, RegistrationToken, RollHealthView, SkippedRunner};
+use super::views::{
+    DriftReport, DriftedRunner, PoolList, PoolView, RegistrationToken, RollHealthView,
+    SkippedRunner,
+};
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
@@ -110,7 +113,7 @@ fn image_ids(given: &[String]) -> Result<Vec<ImageDigest>, ApiError> {
 }
 
 /// The pool as the API shows it, with its runners counted by status and its queue depth.
-async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<Value, ApiError> {
+async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<PoolView, ApiError> {
     let runners = state.store().list_runners(Some(&pool.name)).await?;
     let depth = state
         .store()
@@ -168,7 +171,7 @@ async fn put_pool(
     State(state): State<AppState>,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<PoolBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<PoolView>), ApiError> {
     let name = pool_name(&name)?;
     if let Some(r) = &body.image_ref {
         crate::domain::text::without_controls("image_ref", r)?;
@@ -251,7 +254,7 @@ async fn get_pool(
     _: AsViewer,
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolView>, ApiError> {
     let name = pool_name(&name)?;
     let pool = state
         .store()
@@ -268,12 +271,15 @@ async fn get_pool(
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn list_pools(
+    _: AsViewer,
+    State(state): State<AppState>,
+) -> Result<Json<PoolList>, ApiError> {
     let now = Millis::now();
     let pools = state.store().list_pools().await?;
     let runners = state.store().list_runners(None).await?;
     let mut depths = state.store().queue_depths().await?;
-    let views: Vec<Value> = pools
+    let views: Vec<PoolView> = pools
         .iter()
         .map(|pool| {
             let standing = standing(&state, &runners, pool, now);
@@ -284,7 +290,7 @@ async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<V
             )
         })
         .collect();
-    Ok(Json(json!({"pools": views})))
+    Ok(Json(PoolList { pools: views }))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
@@ -655,7 +661,7 @@ async fn resolve(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolView>, ApiError> {
     let name = pool_name(&name)?;
     let resolved = resolver::resolve_pool(state.store(), state.registry(), &name).await;
     // An attempt that reached the registry changed the pool's record, failed or not.

@@ -2,7 +2,7 @@
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
 //! to them); request bodies derive `ToSchema` where they are defined, and so do the answers
-//! that `views` types (jobs, leases, registration, heartbeat, gate check): there the struct is
+//! that `views` types (jobs, leases, registration, heartbeat, gate check, pools): there the struct is
 //! both the answer and its schema (also registration tokens, the drift report and registry
 //! events). The shapes `views` still builds with `json!` (pools,
 //! runners and their history) are
@@ -45,57 +45,6 @@ pub struct Problem {
     /// Stable snake_case code that clients branch on.
     #[schema(example = "probe_failed")]
     pub code: String,
-}
-
-/// The outcome of a pool's last registry resolution.
-#[derive(Serialize, ToSchema)]
-pub struct Resolution {
-    pub at: String,
-    pub ok: bool,
-    #[schema(required = true)]
-    pub error: Option<String>,
-}
-
-/// A pool as the admin API shows it.
-#[derive(Serialize, ToSchema)]
-pub struct PoolView {
-    pub name: String,
-    #[schema(required = true)]
-    pub image_ref: Option<String>,
-    pub image_policy: crate::domain::pool::ImagePolicy,
-    pub image_source: crate::domain::pool::ImageSource,
-    pub gate_mode: crate::domain::pool::GateMode,
-    pub expected_image_ids: Vec<String>,
-    pub previous_image_ids: Vec<String>,
-    #[schema(required = true)]
-    pub previous_valid_until: Option<String>,
-    pub drift_grace_s: i64,
-    pub resolve_interval_s: i64,
-    #[schema(required = true)]
-    pub last_resolution: Option<Resolution>,
-    /// `ok`, `never_resolved` or `resolver_failing` for registry pools; null for manual ones.
-    #[schema(required = true)]
-    pub resolver_status: Option<String>,
-    pub resolution_failures: i64,
-    #[schema(required = true)]
-    pub resolved_digest: Option<String>,
-    #[schema(required = true)]
-    pub resolved_image_id: Option<String>,
-    #[schema(required = true)]
-    pub next_resolve_at: Option<String>,
-    pub roll_stalled: bool,
-    pub runners_by_status: BTreeMap<String, i64>,
-    pub queued_jobs: i64,
-    #[schema(required = true)]
-    pub oldest_queued_at: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-/// `200` to `GET /api/v1/admin/pools`.
-#[derive(Serialize, ToSchema)]
-pub struct PoolList {
-    pub pools: Vec<PoolView>,
 }
 
 /// A runner's live lease.

@@ -8,7 +8,7 @@ use crate::app::Settings;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent as StoredJobEvent};
-use crate::domain::pool::{Pool, PoolName, ResolverStatus};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, ResolverStatus};
 use crate::domain::roll::RollHealth;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
@@ -309,31 +309,92 @@ pub struct PoolStanding {
     pub resolver_status: Option<ResolverStatus>,
 }
 
-pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> Value {
-    json!({
-        "name": pool.name,
-        "image_ref": pool.image_ref,
-        "image_policy": pool.image_policy,
-        "image_source": pool.image_source,
-        "gate_mode": pool.gate_mode,
-        "expected_image_ids": pool.expected_image_ids,
-        "previous_image_ids": pool.previous_image_ids,
-        "previous_valid_until": pool.previous_valid_until,
-        "drift_grace_s": pool.drift_grace_s,
-        "resolve_interval_s": pool.resolve_interval_s,
-        "last_resolution": pool.last_resolution,
-        "resolver_status": standing.resolver_status,
-        "resolution_failures": pool.resolution_failures,
-        "resolved_digest": pool.resolved_digest,
-        "resolved_image_id": pool.resolved_image_id,
-        "next_resolve_at": pool.next_resolve_at,
-        "roll_stalled": standing.roll.roll_stalled,
-        "runners_by_status": standing.runners_by_status,
-        "queued_jobs": depth.queued,
-        "oldest_queued_at": depth.oldest_queued_at,
-        "created_at": pool.created_at,
-        "updated_at": pool.updated_at,
-    })
+/// The outcome of a pool's last registry resolution.
+#[derive(Serialize, ToSchema)]
+pub struct Resolution {
+    #[schema(value_type = String)]
+    pub at: Millis,
+    pub ok: bool,
+    #[schema(required = true)]
+    pub error: Option<String>,
+}
+
+/// A pool as the admin API shows it.
+#[derive(Serialize, ToSchema)]
+pub struct PoolView {
+    #[schema(value_type = String)]
+    pub name: PoolName,
+    #[schema(required = true)]
+    pub image_ref: Option<String>,
+    pub image_policy: ImagePolicy,
+    pub image_source: ImageSource,
+    pub gate_mode: GateMode,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+    #[schema(value_type = Vec<String>)]
+    pub previous_image_ids: Vec<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub previous_valid_until: Option<Millis>,
+    pub drift_grace_s: i64,
+    pub resolve_interval_s: i64,
+    #[schema(required = true)]
+    pub last_resolution: Option<Resolution>,
+    /// `ok`, `never_resolved` or `resolver_failing` for registry pools; null for manual ones.
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolver_status: Option<ResolverStatus>,
+    pub resolution_failures: i64,
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_digest: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_image_id: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub next_resolve_at: Option<Millis>,
+    pub roll_stalled: bool,
+    pub runners_by_status: BTreeMap<&'static str, i64>,
+    pub queued_jobs: i64,
+    #[schema(required = true, value_type = Option<String>)]
+    pub oldest_queued_at: Option<Millis>,
+    #[schema(value_type = String)]
+    pub created_at: Millis,
+    #[schema(value_type = String)]
+    pub updated_at: Millis,
+}
+
+/// `200` to `GET /api/v1/admin/pools`.
+#[derive(Serialize, ToSchema)]
+pub struct PoolList {
+    pub pools: Vec<PoolView>,
+}
+
+pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView {
+    PoolView {
+        name: pool.name.clone(),
+        image_ref: pool.image_ref.clone(),
+        image_policy: pool.image_policy,
+        image_source: pool.image_source,
+        gate_mode: pool.gate_mode,
+        expected_image_ids: pool.expected_image_ids.clone(),
+        previous_image_ids: pool.previous_image_ids.clone(),
+        previous_valid_until: pool.previous_valid_until,
+        drift_grace_s: pool.drift_grace_s,
+        resolve_interval_s: pool.resolve_interval_s,
+        last_resolution: pool.last_resolution.as_ref().map(|r| Resolution {
+            at: r.at,
+            ok: r.ok,
+            error: r.error.clone(),
+        }),
+        resolver_status: standing.resolver_status,
+        resolution_failures: pool.resolution_failures,
+        resolved_digest: pool.resolved_digest.clone(),
+        resolved_image_id: pool.resolved_image_id.clone(),
+        next_resolve_at: pool.next_resolve_at,
+        roll_stalled: standing.roll.roll_stalled,
+        runners_by_status: standing.runners_by_status.clone(),
+        queued_jobs: depth.queued,
+        oldest_queued_at: depth.oldest_queued_at,
+        created_at: pool.created_at,
+        updated_at: pool.updated_at,
+    }
 }
 
 pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) -> Value {
