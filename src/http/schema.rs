@@ -2,11 +2,11 @@
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
 //! to them); request bodies derive `ToSchema` where they are defined, and so do the answers
-//! that `views` types (jobs, leases, registration, heartbeat, gate check, pools): there the struct is
-//! both the answer and its schema (also registration tokens, the drift report and registry
-//! events). The shapes `views` still builds with `json!` (pools,
-//! runners and their history) are
-//! described here by structs that only exist for the document.
+//! `views` types (jobs, leases, registration, heartbeat, gate check, pools, registration
+//! tokens, the drift report, registry events): there the struct is both the answer and its
+//! schema. The shapes `views` still builds with `json!` (runners and their history) are
+//! described here by structs that only exist for the document, and so are operators' tokens
+//! and the audit trail, which `operators` builds from them.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
