@@ -6,11 +6,11 @@
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{Problem, RunnerDetail, RunnerList};
+use super::schema::Problem;
 use super::views::{self, PoolStanding};
 use super::views::{
     DriftReport, DriftedRunner, PoolList, PoolView, RegistrationToken, RollHealthView,
-    SkippedRunner,
+    RunnerDetail, RunnerList, RunnerView, SkippedRunner,
 };
 use crate::app::AppState;
 use crate::domain::audit::Action;
@@ -32,7 +32,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 pub fn router() -> Router<AppState> {
@@ -389,12 +388,12 @@ async fn list_runners(
     _: AsViewer,
     State(state): State<AppState>,
     Query(filter): Query<RunnerFilter>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerList>, ApiError> {
     let pool = filter.pool.as_deref().map(pool_name).transpose()?;
     let runners = state.store().list_runners(pool.as_ref()).await?;
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
-    let views: Vec<Value> = runners
+    let views: Vec<RunnerView> = runners
         .iter()
         .filter_map(|r| {
             pools
@@ -402,13 +401,13 @@ async fn list_runners(
                 .map(|p| views::runner(r, p, state.settings(), now))
         })
         .collect();
-    Ok(Json(json!({"runners": views})))
+    Ok(Json(RunnerList { runners: views }))
 }
 
 /// How many of a runner's audit entries its detail shows.
 pub const RUNNER_AUDIT_SHOWN: i64 = 50;
 
-async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiError> {
+async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<RunnerDetail, ApiError> {
     let runner = state
         .store()
         .get_runner(id)
@@ -428,15 +427,9 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
             ..AuditFilter::default()
         })
         .await?;
-    let mut view = views::runner(&runner, &pool, state.settings(), Millis::now());
-    if let (Some(obj), Value::Object(extra)) =
-        (view.as_object_mut(), views::runner_history(&history))
-    {
-        obj.extend(extra);
-        let audit: Vec<_> = audit.iter().map(views::audit_entry).collect();
-        obj.insert("audit".into(), json!(audit));
-    }
-    Ok(view)
+    let view = views::runner(&runner, &pool, state.settings(), Millis::now());
+    let audit = audit.iter().map(views::audit_entry).collect();
+    Ok(views::runner_detail(view, &history, audit))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/runners/{id}", tag = "admin",
@@ -452,7 +445,7 @@ async fn get_runner(
     _: AsViewer,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     Ok(Json(
         runner_detail(&state, &RunnerId::parse("id", &id)?).await?,
     ))
@@ -463,7 +456,7 @@ async fn set_cordon(
     state: &AppState,
     id: String,
     cordoned: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let action = if cordoned {
         Action::RunnerCordon
@@ -496,7 +489,7 @@ async fn cordon(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     set_cordon(&caller, &state, id, true).await
 }
 
@@ -513,7 +506,7 @@ async fn uncordon(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     set_cordon(&caller, &state, id, false).await
 }
 
@@ -530,7 +523,7 @@ async fn revoke(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let now = Millis::now();
     state
@@ -567,7 +560,7 @@ async fn put_forge_runners(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ForgeRunnersBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let identities = super::forge_bindings::identities(&body.forge_runners)?;
     let now = Millis::now();

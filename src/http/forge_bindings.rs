@@ -6,7 +6,6 @@
 use super::problem::ApiError;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 /// The most forge runners one leasegate runner may carry (a gitlab-runner `config.toml` with
 /// many `[[runners]]` stays far below it).
@@ -56,15 +55,17 @@ pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeIdentity>, ApiEr
     Ok(out)
 }
 
-/// A binding as views show it.
-pub fn view(b: &ForgeBinding) -> Value {
-    let key_name = match b.identity.kind {
-        ForgeKind::Forgejo => "uuid",
-        ForgeKind::Gitlab => "token_sha256",
+/// A binding as views show it: the key its kind is named by, and no other.
+pub fn view(b: &ForgeBinding) -> super::views::ForgeRunnerView {
+    let key = Some(b.identity.key.clone());
+    let (uuid, token_sha256) = match b.identity.kind {
+        ForgeKind::Forgejo => (key, None),
+        ForgeKind::Gitlab => (None, key),
     };
-    json!({
-        "kind": b.identity.kind.as_str(),
-        key_name: b.identity.key,
-        "last_fetch_at": b.last_fetch_at,
-    })
+    super::views::ForgeRunnerView {
+        kind: b.identity.kind.as_str().to_string(),
+        uuid,
+        token_sha256,
+        last_fetch_at: b.last_fetch_at.map(|m| m.rfc3339()),
+    }
 }

@@ -1,23 +1,17 @@
 //! The OpenAPI document, `GET /openapi.json`, generated from the code with `utoipa`.
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
-//! to them); request bodies derive `ToSchema` where they are defined, and so do the answers
-//! `views` types (jobs, leases, registration, heartbeat, gate check, pools, registration
-//! tokens, the drift report, registry events): there the struct is both the answer and its
-//! schema. The shapes `views` still builds with `json!` (runners and their history) are
-//! described here by structs that only exist for the document, and so are operators' tokens
-//! and the audit trail, which `operators` builds from them.
+//! to them); request bodies derive `ToSchema` where they are defined, and so do the answers,
+//! in `views` (and here, for problems, operators' tokens and the audit trail): each struct is
+//! both what a handler sends and its schema. `constraints` adds what utoipa cannot say.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
 
-// These structs describe JSON that `views` still builds with `json!`; they are never
-// constructed. Every key is
-// always sent, `null` where there is no value: optional fields are required and nullable.
+// `Problem` describes what `problem::ApiError` renders; it is never constructed.
 #![allow(dead_code)]
 
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
@@ -45,165 +39,6 @@ pub struct Problem {
     /// Stable snake_case code that clients branch on.
     #[schema(example = "probe_failed")]
     pub code: String,
-}
-
-/// A runner's live lease.
-#[derive(Serialize, ToSchema)]
-pub struct CurrentLease {
-    pub lease_id: String,
-    pub job_id: String,
-    pub state: String,
-    pub expires_at: String,
-}
-
-/// A runner as the admin API lists it.
-#[derive(Serialize, ToSchema)]
-pub struct RunnerView {
-    pub runner_id: String,
-    pub name: String,
-    pub pool: String,
-    pub labels: BTreeMap<String, String>,
-    /// `revoked`, `unknown`, `stale`, or one of the heartbeat's statuses.
-    pub status: String,
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    #[schema(required = true)]
-    pub last_attestation_at: Option<String>,
-    #[schema(required = true)]
-    pub probe_ok: Option<bool>,
-    #[schema(required = true)]
-    pub probe_checked_at: Option<String>,
-    #[schema(required = true)]
-    pub probe_error: Option<String>,
-    #[schema(required = true)]
-    pub runtime: Option<String>,
-    #[schema(required = true)]
-    pub runtime_version: Option<String>,
-    #[schema(required = true)]
-    pub image_id: Option<String>,
-    #[schema(required = true)]
-    pub image_digest: Option<String>,
-    #[schema(required = true)]
-    pub image_ref: Option<String>,
-    pub expected_image_ids: Vec<String>,
-    #[schema(required = true)]
-    pub image_current: Option<bool>,
-    pub cordoned: bool,
-    #[schema(required = true)]
-    pub quarantined_at: Option<String>,
-    #[schema(required = true)]
-    pub revoked_at: Option<String>,
-    pub registered_at: String,
-    #[schema(required = true)]
-    pub current_lease: Option<CurrentLease>,
-    /// The forge runners bound to it, for the forge gate.
-    pub forge_runners: Vec<ForgeRunnerView>,
-    /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
-    /// `attestation_expired`, `clock_skew`), with why; null when there was none.
-    #[schema(required = true)]
-    pub last_rejected_attestation: Option<RejectedAttestation>,
-}
-
-/// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
-/// `gitlab`.
-#[derive(Serialize, ToSchema)]
-pub struct ForgeRunnerView {
-    /// `forgejo` (Gitea's runners too) or `gitlab`.
-    pub kind: String,
-    pub uuid: Option<String>,
-    pub token_sha256: Option<String>,
-    /// The last time the gate saw it ask for work (written at most every 30 s).
-    #[schema(required = true)]
-    pub last_fetch_at: Option<String>,
-}
-
-/// An attestation the gate refused, as noted on its runner.
-#[derive(Serialize, ToSchema)]
-pub struct RejectedAttestation {
-    pub at: String,
-    pub code: String,
-    pub detail: String,
-}
-
-/// `200` to `GET /api/v1/admin/runners`.
-#[derive(Serialize, ToSchema)]
-pub struct RunnerList {
-    pub runners: Vec<RunnerView>,
-}
-
-/// One recorded attestation.
-#[derive(Serialize, ToSchema)]
-pub struct AttestationRecord {
-    pub at: String,
-    pub status: String,
-    pub probe_ok: bool,
-    pub runtime: String,
-    #[schema(required = true)]
-    pub runtime_version: Option<String>,
-    pub checked_at: String,
-    #[schema(required = true)]
-    pub error: Option<String>,
-    #[schema(required = true)]
-    pub image_id: Option<String>,
-    #[schema(required = true)]
-    pub image_digest: Option<String>,
-}
-
-/// One change of a runner's status.
-#[derive(Serialize, ToSchema)]
-pub struct StatusChange {
-    pub at: String,
-    #[schema(required = true)]
-    pub from: Option<String>,
-    pub to: String,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-}
-
-/// A run of refused leases, gate checks or forge fetches with one code, one entry however
-/// many it holds.
-#[derive(Serialize, ToSchema)]
-pub struct RefusalRecord {
-    /// The run's latest refusal.
-    pub at: String,
-    pub code: String,
-    /// The latest refusal's detail.
-    pub detail: String,
-    /// How many refusals the run holds.
-    pub count: i64,
-    /// The run's first refusal.
-    pub first_at: String,
-}
-
-/// One of a runner's leases.
-#[derive(Serialize, ToSchema)]
-pub struct LeaseRecord {
-    pub lease_id: String,
-    pub job_id: String,
-    pub state: String,
-    pub attempt: i64,
-    pub granted_at: String,
-    #[schema(required = true)]
-    pub started_at: Option<String>,
-    pub expires_at: String,
-    #[schema(required = true)]
-    pub ended_at: Option<String>,
-}
-
-/// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
-/// uncordon, revoke).
-#[derive(Serialize, ToSchema)]
-pub struct RunnerDetail {
-    #[serde(flatten)]
-    pub runner: RunnerView,
-    pub attestations: Vec<AttestationRecord>,
-    pub status_changes: Vec<StatusChange>,
-    pub refusals: Vec<RefusalRecord>,
-    pub leases: Vec<LeaseRecord>,
-    /// What operators did to this runner, newest first (at most 50).
-    pub audit: Vec<AuditEntry>,
 }
 
 /// One change by an operator.

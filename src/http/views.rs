@@ -1,9 +1,10 @@
 //! The JSON shapes of PROTOCOL.md, built from domain values. One function per shape, so that
-//! a runner or a job looks the same in every response that carries it. A shape that is a
-//! struct here (deriving `Serialize` and `ToSchema`) is at once the answer and its schema in
-//! the OpenAPI document; the ones still built with `json!` are described a second time in
-//! `schema.rs`.
+//! a runner or a job looks the same in every response that carries it. Each shape is a struct
+//! deriving `Serialize` and `ToSchema`: the answer a handler sends and its schema in the
+//! OpenAPI document are one definition. Optional fields are sent as `null`, never left out
+//! (`#[schema(required = true)]`), except a forge runner's key of the other kind.
 
+use super::schema::AuditEntry;
 use crate::app::Settings;
 use crate::domain::digest::ImageDigest;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
@@ -14,7 +15,7 @@ use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::{Lease, QueueDepth, RunnerHistory};
 use serde::Serialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 use std::collections::BTreeMap;
 use utoipa::ToSchema;
 
@@ -397,81 +398,290 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
     }
 }
 
-pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) -> Value {
+/// A runner's live lease.
+#[derive(Serialize, ToSchema)]
+pub struct CurrentLease {
+    pub lease_id: String,
+    pub job_id: String,
+    pub state: String,
+    pub expires_at: String,
+}
+
+/// A runner as the admin API lists it.
+#[derive(Serialize, ToSchema)]
+pub struct RunnerView {
+    pub runner_id: String,
+    pub name: String,
+    pub pool: String,
+    pub labels: BTreeMap<String, String>,
+    /// `revoked`, `unknown`, `stale`, or one of the heartbeat's statuses.
+    pub status: String,
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(required = true)]
+    pub last_attestation_at: Option<String>,
+    #[schema(required = true)]
+    pub probe_ok: Option<bool>,
+    #[schema(required = true)]
+    pub probe_checked_at: Option<String>,
+    #[schema(required = true)]
+    pub probe_error: Option<String>,
+    #[schema(required = true)]
+    pub runtime: Option<String>,
+    #[schema(required = true)]
+    pub runtime_version: Option<String>,
+    #[schema(required = true)]
+    pub image_id: Option<String>,
+    #[schema(required = true)]
+    pub image_digest: Option<String>,
+    #[schema(required = true)]
+    pub image_ref: Option<String>,
+    pub expected_image_ids: Vec<String>,
+    #[schema(required = true)]
+    pub image_current: Option<bool>,
+    pub cordoned: bool,
+    #[schema(required = true)]
+    pub quarantined_at: Option<String>,
+    #[schema(required = true)]
+    pub revoked_at: Option<String>,
+    pub registered_at: String,
+    #[schema(required = true)]
+    pub current_lease: Option<CurrentLease>,
+    /// The forge runners bound to it, for the forge gate.
+    pub forge_runners: Vec<ForgeRunnerView>,
+    /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
+    /// `attestation_expired`, `clock_skew`), with why; null when there was none.
+    #[schema(required = true)]
+    pub last_rejected_attestation: Option<RejectedAttestation>,
+}
+
+/// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
+/// `gitlab`.
+#[derive(Serialize, ToSchema)]
+pub struct ForgeRunnerView {
+    /// `forgejo` (Gitea's runners too) or `gitlab`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+    /// The last time the gate saw it ask for work (written at most every 30 s).
+    #[schema(required = true)]
+    pub last_fetch_at: Option<String>,
+}
+
+/// An attestation the gate refused, as noted on its runner.
+#[derive(Serialize, ToSchema)]
+pub struct RejectedAttestation {
+    pub at: String,
+    pub code: String,
+    pub detail: String,
+}
+
+/// `200` to `GET /api/v1/admin/runners`.
+#[derive(Serialize, ToSchema)]
+pub struct RunnerList {
+    pub runners: Vec<RunnerView>,
+}
+
+/// One recorded attestation.
+#[derive(Serialize, ToSchema)]
+pub struct AttestationRecord {
+    pub at: String,
+    pub status: String,
+    pub probe_ok: bool,
+    pub runtime: String,
+    #[schema(required = true)]
+    pub runtime_version: Option<String>,
+    pub checked_at: String,
+    #[schema(required = true)]
+    pub error: Option<String>,
+    #[schema(required = true)]
+    pub image_id: Option<String>,
+    #[schema(required = true)]
+    pub image_digest: Option<String>,
+}
+
+/// One change of a runner's status.
+#[derive(Serialize, ToSchema)]
+pub struct StatusChange {
+    pub at: String,
+    #[schema(required = true)]
+    pub from: Option<String>,
+    pub to: String,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+}
+
+/// A run of refused leases, gate checks or forge fetches with one code, one entry however
+/// many it holds.
+#[derive(Serialize, ToSchema)]
+pub struct RefusalRecord {
+    /// The run's latest refusal.
+    pub at: String,
+    pub code: String,
+    /// The latest refusal's detail.
+    pub detail: String,
+    /// How many refusals the run holds.
+    pub count: i64,
+    /// The run's first refusal.
+    pub first_at: String,
+}
+
+/// One of a runner's leases.
+#[derive(Serialize, ToSchema)]
+pub struct LeaseRecord {
+    pub lease_id: String,
+    pub job_id: String,
+    pub state: String,
+    pub attempt: i64,
+    pub granted_at: String,
+    #[schema(required = true)]
+    pub started_at: Option<String>,
+    pub expires_at: String,
+    #[schema(required = true)]
+    pub ended_at: Option<String>,
+}
+
+/// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
+/// uncordon, revoke).
+#[derive(Serialize, ToSchema)]
+pub struct RunnerDetail {
+    #[serde(flatten)]
+    pub runner: RunnerView,
+    pub attestations: Vec<AttestationRecord>,
+    pub status_changes: Vec<StatusChange>,
+    pub refusals: Vec<RefusalRecord>,
+    pub leases: Vec<LeaseRecord>,
+    /// What operators did to this runner, newest first (at most 50).
+    pub audit: Vec<AuditEntry>,
+}
+
+fn rfc3339(m: Millis) -> String {
+    m.rfc3339()
+}
+
+pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) -> RunnerView {
     let observed = runner.observe(pool, now, settings.status_rules());
     let latest = runner.latest.as_ref();
     let probe = latest.map(|l| &l.state.probe);
     let image = latest.map(|l| &l.state.image);
-    json!({
-        "runner_id": runner.id,
-        "name": runner.name,
-        "pool": runner.pool,
-        "labels": runner.labels,
-        "status": observed.status.as_str(),
-        "code": observed.refusal.as_ref().map(|r| r.code()),
-        "detail": observed.refusal.as_ref().map(|r| r.detail()),
-        "last_attestation_at": latest.map(|l| l.received_at),
-        "probe_ok": probe.map(|p| p.ok),
-        "probe_checked_at": probe.map(|p| p.checked_at),
-        "probe_error": probe.and_then(|p| p.error.clone()),
-        "runtime": probe.map(|p| p.runtime.clone()),
-        "runtime_version": probe.and_then(|p| p.runtime_version.clone()),
-        "image_id": image.and_then(|i| i.id.clone()),
-        "image_digest": image.and_then(|i| i.digest.clone()),
-        "image_ref": image.and_then(|i| i.image_ref.clone()),
-        "expected_image_ids": pool.expected_image_ids,
-        "image_current": observed.image_current,
-        "cordoned": runner.gate.cordoned,
-        "quarantined_at": runner.gate.quarantined_at,
-        "revoked_at": runner.revoked_at,
-        "registered_at": runner.registered_at,
-        "current_lease": runner.current_lease.as_ref().map(|l| json!({
-            "lease_id": l.lease_id,
-            "job_id": l.job_id,
-            "state": l.state.as_str(),
-            "expires_at": l.expires_at,
-        })),
-        "forge_runners": runner.forge_runners.iter().map(super::forge_bindings::view).collect::<Vec<_>>(),
-        "last_rejected_attestation": runner.last_rejection.as_ref().map(|r| json!({
-            "at": r.at, "code": r.code, "detail": r.detail,
-        })),
-    })
+    RunnerView {
+        runner_id: runner.id.to_string(),
+        name: runner.name.clone(),
+        pool: runner.pool.to_string(),
+        labels: runner.labels.clone(),
+        status: observed.status.as_str().to_string(),
+        code: observed.refusal.as_ref().map(|r| r.code().to_string()),
+        detail: observed.refusal.as_ref().map(|r| r.detail()),
+        last_attestation_at: latest.map(|l| rfc3339(l.received_at)),
+        probe_ok: probe.map(|p| p.ok),
+        probe_checked_at: probe.map(|p| rfc3339(p.checked_at)),
+        probe_error: probe.and_then(|p| p.error.clone()),
+        runtime: probe.map(|p| p.runtime.clone()),
+        runtime_version: probe.and_then(|p| p.runtime_version.clone()),
+        image_id: image.and_then(|i| i.id.as_ref().map(|d| d.to_string())),
+        image_digest: image.and_then(|i| i.digest.as_ref().map(|d| d.to_string())),
+        image_ref: image.and_then(|i| i.image_ref.clone()),
+        expected_image_ids: pool
+            .expected_image_ids
+            .iter()
+            .map(|d| d.to_string())
+            .collect(),
+        image_current: observed.image_current,
+        cordoned: runner.gate.cordoned,
+        quarantined_at: runner.gate.quarantined_at.map(rfc3339),
+        revoked_at: runner.revoked_at.map(rfc3339),
+        registered_at: rfc3339(runner.registered_at),
+        current_lease: runner.current_lease.as_ref().map(|l| CurrentLease {
+            lease_id: l.lease_id.to_string(),
+            job_id: l.job_id.to_string(),
+            state: l.state.as_str().to_string(),
+            expires_at: rfc3339(l.expires_at),
+        }),
+        forge_runners: runner
+            .forge_runners
+            .iter()
+            .map(super::forge_bindings::view)
+            .collect(),
+        last_rejected_attestation: runner.last_rejection.as_ref().map(|r| RejectedAttestation {
+            at: rfc3339(r.at),
+            code: r.code.clone(),
+            detail: r.detail.clone(),
+        }),
+    }
 }
 
-pub fn runner_history(history: &RunnerHistory) -> Value {
-    json!({
-        "attestations": history.attestations.iter().map(|a| json!({
-            "at": a.received_at,
-            "status": a.status,
-            "probe_ok": a.probe_ok,
-            "runtime": a.runtime,
-            "runtime_version": a.runtime_version,
-            "checked_at": a.checked_at,
-            "error": a.error,
-            "image_id": a.image.id,
-            "image_digest": a.image.digest,
-        })).collect::<Vec<_>>(),
-        "status_changes": history.status_changes.iter().map(|c| json!({
-            "at": c.at, "from": c.from, "to": c.to, "detail": c.detail,
-        })).collect::<Vec<_>>(),
+/// A runner with its history and the audit entries on it.
+pub fn runner_detail(
+    runner: RunnerView,
+    history: &RunnerHistory,
+    audit: Vec<AuditEntry>,
+) -> RunnerDetail {
+    RunnerDetail {
+        runner,
+        attestations: history
+            .attestations
+            .iter()
+            .map(|a| AttestationRecord {
+                at: rfc3339(a.received_at),
+                status: a.status.clone(),
+                probe_ok: a.probe_ok,
+                runtime: a.runtime.clone(),
+                runtime_version: a.runtime_version.clone(),
+                checked_at: rfc3339(a.checked_at),
+                error: a.error.clone(),
+                image_id: a.image.id.as_ref().map(|d| d.to_string()),
+                image_digest: a.image.digest.as_ref().map(|d| d.to_string()),
+            })
+            .collect(),
+        status_changes: history
+            .status_changes
+            .iter()
+            .map(|c| StatusChange {
+                at: rfc3339(c.at),
+                from: c.from.clone(),
+                to: c.to.clone(),
+                detail: c.detail.clone(),
+            })
+            .collect(),
         // One entry per run of refusals with one code: its latest time and detail, its first
         // time and how many it holds.
-        "refusals": history.refusals.iter().map(|r| json!({
-            "at": r.at, "code": r.code, "detail": r.detail, "count": r.count,
-            "first_at": r.first_at,
-        })).collect::<Vec<_>>(),
-        "leases": history.leases.iter().map(|l| json!({
-            "lease_id": l.id, "job_id": l.job_id, "state": l.state.as_str(), "attempt": l.attempt,
-            "granted_at": l.granted_at, "started_at": l.started_at, "expires_at": l.expires_at,
-            "ended_at": l.ended_at,
-        })).collect::<Vec<_>>(),
-    })
+        refusals: history
+            .refusals
+            .iter()
+            .map(|r| RefusalRecord {
+                at: rfc3339(r.at),
+                code: r.code.clone(),
+                detail: r.detail.clone(),
+                count: r.count,
+                first_at: rfc3339(r.first_at),
+            })
+            .collect(),
+        leases: history
+            .leases
+            .iter()
+            .map(|l| LeaseRecord {
+                lease_id: l.id.to_string(),
+                job_id: l.job_id.to_string(),
+                state: l.state.as_str().to_string(),
+                attempt: l.attempt,
+                granted_at: rfc3339(l.granted_at),
+                started_at: l.started_at.map(rfc3339),
+                expires_at: rfc3339(l.expires_at),
+                ended_at: l.ended_at.map(rfc3339),
+            })
+            .collect(),
+        audit,
+    }
 }
 
 /// An audit entry as the API shows it.
-pub fn audit_entry(r: &crate::domain::audit::Recorded) -> super::schema::AuditEntry {
+pub fn audit_entry(r: &crate::domain::audit::Recorded) -> AuditEntry {
     let e = &r.entry;
-    super::schema::AuditEntry {
+    AuditEntry {
         seq: r.seq,
         at: e.at.rfc3339(),
         actor: e.actor.clone(),
