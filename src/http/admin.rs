@@ -6,10 +6,12 @@
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{
-    DriftReport, PoolList, PoolView, Problem, RegistrationToken, RunnerDetail, RunnerList,
-};
+use super::schema::Problem;
 use super::views::{self, PoolStanding};
+use super::views::{
+    DriftReport, DriftedRunner, PoolList, PoolView, RegistrationToken, RollHealthView,
+    RunnerDetail, RunnerList, RunnerView, SkippedRunner,
+};
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
@@ -30,7 +32,6 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 pub fn router() -> Router<AppState> {
@@ -61,7 +62,8 @@ fn pool_name(name: &str) -> Result<PoolName, ApiError> {
     PoolName::parse(name).map_err(|e| ApiError::bad_request(e.to_string()))
 }
 
-#[derive(Deserialize, utoipa::ToSchema)]
+/// Its schema is `constraints::pool_body`, which says `PoolSpec::validate`'s rules too.
+#[derive(Deserialize)]
 struct PoolBody {
     #[serde(default)]
     image_ref: Option<String>,
@@ -77,10 +79,24 @@ struct PoolBody {
     /// the runner gets its work all the same.
     #[serde(default)]
     gate_mode: GateMode,
-    #[serde(default)]
+    /// 0 to 2592000 seconds, default 900.
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     drift_grace_s: Option<i64>,
-    #[serde(default)]
+    /// 10 to 86400 seconds, default 300 (registry pools).
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     resolve_interval_s: Option<i64>,
+}
+
+impl utoipa::PartialSchema for PoolBody {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        super::constraints::placeholder()
+    }
+}
+
+impl utoipa::ToSchema for PoolBody {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "PoolBody".into()
+    }
 }
 
 /// The pool's image ids, each in its full form; the first that is none names itself.
@@ -96,7 +112,7 @@ fn image_ids(given: &[String]) -> Result<Vec<ImageDigest>, ApiError> {
 }
 
 /// The pool as the API shows it, with its runners counted by status and its queue depth.
-async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<Value, ApiError> {
+async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<PoolView, ApiError> {
     let runners = state.store().list_runners(Some(&pool.name)).await?;
     let depth = state
         .store()
@@ -139,7 +155,7 @@ fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> P
 
 #[utoipa::path(put, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body = PoolBody,
     responses(
         (status = 201, description = "Created.", body = PoolView),
@@ -154,7 +170,7 @@ async fn put_pool(
     State(state): State<AppState>,
     Path(name): Path<String>,
     JsonBody(body): JsonBody<PoolBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<PoolView>), ApiError> {
     let name = pool_name(&name)?;
     if let Some(r) = &body.image_ref {
         crate::domain::text::without_controls("image_ref", r)?;
@@ -203,7 +219,7 @@ async fn put_pool(
 
 #[utoipa::path(delete, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 204, description = "Deleted, with its revoked runners, their history, its finished jobs and its registration tokens."),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
@@ -225,7 +241,7 @@ async fn delete_pool(
 
 #[utoipa::path(get, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "The pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
@@ -237,7 +253,7 @@ async fn get_pool(
     _: AsViewer,
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolView>, ApiError> {
     let name = pool_name(&name)?;
     let pool = state
         .store()
@@ -254,12 +270,15 @@ async fn get_pool(
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn list_pools(
+    _: AsViewer,
+    State(state): State<AppState>,
+) -> Result<Json<PoolList>, ApiError> {
     let now = Millis::now();
     let pools = state.store().list_pools().await?;
     let runners = state.store().list_runners(None).await?;
     let mut depths = state.store().queue_depths().await?;
-    let views: Vec<Value> = pools
+    let views: Vec<PoolView> = pools
         .iter()
         .map(|pool| {
             let standing = standing(&state, &runners, pool, now);
@@ -270,19 +289,22 @@ async fn list_pools(_: AsViewer, State(state): State<AppState>) -> Result<Json<V
             )
         })
         .collect();
-    Ok(Json(json!({"pools": views})))
+    Ok(Json(PoolList { pools: views }))
 }
 
 #[derive(Deserialize, Default, utoipa::ToSchema)]
+// Named apart from the operators' `TokenBody`: one document has one schema per name.
+#[schema(as = RegistrationTokenBody)]
 struct TokenBody {
     /// 1 to 2592000 seconds, default 3600.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    #[schema(minimum = 1, maximum = 2592000)]
     ttl_s: Option<i64>,
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/registration-tokens", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body(content = Option<TokenBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 201, description = "A single-use registration token.", body = RegistrationToken),
@@ -296,7 +318,7 @@ async fn create_registration_token(
     State(state): State<AppState>,
     Path(name): Path<String>,
     super::json::OptionalJson(body): super::json::OptionalJson<TokenBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<RegistrationToken>), ApiError> {
     let name = pool_name(&name)?;
     let ttl_s = body.ttl_s.unwrap_or(3600);
     if !(1..=30 * 86_400).contains(&ttl_s) {
@@ -325,7 +347,11 @@ async fn create_registration_token(
     tracing::info!(pool = %name, ttl_s, "registration token created");
     Ok((
         StatusCode::CREATED,
-        Json(json!({"token": token, "pool": name, "expires_at": expires_at})),
+        Json(RegistrationToken {
+            token,
+            pool: name,
+            expires_at,
+        }),
     ))
 }
 
@@ -334,6 +360,7 @@ async fn create_registration_token(
 struct RunnerFilter {
     /// Only the runners of this pool.
     #[serde(default)]
+    #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: Option<String>,
 }
 
@@ -361,12 +388,12 @@ async fn list_runners(
     _: AsViewer,
     State(state): State<AppState>,
     Query(filter): Query<RunnerFilter>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerList>, ApiError> {
     let pool = filter.pool.as_deref().map(pool_name).transpose()?;
     let runners = state.store().list_runners(pool.as_ref()).await?;
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
-    let views: Vec<Value> = runners
+    let views: Vec<RunnerView> = runners
         .iter()
         .filter_map(|r| {
             pools
@@ -374,13 +401,13 @@ async fn list_runners(
                 .map(|p| views::runner(r, p, state.settings(), now))
         })
         .collect();
-    Ok(Json(json!({"runners": views})))
+    Ok(Json(RunnerList { runners: views }))
 }
 
 /// How many of a runner's audit entries its detail shows.
 pub const RUNNER_AUDIT_SHOWN: i64 = 50;
 
-async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiError> {
+async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<RunnerDetail, ApiError> {
     let runner = state
         .store()
         .get_runner(id)
@@ -400,20 +427,14 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<Value, ApiErro
             ..AuditFilter::default()
         })
         .await?;
-    let mut view = views::runner(&runner, &pool, state.settings(), Millis::now());
-    if let (Some(obj), Value::Object(extra)) =
-        (view.as_object_mut(), views::runner_history(&history))
-    {
-        obj.extend(extra);
-        let audit: Vec<_> = audit.iter().map(views::audit_entry).collect();
-        obj.insert("audit".into(), json!(audit));
-    }
-    Ok(view)
+    let view = views::runner(&runner, &pool, state.settings(), Millis::now());
+    let audit = audit.iter().map(views::audit_entry).collect();
+    Ok(views::runner_detail(view, &history, audit))
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/runners/{id}", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The runner and its history.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -424,7 +445,7 @@ async fn get_runner(
     _: AsViewer,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     Ok(Json(
         runner_detail(&state, &RunnerId::parse("id", &id)?).await?,
     ))
@@ -435,7 +456,7 @@ async fn set_cordon(
     state: &AppState,
     id: String,
     cordoned: bool,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let action = if cordoned {
         Action::RunnerCordon
@@ -457,7 +478,7 @@ async fn set_cordon(
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/cordon", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -468,13 +489,13 @@ async fn cordon(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     set_cordon(&caller, &state, id, true).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/uncordon", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -485,13 +506,13 @@ async fn uncordon(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     set_cordon(&caller, &state, id, false).await
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
@@ -502,7 +523,7 @@ async fn revoke(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let now = Millis::now();
     state
@@ -525,7 +546,7 @@ struct ForgeRunnersBody {
 
 #[utoipa::path(put, path = "/api/v1/admin/runners/{id}/forge-runners", tag = "admin",
     security(("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body = ForgeRunnersBody,
     responses(
         (status = 200, description = "Replaced; the runner detail.", body = RunnerDetail),
@@ -539,7 +560,7 @@ async fn put_forge_runners(
     State(state): State<AppState>,
     Path(id): Path<String>,
     JsonBody(body): JsonBody<ForgeRunnersBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<RunnerDetail>, ApiError> {
     let id = RunnerId::parse("id", &id)?;
     let identities = super::forge_bindings::identities(&body.forge_runners)?;
     let now = Millis::now();
@@ -566,7 +587,7 @@ async fn put_forge_runners(
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
-async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>, ApiError> {
+async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<DriftReport>, ApiError> {
     let now = Millis::now();
     let pools = pools_by_name(&state).await?;
     let runners = state.store().list_runners(None).await?;
@@ -581,20 +602,21 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>
                 pool,
                 running_image_id,
                 expected_image_ids,
-            } => drifted.push(json!({
-                "runner_id": runner_id,
-                "pool": pool,
-                "running_image_id": running_image_id,
-                "expected_image_ids": expected_image_ids,
-            })),
-            DriftEntry::Skipped { runner_id, reason } => {
-                skipped.push(json!({"runner_id": runner_id, "reason": reason}))
-            }
+            } => drifted.push(DriftedRunner {
+                runner_id,
+                pool,
+                running_image_id,
+                expected_image_ids,
+            }),
+            DriftEntry::Skipped { runner_id, reason } => skipped.push(SkippedRunner {
+                runner_id,
+                reason: reason.to_string(),
+            }),
             DriftEntry::Current => {}
         }
     }
     let settings = state.settings();
-    let rolls: Vec<Value> = pools
+    let rolls: Vec<RollHealthView> = pools
         .values()
         .map(|pool| {
             let h = roll_health(
@@ -604,19 +626,21 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<Value>
                 settings.status_rules(),
                 settings.roll_stalled_share,
             );
-            json!({"pool": pool.name, "roll_stalled": h.roll_stalled, "drifted": h.drifted, "live": h.live})
+            RollHealthView::new(&pool.name, &h)
         })
         .collect();
-    Ok(Json(
-        json!({"drifted": drifted, "skipped": skipped, "pools": rolls}),
-    ))
+    Ok(Json(DriftReport {
+        drifted,
+        skipped,
+        pools: rolls,
+    }))
 }
 
 /// `POST /api/v1/admin/pools/{name}/resolve`: one attempt now; 200 with the pool when it is
 /// over, 502 `pool_resolution_failed` (the set unchanged) when it failed.
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/resolve", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The pool name.")),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "Resolved; the pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
@@ -630,7 +654,7 @@ async fn resolve(
     caller: AsOperator,
     State(state): State<AppState>,
     Path(name): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<PoolView>, ApiError> {
     let name = pool_name(&name)?;
     let resolved = resolver::resolve_pool(state.store(), state.registry(), &name).await;
     // An attempt that reached the registry changed the pool's record, failed or not.

@@ -5,8 +5,9 @@ use super::auth::ForgeAuth;
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::runners::AttestationBody;
-use super::schema::{GateDecision, JobSummary, JobView, Problem};
+use super::schema::Problem;
 use super::views;
+use super::views::{GateDecision, JobSummary, JobView};
 use crate::app::AppState;
 use crate::domain::ids::JobId;
 use crate::domain::job::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE};
@@ -20,7 +21,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
+use serde_json::Value;
 
 pub fn router() -> Router<AppState> {
     Router::new()
@@ -32,15 +33,22 @@ pub fn router() -> Router<AppState> {
 
 #[derive(Deserialize, utoipa::ToSchema)]
 struct EnqueueBody {
+    #[schema(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: String,
     /// Any JSON, handed to the runner; default null.
     #[serde(default)]
     payload: Value,
     /// 1 to 100, default 3.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     #[schema(minimum = 1, maximum = 100)]
     max_attempts: Option<i64>,
+    /// 1 to 256 characters, no control character: the same key answers with the same job.
     #[serde(default)]
+    #[schema(
+        min_length = 1,
+        max_length = 256,
+        pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$"
+    )]
     idempotency_key: Option<String>,
 }
 
@@ -59,10 +67,13 @@ async fn enqueue(
     _: ForgeAuth,
     State(state): State<AppState>,
     JsonBody(body): JsonBody<EnqueueBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<JobSummary>), ApiError> {
     if let Some(key) = &body.idempotency_key {
-        if key.is_empty() || key.len() > 256 {
-            return Err(ApiError::bad_request("idempotency_key: 1 to 256 bytes"));
+        // Counted in characters, as JSON Schema's `maxLength` counts them.
+        if key.is_empty() || key.chars().count() > 256 {
+            return Err(ApiError::bad_request(
+                "idempotency_key: 1 to 256 characters",
+            ));
         }
         without_controls("idempotency_key", key)?;
     }
@@ -110,7 +121,7 @@ fn new_job(body: EnqueueBody) -> Result<NewJob, (ApiError, Option<String>)> {
 
 #[utoipa::path(get, path = "/api/v1/jobs/{id}", tag = "forge",
     security(("forge_token" = [])),
-    params(("id" = String, Path, description = "The job id.")),
+    params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The job and its story.", body = JobView),
         (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
@@ -121,7 +132,7 @@ async fn read(
     _: ForgeAuth,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let (job, events) = state
         .store()
         .get_job(&JobId::parse("id", &id)?)
@@ -132,7 +143,7 @@ async fn read(
 
 #[utoipa::path(post, path = "/api/v1/jobs/{id}/cancel", tag = "forge",
     security(("forge_token" = [])),
-    params(("id" = String, Path, description = "The job id.")),
+    params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cancelled; the job view.", body = JobView),
         (status = 401, description = "`unauthorized`: no valid forge token.", body = Problem, content_type = "application/problem+json"),
@@ -144,7 +155,7 @@ async fn cancel(
     _: ForgeAuth,
     State(state): State<AppState>,
     Path(id): Path<String>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<JobView>, ApiError> {
     let job_id = JobId::parse("id", &id)?;
     state
         .store()
@@ -177,7 +188,15 @@ async fn gate_check(
     JsonBody(body): JsonBody<AttestationBody>,
 ) -> Result<axum::response::Response, ApiError> {
     use axum::response::IntoResponse;
-    let refuse = |code: &str, detail: String, runner: Option<String>, pool: Option<String>| json!({"decision": "refuse", "code": code, "detail": detail, "runner_id": runner, "pool": pool});
+    let decision = |allow: bool, code: Option<&str>, detail: Option<String>, runner, pool| {
+        Json(GateDecision {
+            decision: if allow { "allow" } else { "refuse" }.to_string(),
+            code: code.map(str::to_string),
+            detail,
+            runner_id: runner,
+            pool,
+        })
+    };
     match state
         .gate()
         .admit(&body.attestation, Purpose::GateCheck, Millis::now())
@@ -188,23 +207,24 @@ async fn gate_check(
             let pool = Some(admitted.pool.name.to_string());
             if let Some(r) = admitted.observed_refusal() {
                 // A pool that observes allows, and says what it would have refused.
-                let mut answer = Json(json!({"decision": "allow", "code": r.code(), "detail": r.detail(), "runner_id": runner, "pool": pool})).into_response();
+                let mut answer =
+                    decision(true, Some(r.code()), Some(r.detail()), runner, pool).into_response();
                 answer.headers_mut().insert(
                     crate::forge_gate::WOULD_REFUSE_HEADER,
                     axum::http::HeaderValue::from_static(r.code()),
                 );
                 return Ok(answer);
             }
-            Ok(Json(match &admitted.verdict {
-                Ok(()) => {
-                    json!({"decision": "allow", "code": null, "detail": null, "runner_id": runner, "pool": pool})
-                }
-                Err(r) => refuse(r.code(), r.detail(), runner, pool),
-            })
+            Ok(match &admitted.verdict {
+                Ok(()) => decision(true, None, None, runner, pool),
+                Err(r) => decision(false, Some(r.code()), Some(r.detail()), runner, pool),
+            }
             .into_response())
         }
         Err(AdmitError::Store(e)) => Err(e.into()),
         Err(e @ AdmitError::BadRequest(_)) => Err(e.into()),
-        Err(e) => Ok(Json(refuse(e.code(), e.to_string(), None, None)).into_response()),
+        Err(e) => {
+            Ok(decision(false, Some(e.code()), Some(e.to_string()), None, None).into_response())
+        }
     }
 }

@@ -6,18 +6,16 @@
 use super::problem::ApiError;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 /// The most forge runners one leasegate runner may carry (a gitlab-runner `config.toml` with
 /// many `[[runners]]` stays far below it).
 pub const MAX_FORGE_RUNNERS: usize = 64;
 
-/// One forge runner in a request.
-#[derive(Deserialize, Clone, utoipa::ToSchema)]
+/// One forge runner in a request; its schema is `constraints::forge_runner`.
+#[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeRunnerSpec {
     /// `forgejo` (or `gitea`) or `gitlab`.
-    #[schema(example = "forgejo")]
     kind: String,
     /// A Forgejo or Gitea runner's uuid (its `.runner` file's `uuid`).
     #[serde(default)]
@@ -25,6 +23,18 @@ pub struct ForgeRunnerSpec {
     /// The SHA-256 of a GitLab runner's authentication token, 64 lowercase hex characters.
     #[serde(default)]
     token_sha256: Option<String>,
+}
+
+impl utoipa::PartialSchema for ForgeRunnerSpec {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        super::constraints::placeholder()
+    }
+}
+
+impl utoipa::ToSchema for ForgeRunnerSpec {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "ForgeRunnerSpec".into()
+    }
 }
 
 /// The identities of `specs`, checked, without repeats.
@@ -45,15 +55,17 @@ pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeIdentity>, ApiEr
     Ok(out)
 }
 
-/// A binding as views show it.
-pub fn view(b: &ForgeBinding) -> Value {
-    let key_name = match b.identity.kind {
-        ForgeKind::Forgejo => "uuid",
-        ForgeKind::Gitlab => "token_sha256",
+/// A binding as views show it: the key its kind is named by, and no other.
+pub fn view(b: &ForgeBinding) -> super::views::ForgeRunnerView {
+    let key = Some(b.identity.key.clone());
+    let (uuid, token_sha256) = match b.identity.kind {
+        ForgeKind::Forgejo => (key, None),
+        ForgeKind::Gitlab => (None, key),
     };
-    json!({
-        "kind": b.identity.kind.as_str(),
-        key_name: b.identity.key,
-        "last_fetch_at": b.last_fetch_at,
-    })
+    super::views::ForgeRunnerView {
+        kind: b.identity.kind.as_str().to_string(),
+        uuid,
+        token_sha256,
+        last_fetch_at: b.last_fetch_at.map(|m| m.rfc3339()),
+    }
 }

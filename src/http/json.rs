@@ -3,6 +3,9 @@
 //! Unlike `axum::Json` it does not insist on a `Content-Type` (runner scripts often omit it),
 //! and its errors say where in the body the problem is, e.g. `wait_s: invalid type: string`.
 //! `OptionalJson` treats an empty body as the type's default, for calls whose body is optional.
+//! Every body of the API is an object: serde would read a struct from an array too, so
+//! anything else is refused before it is read. `whole_number` reads the integers of a body as
+//! JSON Schema defines them, so that `22.0` is the `22` the OpenAPI document allows.
 
 use super::problem::ApiError;
 use axum::body::Bytes;
@@ -22,9 +25,12 @@ async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, Api
     })
 }
 
-/// The whole body as `T`: a malformed document, or anything after it, is a bad request that
-/// names where the problem is.
+/// The whole body as `T`: a malformed document, anything after it, or a document that is not
+/// an object, is a bad request that names where the problem is.
 pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
+    if bytes.iter().find(|b| !b.is_ascii_whitespace()) != Some(&b'{') {
+        return Err(ApiError::bad_request("body: a JSON object is required"));
+    }
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let value = serde_path_to_error::deserialize(&mut de).map_err(|e| {
         let path = e.path().to_string();
@@ -61,5 +67,58 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
             return Ok(OptionalJson(T::default()));
         }
         Ok(OptionalJson(parse(&bytes)?))
+    }
+}
+
+/// An optional integer field, read as JSON Schema reads an integer: a number with no
+/// fractional part (`3` or `3.0`). A fraction, or a number outside `i64`, is refused.
+pub fn whole_number<'de, D>(deserializer: D) -> Result<Option<i64>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+{
+    use serde::Deserialize;
+    let Some(n) = Option::<serde_json::Number>::deserialize(deserializer)? else {
+        return Ok(None);
+    };
+    whole(&n)
+        .map(Some)
+        .ok_or_else(|| serde::de::Error::custom(format!("expected a whole number, found {n}")))
+}
+
+/// `n` as an `i64` when it is a whole number in range.
+pub fn whole(n: &serde_json::Number) -> Option<i64> {
+    if let Some(i) = n.as_i64() {
+        return Some(i);
+    }
+    let f = n.as_f64()?;
+    // `i64::MAX as f64` rounds up to 2^63, which is out of range: hence `<`.
+    (f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64).then_some(f as i64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn whole_numbers_are_integers_with_or_without_a_point() {
+        let n = |s: &str| serde_json::from_str::<serde_json::Number>(s).unwrap();
+        assert_eq!(whole(&n("22")), Some(22));
+        assert_eq!(whole(&n("22.0")), Some(22));
+        assert_eq!(whole(&n("-3.0")), Some(-3));
+        assert_eq!(whole(&n("22.5")), None);
+        assert_eq!(whole(&n("1e300")), None);
+        assert_eq!(whole(&n("18446744073709551615")), None);
+    }
+
+    #[test]
+    fn a_body_is_an_object() {
+        #[derive(serde::Deserialize, Debug)]
+        struct B {
+            #[allow(dead_code)]
+            a: Option<String>,
+        }
+        assert!(parse::<B>(b" {\"a\": \"x\"}").is_ok());
+        assert!(parse::<B>(b"[\"x\"]").is_err());
+        assert!(parse::<B>(b"null").is_err());
     }
 }

@@ -8,8 +8,9 @@ use super::auth::{Credential, LeaseBearer, throttled};
 use super::client::Client;
 use super::json::{JsonBody, OptionalJson};
 use super::problem::ApiError;
-use super::schema::{LeaseGrant, LeaseView, Problem};
+use super::schema::Problem;
 use super::views;
+use super::views::{LeaseGrant, LeaseView};
 use crate::app::AppState;
 use crate::domain::ids::{LeaseId, RunnerId};
 use crate::domain::job::Job;
@@ -24,7 +25,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::json;
+
 use std::time::Duration;
 
 pub fn router() -> Router<AppState> {
@@ -51,7 +52,7 @@ struct LeaseBody {
 
 fn wait_seconds(wait: Option<serde_json::Number>) -> Result<u64, ApiError> {
     let Some(n) = wait else { return Ok(0) };
-    match n.as_u64() {
+    match super::json::whole(&n).and_then(|s| u64::try_from(s).ok()) {
         Some(s) if s <= MAX_WAIT_S => Ok(s),
         _ => Err(ApiError::bad_request(format!(
             "wait_s: must be a whole number from 0 to {MAX_WAIT_S}"
@@ -196,13 +197,7 @@ async fn wait_for_job(
 fn granted(state: &AppState, token: String, lease: Lease, job: Job) -> Response {
     record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
     state.lease_granted(&lease, &job);
-    Json(json!({
-        "lease_id": lease.id,
-        "lease_token": token,
-        "expires_at": lease.expires_at,
-        "job": views::leased_job(&job, &lease),
-    }))
-    .into_response()
+    Json(views::lease_grant(token, &lease, &job)).into_response()
 }
 
 /// Puts the job and lease ids on the request's span, so every log line of it carries them.
@@ -222,7 +217,7 @@ async fn run_call(
     id: String,
     token: &str,
     call: LeaseCall,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let lease_id = LeaseId::parse("id", &id)?;
     let token_hash = hash_token(token);
     let (lease, job) = throttled(state, client, Credential::Lease, async {
@@ -250,7 +245,7 @@ struct TtlBody {
 
 fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, ApiError> {
     let Some(n) = ttl else { return Ok(default) };
-    match n.as_i64() {
+    match super::json::whole(&n) {
         Some(s) if (1..=3600).contains(&s) => Ok(s),
         _ => Err(ApiError::bad_request(
             "ttl_s: must be a whole number from 1 to 3600",
@@ -260,7 +255,7 @@ fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, Api
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/start", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Started: an attempt is used, job `leased → running`.", body = LeaseView),
         (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
@@ -273,14 +268,14 @@ async fn start(
     client: Client,
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let ttl_s = state.settings().lease_ttl_s;
     run_call(&state, client, id, &token, LeaseCall::Start { ttl_s }).await
 }
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/extend", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body(content = Option<TtlBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Extended: `expires_at = now + ttl_s`.", body = LeaseView),
@@ -295,7 +290,7 @@ async fn extend(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<TtlBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let ttl_s = ttl_seconds(body.ttl_s, state.settings().lease_ttl_s)?;
     run_call(&state, client, id, &token, LeaseCall::Extend { ttl_s }).await
 }
@@ -312,7 +307,7 @@ enum OutcomeBody {
 #[derive(Deserialize, utoipa::ToSchema)]
 struct CompleteBody {
     outcome: OutcomeBody,
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::whole_number")]
     exit_code: Option<i64>,
     #[serde(default)]
     message: Option<String>,
@@ -324,7 +319,7 @@ fn clean_message(m: Option<String>) -> Option<String> {
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/complete", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body = CompleteBody,
     responses(
         (status = 200, description = "Completed.", body = LeaseView),
@@ -339,7 +334,7 @@ async fn complete(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     JsonBody(body): JsonBody<CompleteBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let outcome = match body.outcome {
         OutcomeBody::Succeeded => Outcome::Succeeded,
         OutcomeBody::Failed => Outcome::Failed,
@@ -363,7 +358,7 @@ struct AbandonBody {
 
 #[utoipa::path(post, path = "/api/v1/leases/{id}/abandon", tag = "leasing",
     security(("lease_token" = [])),
-    params(("id" = String, Path, description = "The lease id.")),
+    params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body(content = Option<AbandonBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Abandoned: the job returns to the queue without using an attempt.", body = LeaseView),
@@ -378,7 +373,7 @@ async fn abandon(
     Path(id): Path<String>,
     LeaseBearer(token): LeaseBearer,
     OptionalJson(body): OptionalJson<AbandonBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<LeaseView>, ApiError> {
     let reason = body.reason.map(|r| crate::domain::text::sanitize(&r, 128));
     let call = LeaseCall::Abandon {
         reason,

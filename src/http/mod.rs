@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod auth;
 pub mod client;
+pub mod constraints;
 pub mod forge;
 pub mod forge_bindings;
 pub mod json;

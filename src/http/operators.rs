@@ -60,8 +60,10 @@ fn token_view(t: &OperatorToken) -> OperatorTokenView {
 struct TokenBody {
     /// 1-63 characters of `a-z 0-9 - _ . @`, starting with a letter or digit; not
     /// `bootstrap`.
+    #[schema(pattern = "^[a-z0-9][a-z0-9._@-]{0,62}$")]
     name: String,
     /// `viewer`, `operator` or `admin`.
+    #[schema(pattern = "^(viewer|operator|admin)$")]
     role: String,
 }
 
@@ -128,7 +130,7 @@ async fn list_tokens(
 
 #[utoipa::path(delete, path = "/api/v1/admin/tokens/{name}", tag = "admin",
     security(("admin_token" = [])),
-    params(("name" = String, Path, description = "The operator's name.")),
+    params(("name" = String, Path, description = "The operator's name: 1-63 characters of `a-z 0-9 . _ - @`, starting with a letter or digit; not `bootstrap`.", pattern = "^[a-z0-9][a-z0-9._@-]{0,62}$")),
     responses(
         (status = 204, description = "Revoked: refused from now on by every replica, and its page sessions ended."),
         (status = 400, description = "`bad_request`: not a valid operator name.", body = Problem, content_type = "application/problem+json"),
@@ -154,21 +156,27 @@ async fn delete_token(
 struct AuditQuery {
     /// Only entries on this target (a runner id, pool name or operator name).
     #[serde(default)]
+    #[param(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     target: Option<String>,
     /// Only entries by this operator.
     #[serde(default)]
+    #[param(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     actor: Option<String>,
     /// Only entries at or after this RFC 3339 instant.
     #[serde(default)]
+    #[param(format = DateTime)]
     since: Option<String>,
     /// Only entries before this RFC 3339 instant.
     #[serde(default)]
+    #[param(format = DateTime)]
     until: Option<String>,
     /// Entries per page: 1 to 500, default 100.
     #[serde(default)]
+    #[param(minimum = 1, maximum = 500)]
     limit: Option<i64>,
     /// The `next_cursor` of the page before.
     #[serde(default)]
+    #[param(value_type = Option<i64>, minimum = 1)]
     cursor: Option<String>,
 }
 
@@ -188,8 +196,11 @@ fn plain(field: &str, value: Option<String>) -> Result<Option<String>, ApiError>
     value
         .map(|v| {
             crate::domain::text::without_controls("target", &v)?;
-            if v.len() > 200 {
-                return Err(ApiError::bad_request(format!("{field}: at most 200 bytes")));
+            // Counted in characters, as JSON Schema's `maxLength` counts them.
+            if v.chars().count() > 200 {
+                return Err(ApiError::bad_request(format!(
+                    "{field}: at most 200 characters"
+                )));
             }
             Ok(v)
         })

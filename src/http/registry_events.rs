@@ -15,7 +15,8 @@
 use super::auth::AsOperator;
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{PoolsResolving, Problem};
+use super::schema::Problem;
+use super::views::PoolsResolving;
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
@@ -28,7 +29,6 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
-use serde_json::{Value, json};
 
 pub fn router() -> Router<AppState> {
     Router::new().route("/api/v1/admin/registry-events", post(registry_events))
@@ -104,7 +104,7 @@ async fn registry_events(
     caller: AsOperator,
     State(state): State<AppState>,
     JsonBody(envelope): JsonBody<Envelope>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<PoolsResolving>), ApiError> {
     let pushed = pushed_tags(&envelope);
     let mut pools = Vec::new();
     if !pushed.is_empty() {
@@ -145,12 +145,13 @@ async fn registry_events(
         state.store().record_audit(&entry).await?;
     }
     resolver::spawn_resolutions(state.store(), state.registry(), pools);
-    Ok((StatusCode::ACCEPTED, Json(json!({"pools": names}))))
+    Ok((StatusCode::ACCEPTED, Json(PoolsResolving { pools: names })))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn only_tag_pushes_count() {

@@ -5,7 +5,8 @@ use super::client::Client;
 use super::forge_bindings::{ForgeRunnerSpec, identities};
 use super::json::JsonBody;
 use super::problem::ApiError;
-use super::schema::{Heartbeat, Problem, Registered};
+use super::schema::Problem;
+use super::views::{Heartbeat, Registered};
 use crate::app::AppState;
 use crate::domain::ids::RunnerId;
 use crate::domain::text::plain_name;
@@ -21,7 +22,6 @@ use axum::{Json, Router};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Deserialize;
-use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 pub fn router() -> Router<AppState> {
@@ -33,8 +33,13 @@ pub fn router() -> Router<AppState> {
 /// An Ed25519 public key as a JWK.
 #[derive(Deserialize, utoipa::ToSchema)]
 struct Jwk {
+    #[schema(pattern = "^OKP$")]
     kty: String,
+    #[schema(pattern = "^Ed25519$")]
     crv: String,
+    /// The key's 32 bytes, base64url without padding (padding `=` is ignored): a valid
+    /// point, not of small order, in its one canonical encoding.
+    #[schema(pattern = "^[A-Za-z0-9_-]{42}[AEIMQUYcgkosw048]=*$")]
     x: String,
 }
 
@@ -94,11 +99,13 @@ fn check_labels(labels: &BTreeMap<String, String>) -> Result<(), ApiError> {
     }
     for (k, v) in labels {
         let printable = plain_name("labels", k).and_then(|_| plain_name("labels", v));
-        if k.is_empty() || k.len() > 128 || v.len() > 1024 || printable.is_err() {
+        // Counted in characters, as JSON Schema's `maxLength` counts them.
+        let (klen, vlen) = (k.chars().count(), v.chars().count());
+        if k.is_empty() || klen > 128 || vlen > 1024 || printable.is_err() {
             // The key is shown only once it is known to be plain.
             let key = if printable.is_ok() { k.as_str() } else { "…" };
             return Err(ApiError::bad_request(format!(
-                "labels.{key}: keys 1-128 bytes, values at most 1024, no control or \
+                "labels.{key}: keys 1-128 characters, values at most 1024, no control or \
                  invisible format characters"
             )));
         }
@@ -118,7 +125,7 @@ async fn register(
     State(state): State<AppState>,
     client: Client,
     JsonBody(body): JsonBody<RegisterBody>,
-) -> Result<(StatusCode, Json<Value>), ApiError> {
+) -> Result<(StatusCode, Json<Registered>), ApiError> {
     check_name(&body.name)?;
     check_labels(&body.labels)?;
     let public_key_x = ed25519_x(&body.public_key)?;
@@ -142,14 +149,14 @@ async fn register(
     let s = state.settings();
     Ok((
         StatusCode::CREATED,
-        Json(json!({
-            "runner_id": runner.id,
-            "pool": runner.pool,
-            "audience": s.rules.audience,
-            "heartbeat_interval_s": s.heartbeat_interval_s,
-            "attestation_max_age_s": s.rules.max_age_s,
-            "probe_max_age_s": s.probe_max_age_s,
-        })),
+        Json(Registered {
+            runner_id: runner.id,
+            pool: runner.pool,
+            audience: s.rules.audience.clone(),
+            heartbeat_interval_s: s.heartbeat_interval_s,
+            attestation_max_age_s: s.rules.max_age_s,
+            probe_max_age_s: s.probe_max_age_s,
+        }),
     ))
 }
 
@@ -170,7 +177,7 @@ pub struct AttestationBody {
 async fn heartbeat(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<AttestationBody>,
-) -> Result<Json<Value>, ApiError> {
+) -> Result<Json<Heartbeat>, ApiError> {
     let now = Millis::now();
     let admitted = state
         .gate()
@@ -178,14 +185,19 @@ async fn heartbeat(
         .await?;
     let current = image_current(&admitted.image, &admitted.pool);
     let refusal = admitted.verdict.as_ref().err();
-    Ok(Json(json!({
-        "runner_id": admitted.runner.id,
-        "status": admitted.status().as_str(),
-        "code": refusal.map(|r| r.code()),
-        "detail": refusal.map(|r| r.detail()),
-        "expected_image_ids": admitted.pool.expected_image_ids,
-        "image_current": current,
-        "next_heartbeat_s": state.settings().heartbeat_interval_s,
-        "action": if current == Some(false) { "recycle" } else { "none" },
-    })))
+    Ok(Json(Heartbeat {
+        runner_id: admitted.runner.id.clone(),
+        status: admitted.status().as_str().to_string(),
+        code: refusal.map(|r| r.code().to_string()),
+        detail: refusal.map(|r| r.detail()),
+        expected_image_ids: admitted.pool.expected_image_ids.clone(),
+        image_current: current,
+        next_heartbeat_s: state.settings().heartbeat_interval_s,
+        action: if current == Some(false) {
+            "recycle"
+        } else {
+            "none"
+        }
+        .to_string(),
+    }))
 }

@@ -1,18 +1,17 @@
 //! The OpenAPI document, `GET /openapi.json`, generated from the code with `utoipa`.
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
-//! to them); request bodies derive `ToSchema` where they are defined. The response shapes that
-//! `views` builds with `json!` are described here by structs that only exist for the document.
+//! to them); request bodies derive `ToSchema` where they are defined, and so do the answers,
+//! in `views` (and here, for problems, operators' tokens and the audit trail): each struct is
+//! both what a handler sends and its schema. `constraints` adds what utoipa cannot say.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
 
-// These structs describe JSON that `views` builds; they are never constructed. Every key is
-// always sent, `null` where there is no value: optional fields are required and nullable.
+// `Problem` describes what `problem::ApiError` renders; it is never constructed.
 #![allow(dead_code)]
 
 use serde::Serialize;
-use std::collections::BTreeMap;
 use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
@@ -40,356 +39,6 @@ pub struct Problem {
     /// Stable snake_case code that clients branch on.
     #[schema(example = "probe_failed")]
     pub code: String,
-}
-
-/// `201` to `POST /api/v1/runners`.
-#[derive(Serialize, ToSchema)]
-pub struct Registered {
-    pub runner_id: String,
-    pub pool: String,
-    /// The `aud` every attestation must carry.
-    pub audience: String,
-    pub heartbeat_interval_s: i64,
-    pub attestation_max_age_s: i64,
-    pub probe_max_age_s: i64,
-}
-
-/// `200` to `POST /api/v1/runners/heartbeat`.
-#[derive(Serialize, ToSchema)]
-pub struct Heartbeat {
-    pub runner_id: String,
-    /// `healthy`, `probe_failed`, `probe_stale`, `pool_image_unresolved`, `image_unreported`,
-    /// `drifted`, `cordoned` or `quarantined`.
-    pub status: String,
-    /// The refusal's code when `status` is not `healthy`.
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    pub expected_image_ids: Vec<String>,
-    /// Null when the pool's policy is `off`, its set is empty, or no image was reported.
-    #[schema(required = true)]
-    pub image_current: Option<bool>,
-    pub next_heartbeat_s: i64,
-    /// `recycle` exactly when `image_current` is false, else `none`.
-    #[schema(example = "none")]
-    pub action: String,
-}
-
-/// The job as a runner holding a lease sees it.
-#[derive(Serialize, ToSchema)]
-pub struct LeasedJob {
-    pub id: String,
-    pub pool: String,
-    pub state: String,
-    /// Whatever the forge enqueued.
-    pub payload: serde_json::Value,
-    /// The attempt this lease is, or will be once started.
-    pub attempt: i64,
-    pub max_attempts: i64,
-}
-
-/// `200` to `POST /api/v1/lease`: a lease was granted.
-#[derive(Serialize, ToSchema)]
-pub struct LeaseGrant {
-    pub lease_id: String,
-    /// The bearer token of the lease calls (`lgl_…`), shown once.
-    pub lease_token: String,
-    /// RFC 3339 UTC.
-    pub expires_at: String,
-    pub job: LeasedJob,
-}
-
-/// `200` to the lease calls (start, extend, complete, abandon).
-#[derive(Serialize, ToSchema)]
-pub struct LeaseView {
-    pub lease_id: String,
-    /// `leased`, `running`, `completed`, `abandoned`, `expired`, `cancelled` or `revoked`.
-    pub state: String,
-    /// RFC 3339 UTC; after `complete` or `abandon`, when the lease ended.
-    pub expires_at: String,
-    pub job: LeasedJob,
-}
-
-/// `201`/`200` to `POST /api/v1/jobs`.
-#[derive(Serialize, ToSchema)]
-pub struct JobSummary {
-    pub id: String,
-    pub state: String,
-}
-
-/// One step of a job's story.
-#[derive(Serialize, ToSchema)]
-pub struct JobEvent {
-    pub at: String,
-    /// `enqueued`, `leased`, `started`, `returned`, `requeued`, `completed`, `failed`,
-    /// `cancelled`.
-    pub kind: String,
-    #[schema(required = true)]
-    pub runner_id: Option<String>,
-    #[schema(required = true)]
-    pub lease_id: Option<String>,
-    #[schema(required = true)]
-    pub reason: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-}
-
-/// A job as the forge reads it.
-#[derive(Serialize, ToSchema)]
-pub struct JobView {
-    pub id: String,
-    pub pool: String,
-    /// `queued`, `leased`, `running`, `succeeded`, `failed`, `cancelled`.
-    pub state: String,
-    pub payload: serde_json::Value,
-    pub attempts: i64,
-    pub max_attempts: i64,
-    pub returns: i64,
-    #[schema(required = true)]
-    pub last_error: Option<String>,
-    #[schema(required = true)]
-    pub idempotency_key: Option<String>,
-    #[schema(required = true)]
-    pub lease_id: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-    pub events: Vec<JobEvent>,
-}
-
-/// `200` to `POST /api/v1/gate/check`.
-#[derive(Serialize, ToSchema)]
-pub struct GateDecision {
-    /// `allow` or `refuse`.
-    #[schema(example = "allow")]
-    pub decision: String,
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    #[schema(required = true)]
-    pub runner_id: Option<String>,
-    #[schema(required = true)]
-    pub pool: Option<String>,
-}
-
-/// The outcome of a pool's last registry resolution.
-#[derive(Serialize, ToSchema)]
-pub struct Resolution {
-    pub at: String,
-    pub ok: bool,
-    #[schema(required = true)]
-    pub error: Option<String>,
-}
-
-/// A pool as the admin API shows it.
-#[derive(Serialize, ToSchema)]
-pub struct PoolView {
-    pub name: String,
-    #[schema(required = true)]
-    pub image_ref: Option<String>,
-    pub image_policy: crate::domain::pool::ImagePolicy,
-    pub image_source: crate::domain::pool::ImageSource,
-    pub gate_mode: crate::domain::pool::GateMode,
-    pub expected_image_ids: Vec<String>,
-    pub previous_image_ids: Vec<String>,
-    #[schema(required = true)]
-    pub previous_valid_until: Option<String>,
-    pub drift_grace_s: i64,
-    pub resolve_interval_s: i64,
-    #[schema(required = true)]
-    pub last_resolution: Option<Resolution>,
-    /// `ok`, `never_resolved` or `resolver_failing` for registry pools; null for manual ones.
-    #[schema(required = true)]
-    pub resolver_status: Option<String>,
-    pub resolution_failures: i64,
-    #[schema(required = true)]
-    pub resolved_digest: Option<String>,
-    #[schema(required = true)]
-    pub resolved_image_id: Option<String>,
-    #[schema(required = true)]
-    pub next_resolve_at: Option<String>,
-    pub roll_stalled: bool,
-    pub runners_by_status: BTreeMap<String, i64>,
-    pub queued_jobs: i64,
-    #[schema(required = true)]
-    pub oldest_queued_at: Option<String>,
-    pub created_at: String,
-    pub updated_at: String,
-}
-
-/// `200` to `GET /api/v1/admin/pools`.
-#[derive(Serialize, ToSchema)]
-pub struct PoolList {
-    pub pools: Vec<PoolView>,
-}
-
-/// `201` to `POST /api/v1/admin/pools/{name}/registration-tokens`.
-#[derive(Serialize, ToSchema)]
-pub struct RegistrationToken {
-    /// The single-use token (`lgr_…`), shown once.
-    pub token: String,
-    pub pool: String,
-    pub expires_at: String,
-}
-
-/// A runner's live lease.
-#[derive(Serialize, ToSchema)]
-pub struct CurrentLease {
-    pub lease_id: String,
-    pub job_id: String,
-    pub state: String,
-    pub expires_at: String,
-}
-
-/// A runner as the admin API lists it.
-#[derive(Serialize, ToSchema)]
-pub struct RunnerView {
-    pub runner_id: String,
-    pub name: String,
-    pub pool: String,
-    pub labels: BTreeMap<String, String>,
-    /// `revoked`, `unknown`, `stale`, or one of the heartbeat's statuses.
-    pub status: String,
-    #[schema(required = true)]
-    pub code: Option<String>,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    #[schema(required = true)]
-    pub last_attestation_at: Option<String>,
-    #[schema(required = true)]
-    pub probe_ok: Option<bool>,
-    #[schema(required = true)]
-    pub probe_checked_at: Option<String>,
-    #[schema(required = true)]
-    pub probe_error: Option<String>,
-    #[schema(required = true)]
-    pub runtime: Option<String>,
-    #[schema(required = true)]
-    pub runtime_version: Option<String>,
-    #[schema(required = true)]
-    pub image_id: Option<String>,
-    #[schema(required = true)]
-    pub image_digest: Option<String>,
-    #[schema(required = true)]
-    pub image_ref: Option<String>,
-    pub expected_image_ids: Vec<String>,
-    #[schema(required = true)]
-    pub image_current: Option<bool>,
-    pub cordoned: bool,
-    #[schema(required = true)]
-    pub quarantined_at: Option<String>,
-    #[schema(required = true)]
-    pub revoked_at: Option<String>,
-    pub registered_at: String,
-    #[schema(required = true)]
-    pub current_lease: Option<CurrentLease>,
-    /// The forge runners bound to it, for the forge gate.
-    pub forge_runners: Vec<ForgeRunnerView>,
-    /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
-    /// `attestation_expired`, `clock_skew`), with why; null when there was none.
-    #[schema(required = true)]
-    pub last_rejected_attestation: Option<RejectedAttestation>,
-}
-
-/// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
-/// `gitlab`.
-#[derive(Serialize, ToSchema)]
-pub struct ForgeRunnerView {
-    /// `forgejo` (Gitea's runners too) or `gitlab`.
-    pub kind: String,
-    pub uuid: Option<String>,
-    pub token_sha256: Option<String>,
-    /// The last time the gate saw it ask for work (written at most every 30 s).
-    #[schema(required = true)]
-    pub last_fetch_at: Option<String>,
-}
-
-/// An attestation the gate refused, as noted on its runner.
-#[derive(Serialize, ToSchema)]
-pub struct RejectedAttestation {
-    pub at: String,
-    pub code: String,
-    pub detail: String,
-}
-
-/// `200` to `GET /api/v1/admin/runners`.
-#[derive(Serialize, ToSchema)]
-pub struct RunnerList {
-    pub runners: Vec<RunnerView>,
-}
-
-/// One recorded attestation.
-#[derive(Serialize, ToSchema)]
-pub struct AttestationRecord {
-    pub at: String,
-    pub status: String,
-    pub probe_ok: bool,
-    pub runtime: String,
-    #[schema(required = true)]
-    pub runtime_version: Option<String>,
-    pub checked_at: String,
-    #[schema(required = true)]
-    pub error: Option<String>,
-    #[schema(required = true)]
-    pub image_id: Option<String>,
-    #[schema(required = true)]
-    pub image_digest: Option<String>,
-}
-
-/// One change of a runner's status.
-#[derive(Serialize, ToSchema)]
-pub struct StatusChange {
-    pub at: String,
-    #[schema(required = true)]
-    pub from: Option<String>,
-    pub to: String,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-}
-
-/// A run of refused leases, gate checks or forge fetches with one code, one entry however
-/// many it holds.
-#[derive(Serialize, ToSchema)]
-pub struct RefusalRecord {
-    /// The run's latest refusal.
-    pub at: String,
-    pub code: String,
-    /// The latest refusal's detail.
-    pub detail: String,
-    /// How many refusals the run holds.
-    pub count: i64,
-    /// The run's first refusal.
-    pub first_at: String,
-}
-
-/// One of a runner's leases.
-#[derive(Serialize, ToSchema)]
-pub struct LeaseRecord {
-    pub lease_id: String,
-    pub job_id: String,
-    pub state: String,
-    pub attempt: i64,
-    pub granted_at: String,
-    #[schema(required = true)]
-    pub started_at: Option<String>,
-    pub expires_at: String,
-    #[schema(required = true)]
-    pub ended_at: Option<String>,
-}
-
-/// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
-/// uncordon, revoke).
-#[derive(Serialize, ToSchema)]
-pub struct RunnerDetail {
-    #[serde(flatten)]
-    pub runner: RunnerView,
-    pub attestations: Vec<AttestationRecord>,
-    pub status_changes: Vec<StatusChange>,
-    pub refusals: Vec<RefusalRecord>,
-    pub leases: Vec<LeaseRecord>,
-    /// What operators did to this runner, newest first (at most 50).
-    pub audit: Vec<AuditEntry>,
 }
 
 /// One change by an operator.
@@ -448,47 +97,6 @@ pub struct CreatedOperatorToken {
 #[derive(Serialize, ToSchema)]
 pub struct OperatorTokenList {
     pub tokens: Vec<OperatorTokenView>,
-}
-
-/// A runner whose image is outside its pool's set.
-#[derive(Serialize, ToSchema)]
-pub struct DriftedRunner {
-    pub runner_id: String,
-    pub pool: String,
-    pub running_image_id: String,
-    pub expected_image_ids: Vec<String>,
-}
-
-/// A runner the drift report cannot judge, and why.
-#[derive(Serialize, ToSchema)]
-pub struct SkippedRunner {
-    pub runner_id: String,
-    /// `revoked`, `pool_policy_off`, `pool_image_unresolved`, `never_attested`, `stale`,
-    /// `image_unreported`.
-    pub reason: String,
-}
-
-/// A pool's roll health.
-#[derive(Serialize, ToSchema)]
-pub struct RollHealth {
-    pub pool: String,
-    pub roll_stalled: bool,
-    pub drifted: i64,
-    pub live: i64,
-}
-
-/// `200` to `GET /api/v1/admin/drift`.
-#[derive(Serialize, ToSchema)]
-pub struct DriftReport {
-    pub drifted: Vec<DriftedRunner>,
-    pub skipped: Vec<SkippedRunner>,
-    pub pools: Vec<RollHealth>,
-}
-
-/// `202` to `POST /api/v1/admin/registry-events`: the pools being resolved.
-#[derive(Serialize, ToSchema)]
-pub struct PoolsResolving {
-    pub pools: Vec<String>,
 }
 
 #[derive(OpenApi)]
@@ -624,6 +232,7 @@ impl Modify for CommonProblems {
         ];
         for (path, item) in openapi.paths.paths.iter_mut() {
             if !path.starts_with("/api/") {
+                page_problems(item);
                 continue;
             }
             let operations = [
@@ -650,6 +259,35 @@ impl Modify for CommonProblems {
                         .or_insert_with(|| RefOr::T(problem_response(THROTTLED)));
                 }
             }
+        }
+    }
+}
+
+/// The problems of the page's forms and paths: a path that is not a valid id, or a form that
+/// is not `application/x-www-form-urlencoded` or lacks a field.
+fn page_problems(item: &mut utoipa::openapi::PathItem) {
+    for op in [&mut item.get, &mut item.post].into_iter().flatten() {
+        let has_params = op.parameters.as_ref().is_some_and(|p| !p.is_empty());
+        let has_form = op.request_body.is_some();
+        let mut add = |status: &str, description: &str| {
+            op.responses
+                .responses
+                .entry(status.to_string())
+                .or_insert_with(|| RefOr::T(problem_response(description)));
+        };
+        if has_params || has_form {
+            add("400", "`bad_request`: a malformed path, query or form.");
+        }
+        if has_form {
+            add(
+                "415",
+                "`bad_request`: the form is not `application/x-www-form-urlencoded`.",
+            );
+            add(
+                "413",
+                "`payload_too_large`: the body is over the configured limit.",
+            );
+            add("422", "`bad_request`: the form lacks a field.");
         }
     }
 }
@@ -686,8 +324,9 @@ impl Modify for OptionalBodies {
 pub fn document() -> &'static str {
     static DOC: OnceLock<String> = OnceLock::new();
     DOC.get_or_init(|| {
-        ApiDoc::openapi()
-            .to_pretty_json()
-            .expect("the OpenAPI document serializes")
+        let mut doc =
+            serde_json::to_value(ApiDoc::openapi()).expect("the OpenAPI document serializes");
+        super::constraints::apply(&mut doc);
+        serde_json::to_string_pretty(&doc).expect("the OpenAPI document serializes")
     })
 }

@@ -1,68 +1,305 @@
 //! The JSON shapes of PROTOCOL.md, built from domain values. One function per shape, so that
-//! a runner or a job looks the same in every response that carries it.
+//! a runner or a job looks the same in every response that carries it. Each shape is a struct
+//! deriving `Serialize` and `ToSchema`: the answer a handler sends and its schema in the
+//! OpenAPI document are one definition. Optional fields are sent as `null`, never left out
+//! (`#[schema(required = true)]`), except a forge runner's key of the other kind.
 
+use super::schema::AuditEntry;
 use crate::app::Settings;
-use crate::domain::job::{Job, JobEvent};
-use crate::domain::pool::{Pool, ResolverStatus};
+use crate::domain::digest::ImageDigest;
+use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::job::{Job, JobEvent as StoredJobEvent};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, ResolverStatus};
 use crate::domain::roll::RollHealth;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::{Lease, QueueDepth, RunnerHistory};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use std::collections::BTreeMap;
+use utoipa::ToSchema;
 
-pub fn job_summary(job: &Job) -> Value {
-    json!({"id": job.id, "state": job.state.as_str()})
+/// `201`/`200` to `POST /api/v1/jobs`.
+#[derive(Serialize, ToSchema)]
+pub struct JobSummary {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    pub state: String,
+}
+
+pub fn job_summary(job: &Job) -> JobSummary {
+    JobSummary {
+        id: job.id.clone(),
+        state: job.state.as_str().to_string(),
+    }
 }
 
 /// The job as a runner holding a lease sees it.
-pub fn leased_job(job: &Job, lease: &Lease) -> Value {
-    json!({
-        "id": job.id,
-        "pool": job.pool,
-        "state": job.state.as_str(),
-        "payload": job.payload,
-        "attempt": lease.attempt,
-        "max_attempts": job.max_attempts,
-    })
+#[derive(Serialize, ToSchema)]
+pub struct LeasedJob {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    pub state: String,
+    /// Whatever the forge enqueued.
+    pub payload: Value,
+    /// The attempt this lease is, or will be once started.
+    pub attempt: i64,
+    pub max_attempts: i64,
 }
 
-pub fn lease(lease: &Lease, job: &Job) -> Value {
-    json!({
-        "lease_id": lease.id,
-        "state": lease.state.as_str(),
-        "expires_at": lease.expires_at,
-        "job": leased_job(job, lease),
-    })
+pub fn leased_job(job: &Job, lease: &Lease) -> LeasedJob {
+    LeasedJob {
+        id: job.id.clone(),
+        pool: job.pool.clone(),
+        state: job.state.as_str().to_string(),
+        payload: job.payload.clone(),
+        attempt: lease.attempt,
+        max_attempts: job.max_attempts,
+    }
 }
 
-pub fn job_event(e: &JobEvent) -> Value {
-    json!({
-        "at": e.at,
-        "kind": e.kind,
-        "runner_id": e.runner_id,
-        "lease_id": e.lease_id,
-        "reason": e.reason,
-        "detail": e.detail,
-    })
+/// `200` to `POST /api/v1/lease`: a lease was granted.
+#[derive(Serialize, ToSchema)]
+pub struct LeaseGrant {
+    #[schema(value_type = String)]
+    pub lease_id: LeaseId,
+    /// The bearer token of the lease calls (`lgl_…`), shown once.
+    pub lease_token: String,
+    /// RFC 3339 UTC.
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+    pub job: LeasedJob,
 }
 
-pub fn job(job: &Job, events: &[JobEvent]) -> Value {
-    json!({
-        "id": job.id,
-        "pool": job.pool,
-        "state": job.state.as_str(),
-        "payload": job.payload,
-        "attempts": job.attempts,
-        "max_attempts": job.max_attempts,
-        "returns": job.returns,
-        "last_error": job.last_error,
-        "idempotency_key": job.idempotency_key,
-        "lease_id": job.lease_id,
-        "created_at": job.created_at,
-        "updated_at": job.updated_at,
-        "events": events.iter().map(job_event).collect::<Vec<_>>(),
-    })
+pub fn lease_grant(token: String, lease: &Lease, job: &Job) -> LeaseGrant {
+    LeaseGrant {
+        lease_id: lease.id.clone(),
+        lease_token: token,
+        expires_at: lease.expires_at,
+        job: leased_job(job, lease),
+    }
+}
+
+/// `200` to the lease calls (start, extend, complete, abandon).
+#[derive(Serialize, ToSchema)]
+pub struct LeaseView {
+    #[schema(value_type = String)]
+    pub lease_id: LeaseId,
+    /// `leased`, `running`, `completed`, `abandoned`, `expired`, `cancelled` or `revoked`.
+    pub state: String,
+    /// RFC 3339 UTC; after `complete` or `abandon`, when the lease ended.
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+    pub job: LeasedJob,
+}
+
+pub fn lease(lease: &Lease, job: &Job) -> LeaseView {
+    LeaseView {
+        lease_id: lease.id.clone(),
+        state: lease.state.as_str().to_string(),
+        expires_at: lease.expires_at,
+        job: leased_job(job, lease),
+    }
+}
+
+/// One step of a job's story. Every key is always sent, `null` where there is no value:
+/// optional fields are required and nullable, here and in every view.
+#[derive(Serialize, ToSchema)]
+pub struct JobEvent {
+    #[schema(value_type = String)]
+    pub at: Millis,
+    /// `enqueued`, `leased`, `started`, `returned`, `requeued`, `completed`, `failed`,
+    /// `cancelled`.
+    pub kind: String,
+    #[schema(required = true, value_type = Option<String>)]
+    pub runner_id: Option<RunnerId>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub lease_id: Option<LeaseId>,
+    #[schema(required = true)]
+    pub reason: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+}
+
+pub fn job_event(e: &StoredJobEvent) -> JobEvent {
+    JobEvent {
+        at: e.at,
+        kind: e.kind.clone(),
+        runner_id: e.runner_id.clone(),
+        lease_id: e.lease_id.clone(),
+        reason: e.reason.clone(),
+        detail: e.detail.clone(),
+    }
+}
+
+/// A job as the forge reads it.
+#[derive(Serialize, ToSchema)]
+pub struct JobView {
+    #[schema(value_type = String)]
+    pub id: JobId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    /// `queued`, `leased`, `running`, `succeeded`, `failed`, `cancelled`.
+    pub state: String,
+    pub payload: Value,
+    pub attempts: i64,
+    pub max_attempts: i64,
+    pub returns: i64,
+    #[schema(required = true)]
+    pub last_error: Option<String>,
+    #[schema(required = true)]
+    pub idempotency_key: Option<String>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub lease_id: Option<LeaseId>,
+    #[schema(value_type = String)]
+    pub created_at: Millis,
+    #[schema(value_type = String)]
+    pub updated_at: Millis,
+    pub events: Vec<JobEvent>,
+}
+
+pub fn job(job: &Job, events: &[StoredJobEvent]) -> JobView {
+    JobView {
+        id: job.id.clone(),
+        pool: job.pool.clone(),
+        state: job.state.as_str().to_string(),
+        payload: job.payload.clone(),
+        attempts: job.attempts,
+        max_attempts: job.max_attempts,
+        returns: job.returns,
+        last_error: job.last_error.clone(),
+        idempotency_key: job.idempotency_key.clone(),
+        lease_id: job.lease_id.clone(),
+        created_at: job.created_at,
+        updated_at: job.updated_at,
+        events: events.iter().map(job_event).collect(),
+    }
+}
+
+/// `201` to `POST /api/v1/runners`.
+#[derive(Serialize, ToSchema)]
+pub struct Registered {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    /// The `aud` every attestation must carry.
+    pub audience: String,
+    pub heartbeat_interval_s: i64,
+    pub attestation_max_age_s: i64,
+    pub probe_max_age_s: i64,
+}
+
+/// `200` to `POST /api/v1/runners/heartbeat`.
+#[derive(Serialize, ToSchema)]
+pub struct Heartbeat {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    /// `healthy`, `probe_failed`, `probe_stale`, `pool_image_unresolved`, `image_unreported`,
+    /// `drifted`, `cordoned` or `quarantined`.
+    pub status: String,
+    /// The refusal's code when `status` is not `healthy`.
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+    /// Null when the pool's policy is `off`, its set is empty, or no image was reported.
+    #[schema(required = true)]
+    pub image_current: Option<bool>,
+    pub next_heartbeat_s: i64,
+    /// `recycle` exactly when `image_current` is false, else `none`.
+    #[schema(example = "none")]
+    pub action: String,
+}
+
+/// `200` to `POST /api/v1/gate/check`.
+#[derive(Serialize, ToSchema)]
+pub struct GateDecision {
+    /// `allow` or `refuse`.
+    #[schema(example = "allow")]
+    pub decision: String,
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(required = true)]
+    pub runner_id: Option<String>,
+    #[schema(required = true)]
+    pub pool: Option<String>,
+}
+
+/// `201` to `POST /api/v1/admin/pools/{name}/registration-tokens`.
+#[derive(Serialize, ToSchema)]
+pub struct RegistrationToken {
+    /// The single-use token (`lgr_…`), shown once.
+    pub token: String,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    #[schema(value_type = String)]
+    pub expires_at: Millis,
+}
+
+/// `202` to `POST /api/v1/admin/registry-events`: the pools being resolved.
+#[derive(Serialize, ToSchema)]
+pub struct PoolsResolving {
+    pub pools: Vec<String>,
+}
+
+/// A runner whose image is outside its pool's set.
+#[derive(Serialize, ToSchema)]
+pub struct DriftedRunner {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    #[schema(value_type = String)]
+    pub running_image_id: ImageDigest,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+}
+
+/// A runner the drift report cannot judge, and why.
+#[derive(Serialize, ToSchema)]
+pub struct SkippedRunner {
+    #[schema(value_type = String)]
+    pub runner_id: RunnerId,
+    /// `revoked`, `pool_policy_off`, `pool_image_unresolved`, `never_attested`, `stale`,
+    /// `image_unreported`.
+    pub reason: String,
+}
+
+/// A pool's roll health.
+#[derive(Serialize, ToSchema)]
+#[schema(as = RollHealth)]
+pub struct RollHealthView {
+    #[schema(value_type = String)]
+    pub pool: PoolName,
+    pub roll_stalled: bool,
+    pub drifted: i64,
+    pub live: i64,
+}
+
+impl RollHealthView {
+    pub fn new(pool: &PoolName, h: &RollHealth) -> Self {
+        RollHealthView {
+            pool: pool.clone(),
+            roll_stalled: h.roll_stalled,
+            drifted: h.drifted as i64,
+            live: h.live as i64,
+        }
+    }
+}
+
+/// `200` to `GET /api/v1/admin/drift`.
+#[derive(Serialize, ToSchema)]
+pub struct DriftReport {
+    pub drifted: Vec<DriftedRunner>,
+    pub skipped: Vec<SkippedRunner>,
+    pub pools: Vec<RollHealthView>,
 }
 
 /// What the pool view adds from outside the pool record: its runners' standing and the
@@ -73,108 +310,378 @@ pub struct PoolStanding {
     pub resolver_status: Option<ResolverStatus>,
 }
 
-pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> Value {
-    json!({
-        "name": pool.name,
-        "image_ref": pool.image_ref,
-        "image_policy": pool.image_policy,
-        "image_source": pool.image_source,
-        "gate_mode": pool.gate_mode,
-        "expected_image_ids": pool.expected_image_ids,
-        "previous_image_ids": pool.previous_image_ids,
-        "previous_valid_until": pool.previous_valid_until,
-        "drift_grace_s": pool.drift_grace_s,
-        "resolve_interval_s": pool.resolve_interval_s,
-        "last_resolution": pool.last_resolution,
-        "resolver_status": standing.resolver_status,
-        "resolution_failures": pool.resolution_failures,
-        "resolved_digest": pool.resolved_digest,
-        "resolved_image_id": pool.resolved_image_id,
-        "next_resolve_at": pool.next_resolve_at,
-        "roll_stalled": standing.roll.roll_stalled,
-        "runners_by_status": standing.runners_by_status,
-        "queued_jobs": depth.queued,
-        "oldest_queued_at": depth.oldest_queued_at,
-        "created_at": pool.created_at,
-        "updated_at": pool.updated_at,
-    })
+/// The outcome of a pool's last registry resolution.
+#[derive(Serialize, ToSchema)]
+pub struct Resolution {
+    #[schema(value_type = String)]
+    pub at: Millis,
+    pub ok: bool,
+    #[schema(required = true)]
+    pub error: Option<String>,
 }
 
-pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) -> Value {
+/// A pool as the admin API shows it.
+#[derive(Serialize, ToSchema)]
+pub struct PoolView {
+    #[schema(value_type = String)]
+    pub name: PoolName,
+    #[schema(required = true)]
+    pub image_ref: Option<String>,
+    pub image_policy: ImagePolicy,
+    pub image_source: ImageSource,
+    pub gate_mode: GateMode,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+    #[schema(value_type = Vec<String>)]
+    pub previous_image_ids: Vec<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub previous_valid_until: Option<Millis>,
+    pub drift_grace_s: i64,
+    pub resolve_interval_s: i64,
+    #[schema(required = true)]
+    pub last_resolution: Option<Resolution>,
+    /// `ok`, `never_resolved` or `resolver_failing` for registry pools; null for manual ones.
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolver_status: Option<ResolverStatus>,
+    pub resolution_failures: i64,
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_digest: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_image_id: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub next_resolve_at: Option<Millis>,
+    pub roll_stalled: bool,
+    pub runners_by_status: BTreeMap<&'static str, i64>,
+    pub queued_jobs: i64,
+    #[schema(required = true, value_type = Option<String>)]
+    pub oldest_queued_at: Option<Millis>,
+    #[schema(value_type = String)]
+    pub created_at: Millis,
+    #[schema(value_type = String)]
+    pub updated_at: Millis,
+}
+
+/// `200` to `GET /api/v1/admin/pools`.
+#[derive(Serialize, ToSchema)]
+pub struct PoolList {
+    pub pools: Vec<PoolView>,
+}
+
+pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView {
+    PoolView {
+        name: pool.name.clone(),
+        image_ref: pool.image_ref.clone(),
+        image_policy: pool.image_policy,
+        image_source: pool.image_source,
+        gate_mode: pool.gate_mode,
+        expected_image_ids: pool.expected_image_ids.clone(),
+        previous_image_ids: pool.previous_image_ids.clone(),
+        previous_valid_until: pool.previous_valid_until,
+        drift_grace_s: pool.drift_grace_s,
+        resolve_interval_s: pool.resolve_interval_s,
+        last_resolution: pool.last_resolution.as_ref().map(|r| Resolution {
+            at: r.at,
+            ok: r.ok,
+            error: r.error.clone(),
+        }),
+        resolver_status: standing.resolver_status,
+        resolution_failures: pool.resolution_failures,
+        resolved_digest: pool.resolved_digest.clone(),
+        resolved_image_id: pool.resolved_image_id.clone(),
+        next_resolve_at: pool.next_resolve_at,
+        roll_stalled: standing.roll.roll_stalled,
+        runners_by_status: standing.runners_by_status.clone(),
+        queued_jobs: depth.queued,
+        oldest_queued_at: depth.oldest_queued_at,
+        created_at: pool.created_at,
+        updated_at: pool.updated_at,
+    }
+}
+
+/// A runner's live lease.
+#[derive(Serialize, ToSchema)]
+pub struct CurrentLease {
+    pub lease_id: String,
+    pub job_id: String,
+    pub state: String,
+    pub expires_at: String,
+}
+
+/// A runner as the admin API lists it.
+#[derive(Serialize, ToSchema)]
+pub struct RunnerView {
+    pub runner_id: String,
+    pub name: String,
+    pub pool: String,
+    pub labels: BTreeMap<String, String>,
+    /// `revoked`, `unknown`, `stale`, or one of the heartbeat's statuses.
+    pub status: String,
+    #[schema(required = true)]
+    pub code: Option<String>,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+    #[schema(required = true)]
+    pub last_attestation_at: Option<String>,
+    #[schema(required = true)]
+    pub probe_ok: Option<bool>,
+    #[schema(required = true)]
+    pub probe_checked_at: Option<String>,
+    #[schema(required = true)]
+    pub probe_error: Option<String>,
+    #[schema(required = true)]
+    pub runtime: Option<String>,
+    #[schema(required = true)]
+    pub runtime_version: Option<String>,
+    #[schema(required = true)]
+    pub image_id: Option<String>,
+    #[schema(required = true)]
+    pub image_digest: Option<String>,
+    #[schema(required = true)]
+    pub image_ref: Option<String>,
+    pub expected_image_ids: Vec<String>,
+    #[schema(required = true)]
+    pub image_current: Option<bool>,
+    pub cordoned: bool,
+    #[schema(required = true)]
+    pub quarantined_at: Option<String>,
+    #[schema(required = true)]
+    pub revoked_at: Option<String>,
+    pub registered_at: String,
+    #[schema(required = true)]
+    pub current_lease: Option<CurrentLease>,
+    /// The forge runners bound to it, for the forge gate.
+    pub forge_runners: Vec<ForgeRunnerView>,
+    /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
+    /// `attestation_expired`, `clock_skew`), with why; null when there was none.
+    #[schema(required = true)]
+    pub last_rejected_attestation: Option<RejectedAttestation>,
+}
+
+/// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
+/// `gitlab`.
+#[derive(Serialize, ToSchema)]
+pub struct ForgeRunnerView {
+    /// `forgejo` (Gitea's runners too) or `gitlab`.
+    pub kind: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uuid: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token_sha256: Option<String>,
+    /// The last time the gate saw it ask for work (written at most every 30 s).
+    #[schema(required = true)]
+    pub last_fetch_at: Option<String>,
+}
+
+/// An attestation the gate refused, as noted on its runner.
+#[derive(Serialize, ToSchema)]
+pub struct RejectedAttestation {
+    pub at: String,
+    pub code: String,
+    pub detail: String,
+}
+
+/// `200` to `GET /api/v1/admin/runners`.
+#[derive(Serialize, ToSchema)]
+pub struct RunnerList {
+    pub runners: Vec<RunnerView>,
+}
+
+/// One recorded attestation.
+#[derive(Serialize, ToSchema)]
+pub struct AttestationRecord {
+    pub at: String,
+    pub status: String,
+    pub probe_ok: bool,
+    pub runtime: String,
+    #[schema(required = true)]
+    pub runtime_version: Option<String>,
+    pub checked_at: String,
+    #[schema(required = true)]
+    pub error: Option<String>,
+    #[schema(required = true)]
+    pub image_id: Option<String>,
+    #[schema(required = true)]
+    pub image_digest: Option<String>,
+}
+
+/// One change of a runner's status.
+#[derive(Serialize, ToSchema)]
+pub struct StatusChange {
+    pub at: String,
+    #[schema(required = true)]
+    pub from: Option<String>,
+    pub to: String,
+    #[schema(required = true)]
+    pub detail: Option<String>,
+}
+
+/// A run of refused leases, gate checks or forge fetches with one code, one entry however
+/// many it holds.
+#[derive(Serialize, ToSchema)]
+pub struct RefusalRecord {
+    /// The run's latest refusal.
+    pub at: String,
+    pub code: String,
+    /// The latest refusal's detail.
+    pub detail: String,
+    /// How many refusals the run holds.
+    pub count: i64,
+    /// The run's first refusal.
+    pub first_at: String,
+}
+
+/// One of a runner's leases.
+#[derive(Serialize, ToSchema)]
+pub struct LeaseRecord {
+    pub lease_id: String,
+    pub job_id: String,
+    pub state: String,
+    pub attempt: i64,
+    pub granted_at: String,
+    #[schema(required = true)]
+    pub started_at: Option<String>,
+    pub expires_at: String,
+    #[schema(required = true)]
+    pub ended_at: Option<String>,
+}
+
+/// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
+/// uncordon, revoke).
+#[derive(Serialize, ToSchema)]
+pub struct RunnerDetail {
+    #[serde(flatten)]
+    pub runner: RunnerView,
+    pub attestations: Vec<AttestationRecord>,
+    pub status_changes: Vec<StatusChange>,
+    pub refusals: Vec<RefusalRecord>,
+    pub leases: Vec<LeaseRecord>,
+    /// What operators did to this runner, newest first (at most 50).
+    pub audit: Vec<AuditEntry>,
+}
+
+fn rfc3339(m: Millis) -> String {
+    m.rfc3339()
+}
+
+pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) -> RunnerView {
     let observed = runner.observe(pool, now, settings.status_rules());
     let latest = runner.latest.as_ref();
     let probe = latest.map(|l| &l.state.probe);
     let image = latest.map(|l| &l.state.image);
-    json!({
-        "runner_id": runner.id,
-        "name": runner.name,
-        "pool": runner.pool,
-        "labels": runner.labels,
-        "status": observed.status.as_str(),
-        "code": observed.refusal.as_ref().map(|r| r.code()),
-        "detail": observed.refusal.as_ref().map(|r| r.detail()),
-        "last_attestation_at": latest.map(|l| l.received_at),
-        "probe_ok": probe.map(|p| p.ok),
-        "probe_checked_at": probe.map(|p| p.checked_at),
-        "probe_error": probe.and_then(|p| p.error.clone()),
-        "runtime": probe.map(|p| p.runtime.clone()),
-        "runtime_version": probe.and_then(|p| p.runtime_version.clone()),
-        "image_id": image.and_then(|i| i.id.clone()),
-        "image_digest": image.and_then(|i| i.digest.clone()),
-        "image_ref": image.and_then(|i| i.image_ref.clone()),
-        "expected_image_ids": pool.expected_image_ids,
-        "image_current": observed.image_current,
-        "cordoned": runner.gate.cordoned,
-        "quarantined_at": runner.gate.quarantined_at,
-        "revoked_at": runner.revoked_at,
-        "registered_at": runner.registered_at,
-        "current_lease": runner.current_lease.as_ref().map(|l| json!({
-            "lease_id": l.lease_id,
-            "job_id": l.job_id,
-            "state": l.state.as_str(),
-            "expires_at": l.expires_at,
-        })),
-        "forge_runners": runner.forge_runners.iter().map(super::forge_bindings::view).collect::<Vec<_>>(),
-        "last_rejected_attestation": runner.last_rejection.as_ref().map(|r| json!({
-            "at": r.at, "code": r.code, "detail": r.detail,
-        })),
-    })
+    RunnerView {
+        runner_id: runner.id.to_string(),
+        name: runner.name.clone(),
+        pool: runner.pool.to_string(),
+        labels: runner.labels.clone(),
+        status: observed.status.as_str().to_string(),
+        code: observed.refusal.as_ref().map(|r| r.code().to_string()),
+        detail: observed.refusal.as_ref().map(|r| r.detail()),
+        last_attestation_at: latest.map(|l| rfc3339(l.received_at)),
+        probe_ok: probe.map(|p| p.ok),
+        probe_checked_at: probe.map(|p| rfc3339(p.checked_at)),
+        probe_error: probe.and_then(|p| p.error.clone()),
+        runtime: probe.map(|p| p.runtime.clone()),
+        runtime_version: probe.and_then(|p| p.runtime_version.clone()),
+        image_id: image.and_then(|i| i.id.as_ref().map(|d| d.to_string())),
+        image_digest: image.and_then(|i| i.digest.as_ref().map(|d| d.to_string())),
+        image_ref: image.and_then(|i| i.image_ref.clone()),
+        expected_image_ids: pool
+            .expected_image_ids
+            .iter()
+            .map(|d| d.to_string())
+            .collect(),
+        image_current: observed.image_current,
+        cordoned: runner.gate.cordoned,
+        quarantined_at: runner.gate.quarantined_at.map(rfc3339),
+        revoked_at: runner.revoked_at.map(rfc3339),
+        registered_at: rfc3339(runner.registered_at),
+        current_lease: runner.current_lease.as_ref().map(|l| CurrentLease {
+            lease_id: l.lease_id.to_string(),
+            job_id: l.job_id.to_string(),
+            state: l.state.as_str().to_string(),
+            expires_at: rfc3339(l.expires_at),
+        }),
+        forge_runners: runner
+            .forge_runners
+            .iter()
+            .map(super::forge_bindings::view)
+            .collect(),
+        last_rejected_attestation: runner.last_rejection.as_ref().map(|r| RejectedAttestation {
+            at: rfc3339(r.at),
+            code: r.code.clone(),
+            detail: r.detail.clone(),
+        }),
+    }
 }
 
-pub fn runner_history(history: &RunnerHistory) -> Value {
-    json!({
-        "attestations": history.attestations.iter().map(|a| json!({
-            "at": a.received_at,
-            "status": a.status,
-            "probe_ok": a.probe_ok,
-            "runtime": a.runtime,
-            "runtime_version": a.runtime_version,
-            "checked_at": a.checked_at,
-            "error": a.error,
-            "image_id": a.image.id,
-            "image_digest": a.image.digest,
-        })).collect::<Vec<_>>(),
-        "status_changes": history.status_changes.iter().map(|c| json!({
-            "at": c.at, "from": c.from, "to": c.to, "detail": c.detail,
-        })).collect::<Vec<_>>(),
+/// A runner with its history and the audit entries on it.
+pub fn runner_detail(
+    runner: RunnerView,
+    history: &RunnerHistory,
+    audit: Vec<AuditEntry>,
+) -> RunnerDetail {
+    RunnerDetail {
+        runner,
+        attestations: history
+            .attestations
+            .iter()
+            .map(|a| AttestationRecord {
+                at: rfc3339(a.received_at),
+                status: a.status.clone(),
+                probe_ok: a.probe_ok,
+                runtime: a.runtime.clone(),
+                runtime_version: a.runtime_version.clone(),
+                checked_at: rfc3339(a.checked_at),
+                error: a.error.clone(),
+                image_id: a.image.id.as_ref().map(|d| d.to_string()),
+                image_digest: a.image.digest.as_ref().map(|d| d.to_string()),
+            })
+            .collect(),
+        status_changes: history
+            .status_changes
+            .iter()
+            .map(|c| StatusChange {
+                at: rfc3339(c.at),
+                from: c.from.clone(),
+                to: c.to.clone(),
+                detail: c.detail.clone(),
+            })
+            .collect(),
         // One entry per run of refusals with one code: its latest time and detail, its first
         // time and how many it holds.
-        "refusals": history.refusals.iter().map(|r| json!({
-            "at": r.at, "code": r.code, "detail": r.detail, "count": r.count,
-            "first_at": r.first_at,
-        })).collect::<Vec<_>>(),
-        "leases": history.leases.iter().map(|l| json!({
-            "lease_id": l.id, "job_id": l.job_id, "state": l.state.as_str(), "attempt": l.attempt,
-            "granted_at": l.granted_at, "started_at": l.started_at, "expires_at": l.expires_at,
-            "ended_at": l.ended_at,
-        })).collect::<Vec<_>>(),
-    })
+        refusals: history
+            .refusals
+            .iter()
+            .map(|r| RefusalRecord {
+                at: rfc3339(r.at),
+                code: r.code.clone(),
+                detail: r.detail.clone(),
+                count: r.count,
+                first_at: rfc3339(r.first_at),
+            })
+            .collect(),
+        leases: history
+            .leases
+            .iter()
+            .map(|l| LeaseRecord {
+                lease_id: l.id.to_string(),
+                job_id: l.job_id.to_string(),
+                state: l.state.as_str().to_string(),
+                attempt: l.attempt,
+                granted_at: rfc3339(l.granted_at),
+                started_at: l.started_at.map(rfc3339),
+                expires_at: rfc3339(l.expires_at),
+                ended_at: l.ended_at.map(rfc3339),
+            })
+            .collect(),
+        audit,
+    }
 }
 
 /// An audit entry as the API shows it.
-pub fn audit_entry(r: &crate::domain::audit::Recorded) -> super::schema::AuditEntry {
+pub fn audit_entry(r: &crate::domain::audit::Recorded) -> AuditEntry {
     let e = &r.entry;
-    super::schema::AuditEntry {
+    AuditEntry {
         seq: r.seq,
         at: e.at.rfc3339(),
         actor: e.actor.clone(),

@@ -152,12 +152,14 @@ async fn login_form(
     )
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct LoginForm {
+    /// The admin token, or an operator's named token.
     token: String,
 }
 
 #[utoipa::path(post, path = "/admin/login", tag = "page",
+    request_body(content = LoginForm, content_type = "application/x-www-form-urlencoded"),
     responses(
         (status = 303, description = "The admin token: the session cookie, to `/admin`."),
         (status = 401, description = "Anything else: the form again.", body = String, content_type = "text/html"),
@@ -216,7 +218,7 @@ async fn login_with(state: &AppState, client: Client, token: &str) -> Result<Res
     Ok(r)
 }
 
-#[derive(Deserialize)]
+#[derive(Deserialize, utoipa::ToSchema)]
 struct CsrfForm {
     #[serde(default)]
     csrf: Option<String>,
@@ -225,6 +227,7 @@ struct CsrfForm {
 }
 
 #[utoipa::path(post, path = "/admin/logout", tag = "page",
+    request_body(content = Option<CsrfForm>, content_type = "application/x-www-form-urlencoded", description = "Optional without a session (the answer is the redirect)."),
     responses(
         (status = 303, description = "The cookie cleared, to `/admin/login`."),
     ))]
@@ -455,7 +458,7 @@ struct RefusalLine {
 
 #[utoipa::path(get, path = "/admin/runners/{id}", tag = "page",
     security((), ("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "One runner.", body = String, content_type = "text/html"),
         (status = 303, description = "No session: to `/admin/login`."),
@@ -582,8 +585,9 @@ async fn runner_page(
 }
 
 #[utoipa::path(post, path = "/admin/runners/{id}/{action}", tag = "page",
+    request_body(content = CsrfForm, content_type = "application/x-www-form-urlencoded", description = "Without a session the answer is the redirect, whatever the body."),
     security((), ("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id."), ("action" = String, Path, description = "`cordon`, `uncordon` or `revoke`.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"), ("action" = String, Path, description = "`cordon`, `uncordon` or `revoke`.")),
     responses(
         (status = 303, description = "Done: back to the form's `back` (default `/admin`), or no session: to `/admin/login`."),
         (status = 403, description = "`forbidden`: a missing or wrong CSRF token, another site's `Origin`, or a viewer.", body = Problem, content_type = "application/problem+json"),
@@ -686,7 +690,7 @@ fn describe(kind: &str) -> &'static str {
 
 #[utoipa::path(get, path = "/admin/jobs/{id}", tag = "page",
     security((), ("admin_token" = [])),
-    params(("id" = String, Path, description = "The job id.")),
+    params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "One job's story.", body = String, content_type = "text/html"),
         (status = 303, description = "No session: to `/admin/login`."),

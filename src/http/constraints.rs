@@ -1,0 +1,184 @@
+//! What the handlers enforce on a request, said in JSON Schema for the OpenAPI document.
+//!
+//! Most constraints sit on the request types as `#[schema(..)]` attributes. The ones utoipa
+//! cannot say (property names, `anyOf` beside `properties`, `oneOf` of closed objects) are
+//! written here as plain JSON Schema, and `apply` puts them into the built document, so that
+//! a fuzzer reading it (schemathesis in `.ci/schemathesis.sh`) generates what the server
+//! accepts and nothing else.
+
+use serde_json::{Value, json};
+
+/// Characters `char::is_control` refuses (`text::without_controls`): C0, DEL and C1.
+const CONTROLS: &str = r"\u0000-\u001f\u007f-\u009f";
+
+/// The format characters (Unicode category Cf) of the Basic Multilingual Plane, which
+/// `text::plain_name` refuses beside the controls. (The few outside it cannot be written in
+/// a pattern both ECMA-262 and Python read; the server refuses them too.)
+const FORMATS: &str = r"\u00ad\u0600-\u0605\u061c\u06dd\u070f\u0890-\u0891\u08e2\u180e\u200b-\u200f\u202a-\u202e\u2060-\u2064\u2066-\u206f\ufeff\ufff9-\ufffb";
+
+/// The whitespace `str::trim` removes, beyond the controls.
+const SPACES: &str = r" \u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000";
+
+/// Puts the schemas below into `doc`, the OpenAPI document as JSON.
+pub fn apply(doc: &mut Value) {
+    let schemas = &mut doc["components"]["schemas"];
+    let mut set = |component: &str, field: Option<&str>, schema: Value| {
+        let target = match field {
+            None => schemas.get_mut(component),
+            Some(f) => schemas
+                .get_mut(component)
+                .and_then(|c| c.get_mut("properties"))
+                .and_then(|p| p.get_mut(f)),
+        };
+        *target.unwrap_or_else(|| panic!("the document has {component} {field:?}")) = schema;
+    };
+    set("PoolBody", None, pool_body());
+    set("ForgeRunnerSpec", None, forge_runner());
+    set("RegisterBody", Some("name"), runner_name());
+    set("RegisterBody", Some("labels"), labels());
+    set("RegisterBody", Some("forge_runners"), forge_runners());
+    set("ForgeRunnersBody", Some("forge_runners"), forge_runners());
+}
+
+/// What a request type whose schema `apply` writes answers to utoipa meanwhile.
+pub fn placeholder() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+    utoipa::openapi::schema::ObjectBuilder::new().into()
+}
+
+/// Text with no control character (`text::without_controls`), as a pattern.
+pub fn no_controls_pattern() -> String {
+    format!("^[^{CONTROLS}]*$")
+}
+
+/// Text fit to be a name people read (`text::plain_name`), as a pattern.
+fn plain_pattern() -> String {
+    format!("^[^{CONTROLS}{FORMATS}]*$")
+}
+
+/// A runner's `name`: 1-128 plain characters, not only whitespace.
+pub fn runner_name() -> Value {
+    let plain = format!("[^{CONTROLS}{FORMATS}]");
+    let visible = format!("[^{CONTROLS}{FORMATS}{SPACES}]");
+    json!({
+        "type": "string",
+        "minLength": 1,
+        "maxLength": 128,
+        "pattern": format!("^{plain}*{visible}{plain}*$"),
+        "description": "1-128 characters, not all whitespace, with no control or invisible format character.",
+    })
+}
+
+/// A runner's `labels`: at most 64, keys of 1-128 plain characters, values of at most 1024.
+pub fn labels() -> Value {
+    json!({
+        "type": "object",
+        "maxProperties": 64,
+        "propertyNames": {"minLength": 1, "maxLength": 128, "pattern": plain_pattern()},
+        "additionalProperties": {"type": "string", "maxLength": 1024, "pattern": plain_pattern()},
+        "description": "At most 64 labels: keys of 1-128 characters, values of at most 1024, with no control or invisible format character.",
+    })
+}
+
+/// The forms of a uuid `uuid::Uuid::parse_str` reads, around whitespace `trim` removes.
+fn uuid_pattern() -> String {
+    let h = "[0-9A-Fa-f]";
+    let hyphenated = format!("{h}{{8}}-{h}{{4}}-{h}{{4}}-{h}{{4}}-{h}{{12}}");
+    format!("^\\s*({hyphenated}|{h}{{32}}|\\{{{hyphenated}\\}}|urn:uuid:{hyphenated})\\s*$")
+}
+
+/// One forge runner (`forge_bindings::ForgeRunnerSpec`): a Forgejo or Gitea runner by its
+/// uuid, or a GitLab runner by its token's SHA-256.
+pub fn forge_runner() -> Value {
+    json!({
+        "description": "A forge runner: `{\"kind\": \"forgejo\", \"uuid\": …}` (`gitea` is the same) or `{\"kind\": \"gitlab\", \"token_sha256\": …}`. The key the kind does not use may be sent and is ignored.",
+        "oneOf": [
+            {
+                "type": "object",
+                "required": ["kind", "uuid"],
+                "additionalProperties": false,
+                "properties": {
+                    "kind": {"type": "string", "enum": ["forgejo", "gitea"]},
+                    "uuid": {"type": "string", "pattern": uuid_pattern(),
+                             "description": "The runner's uuid (its `.runner` file's `uuid`)."},
+                    "token_sha256": {"type": ["string", "null"]},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["kind", "token_sha256"],
+                "additionalProperties": false,
+                "properties": {
+                    "kind": {"type": "string", "enum": ["gitlab"]},
+                    "token_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                                     "description": "The SHA-256 of the runner's authentication token, lowercase hex."},
+                    "uuid": {"type": ["string", "null"]},
+                },
+            },
+        ],
+    })
+}
+
+/// The forge runners of a registration or of `PUT …/forge-runners`.
+pub fn forge_runners() -> Value {
+    json!({
+        "type": "array",
+        "maxItems": super::forge_bindings::MAX_FORGE_RUNNERS,
+        "items": {"$ref": "#/components/schemas/ForgeRunnerSpec"},
+        "description": "The forge runners on the runner's machine, at most 64 (repeats count once).",
+    })
+}
+
+/// An image id as `ImageDigest::parse_image_id` reads it.
+pub const IMAGE_ID_PATTERN: &str = "^(sha256:)?[0-9a-f]{64}$";
+
+/// A registry reference `ImageRef::parse` reads: `[host[:port]/]path[:tag][@sha256:…]`.
+/// This is its common form (host labels lowercase, a port of up to four digits); the server
+/// reads a few more (IPv6 hosts, longer ports).
+fn image_ref_pattern() -> String {
+    let component = "[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*";
+    let host = "(?:localhost|[a-z0-9]+(?:\\.[a-z0-9]+)+)(?::[1-9][0-9]{0,3})?";
+    let tag = "[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}";
+    format!("^(?:{host}/)?{component}(?:/{component})*(?::{tag})?(?:@sha256:[0-9a-f]{{64}})?$")
+}
+
+/// The body of `PUT /api/v1/admin/pools/{name}` (`admin::PoolBody`), with `PoolSpec::validate`'s
+/// rules: a `registry` pool needs a reference to resolve, and a `manual` pool that enforces
+/// needs at least one image id.
+pub fn pool_body() -> Value {
+    let ids = json!({"type": "array", "items": {"type": "string", "pattern": IMAGE_ID_PATTERN}});
+    json!({
+        "type": "object",
+        "description": "A pool's image policy. `manual` pools list their image ids; `registry` pools name a reference the service resolves.",
+        "properties": {
+            "image_ref": {"type": ["string", "null"], "pattern": no_controls_pattern(),
+                          "description": "For `registry` pools, the reference resolved; for `manual` ones, shown only."},
+            "expected_image_ids": {
+                "type": "array", "items": {"type": "string", "pattern": IMAGE_ID_PATTERN},
+                "description": "Image ids (`sha256:` and 64 lowercase hex, or the bare 64 hex podman's `{{.Id}}` prints); for `manual` pools.",
+            },
+            "image_policy": {"type": "string", "enum": ["enforce", "report", "off"], "default": "enforce"},
+            "image_source": {"type": "string", "enum": ["manual", "registry"], "default": "manual"},
+            "gate_mode": {"type": "string", "enum": ["enforce", "observe"], "default": "enforce",
+                          "description": "`enforce`: refusals refuse. `observe`: refusals are recorded and marked, and the runner gets its work all the same."},
+            "drift_grace_s": {"type": ["integer", "null"], "minimum": 0, "maximum": 2_592_000,
+                              "description": "0 to 2592000 seconds, default 900."},
+            "resolve_interval_s": {"type": ["integer", "null"], "minimum": 10, "maximum": 86_400,
+                                   "description": "10 to 86400 seconds, default 300 (registry pools)."},
+        },
+        "anyOf": [
+            {"required": ["image_source", "image_ref"], "properties": {
+                "image_source": {"const": "registry"},
+                "image_ref": {"type": "string", "maxLength": 237, "pattern": image_ref_pattern(),
+                              "description": "The server refuses a name (registry, `/`, repository) over 255 characters; the longest a reference is sure to fit, counting `docker.io/library/` for a bare name, is 237."},
+            }},
+            {"required": ["image_policy"], "properties": {
+                "image_source": {"const": "manual"},
+                "image_policy": {"enum": ["report", "off"]},
+            }},
+            {"required": ["expected_image_ids"], "properties": {
+                "image_source": {"const": "manual"},
+                "expected_image_ids": {"minItems": 1, "items": ids["items"]},
+            }},
+        ],
+    })
+}
