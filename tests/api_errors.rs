@@ -1009,6 +1009,40 @@ async fn an_enforce_pool_needs_an_image_id(app) {
     assert_eq!(hb["action"], "none");
 }
 
+async fn the_runner_list_pages_and_filters_on_the_server(app) {
+    app.pool("linux", &[IMAGE_A]).await;
+    for i in 0..5 {
+        let r = app.register("linux", &format!("r{i}")).await;
+        if i < 4 {
+            app.heartbeat(&r.attest(json!({"host": format!("host-{i}.ci"), "agent": {"version": "1.2.3"}}))).await;
+        }
+    }
+    let mut seen = Vec::new();
+    let mut query = "limit=2".to_string();
+    loop {
+        let page: Value = app.admin_get(&format!("/api/v1/admin/runners?{query}")).await.json().await.unwrap();
+        let runners = page["runners"].as_array().unwrap();
+        assert!(runners.len() <= 2, "{page}");
+        seen.extend(runners.iter().map(|r| r["name"].as_str().unwrap().to_string()));
+        match page["next_cursor"].as_str() {
+            Some(c) => query = format!("limit=2&cursor={c}"),
+            None => break,
+        }
+    }
+    assert_eq!(seen, ["r0", "r1", "r2", "r3", "r4"]);
+    let found: Value = app.admin_get("/api/v1/admin/runners?q=HOST-3").await.json().await.unwrap();
+    assert_eq!(found["runners"].as_array().unwrap().len(), 1, "{found}");
+    assert_eq!(found["runners"][0]["host"], "host-3.ci");
+    assert_eq!(found["runners"][0]["agent_version"], "1.2.3");
+    assert!(found["next_cursor"].is_null());
+    let unknown: Value = app.admin_get("/api/v1/admin/runners?status=unknown").await.json().await.unwrap();
+    assert_eq!(unknown["runners"].as_array().unwrap().len(), 1, "{unknown}");
+    for bad in ["limit=0", "limit=1001", "cursor=x", "status=sleepy"] {
+        let r = app.admin_get(&format!("/api/v1/admin/runners?{bad}")).await;
+        expect_problem(r, bad, StatusCode::BAD_REQUEST, "bad_request").await;
+    }
+}
+
 async fn a_pool_put_without_grace_replaces_its_image_at_once(app) {
     // podman's `{{.Id}}` prints the bare hex: accepted, and stored as a full digest.
     let bare_a = IMAGE_A.trim_start_matches("sha256:");

@@ -362,6 +362,35 @@ struct RunnerFilter {
     #[serde(default)]
     #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: Option<String>,
+    /// Only the runners of this status (as `status` in the runner view).
+    #[serde(default)]
+    #[param(max_length = 64)]
+    status: Option<String>,
+    /// A case-insensitive search over name, id, labels (`key=value`) and host.
+    #[serde(default)]
+    #[param(max_length = 200)]
+    q: Option<String>,
+    /// Runners per page: 1 to 1000, default 500.
+    #[serde(default)]
+    #[param(minimum = 1, maximum = 1000)]
+    limit: Option<i64>,
+    /// The `next_cursor` of the page before.
+    #[serde(default)]
+    #[param(pattern = "^[0-9]{1,9}$")]
+    cursor: Option<String>,
+}
+
+/// Runners per page of `GET /api/v1/admin/runners`, by default and at most.
+pub const RUNNER_PAGE_DEFAULT: i64 = 500;
+pub const RUNNER_PAGE_MAX: i64 = 1000;
+
+/// Whether `view` matches the search `q` (lowercase).
+fn runner_matches(view: &RunnerView, q: &str) -> bool {
+    let hit = |s: &str| s.to_lowercase().contains(q);
+    hit(&view.name)
+        || hit(&view.runner_id)
+        || view.host.as_deref().is_some_and(hit)
+        || view.labels.iter().any(|(k, v)| hit(&format!("{k}={v}")))
 }
 
 /// Pools by name, for rendering runners against their pool.
@@ -379,8 +408,8 @@ async fn pools_by_name(state: &AppState) -> Result<BTreeMap<PoolName, Pool>, Api
     security(("admin_token" = [])),
     params(RunnerFilter),
     responses(
-        (status = 200, description = "The runners, by pool then name.", body = RunnerList),
-        (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
+        (status = 200, description = "The runners, by pool then name, a page at a time.", body = RunnerList),
+        (status = 400, description = "`bad_request`: not a valid pool name, status, limit or cursor.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -390,18 +419,54 @@ async fn list_runners(
     Query(filter): Query<RunnerFilter>,
 ) -> Result<Json<RunnerList>, ApiError> {
     let pool = filter.pool.as_deref().map(pool_name).transpose()?;
+    let limit = filter.limit.unwrap_or(RUNNER_PAGE_DEFAULT);
+    if !(1..=RUNNER_PAGE_MAX).contains(&limit) {
+        return Err(ApiError::bad_request(format!(
+            "limit: must be from 1 to {RUNNER_PAGE_MAX}"
+        )));
+    }
+    let offset: usize = match filter.cursor.as_deref() {
+        None => 0,
+        Some(c) => c
+            .parse()
+            .map_err(|_| ApiError::bad_request("cursor: not a cursor this service gave"))?,
+    };
+    let status = filter.status.unwrap_or_default();
+    if !status.is_empty()
+        && !crate::domain::verdict::RunnerStatus::ALL
+            .iter()
+            .any(|s| s.as_str() == status)
+    {
+        return Err(ApiError::bad_request(format!(
+            "status: `{status}` is not a runner status"
+        )));
+    }
+    let q = filter.q.unwrap_or_default().to_lowercase();
+    crate::domain::text::without_controls("q", &q)?;
     let runners = state.store().list_runners(pool.as_ref()).await?;
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
-    let views: Vec<RunnerView> = runners
+    let matching: Vec<RunnerView> = runners
         .iter()
         .filter_map(|r| {
             pools
                 .get(&r.pool)
                 .map(|p| views::runner(r, p, state.settings(), now))
         })
+        .filter(|v| status.is_empty() || v.status == status)
+        .filter(|v| q.is_empty() || runner_matches(v, &q))
         .collect();
-    Ok(Json(RunnerList { runners: views }))
+    let total = matching.len();
+    let page: Vec<RunnerView> = matching
+        .into_iter()
+        .skip(offset)
+        .take(limit as usize)
+        .collect();
+    let next_cursor = (offset + page.len() < total).then(|| (offset + limit as usize).to_string());
+    Ok(Json(RunnerList {
+        runners: page,
+        next_cursor,
+    }))
 }
 
 /// How many of a runner's audit entries its detail shows.

@@ -455,6 +455,12 @@ pub struct RunnerView {
     /// `attestation_expired`, `clock_skew`), with why; null when there was none.
     #[schema(required = true)]
     pub last_rejected_attestation: Option<RejectedAttestation>,
+    /// The host its latest attestation named (`host`, or `agent.hostname`); null when none.
+    #[schema(required = true)]
+    pub host: Option<String>,
+    /// The agent's version its latest attestation named (`agent.version`); null when none.
+    #[schema(required = true)]
+    pub agent_version: Option<String>,
 }
 
 /// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
@@ -484,6 +490,9 @@ pub struct RejectedAttestation {
 #[derive(Serialize, ToSchema)]
 pub struct RunnerList {
     pub runners: Vec<RunnerView>,
+    /// Pass as `cursor` for the next page; null on the last.
+    #[schema(required = true)]
+    pub next_cursor: Option<String>,
 }
 
 /// One recorded attestation.
@@ -611,6 +620,8 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
             code: r.code.clone(),
             detail: r.detail.clone(),
         }),
+        host: runner.agent.host.clone(),
+        agent_version: runner.agent.version.clone(),
     }
 }
 
