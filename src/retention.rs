@@ -28,12 +28,14 @@ pub async fn prune_once(
     retention: Retention,
     now: Millis,
 ) -> StoreResult<Option<PruneReport>> {
-    if !store.claim_task(TASK, now, now.plus_secs(CLAIM_S)).await? {
+    let until = now.plus_secs(CLAIM_S);
+    if !store.claim_task(TASK, now, until).await? {
         return Ok(None);
     }
     let pruned = store.prune(&retention.horizons(now), MAX_BATCHES).await;
-    // Let go whether or not the turn went through: the next may.
-    let released = store.release_task(TASK, now).await;
+    // Let go whether or not the turn went through (the next may), but only of our own claim:
+    // one that lapsed and was taken by another replica meanwhile is that replica's.
+    let released = store.release_task(TASK, until, now).await;
     let report = pruned?;
     released?;
     for (kind, n) in &report.kinds {

@@ -11,7 +11,8 @@ use std::time::Duration;
 
 const TASK: &str = "sample";
 
-/// One turn at `now`: the samples taken, or `None` when another replica holds the task.
+/// One turn at `now`: the samples taken, or `None` when another replica holds the task. The
+/// claim is not let go: it holds until the next turn is due.
 pub async fn sample_once(state: &AppState, now: Millis) -> StoreResult<Option<Vec<PoolSample>>> {
     let store = state.store();
     // Held until the next turn is due: of replicas that try in one minute, one samples.
@@ -19,6 +20,12 @@ pub async fn sample_once(state: &AppState, now: Millis) -> StoreResult<Option<Ve
     if !store.claim_task(TASK, now, until).await? {
         return Ok(None);
     }
+    take_samples(state, now).await.map(Some)
+}
+
+/// Samples every pool at `now` and records the samples (whoever holds the task).
+pub async fn take_samples(state: &AppState, now: Millis) -> StoreResult<Vec<PoolSample>> {
+    let store = state.store();
     let pools = store.list_pools().await?;
     let runners = store.list_runners(None).await?;
     let by_runner = store
@@ -39,7 +46,7 @@ pub async fn sample_once(state: &AppState, now: Millis) -> StoreResult<Option<Ve
         })
         .collect();
     store.record_pool_samples(&samples).await?;
-    Ok(Some(samples))
+    Ok(samples)
 }
 
 pub async fn run(state: AppState) {

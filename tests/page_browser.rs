@@ -234,8 +234,7 @@ async fn the_fleet_collapses_the_healthy_filters_pages_and_draws_its_pools() {
     }
     app.enqueue("macos").await;
     let now = leasegate::domain::time::Millis::now();
-    app.state.store().release_task("sample", now).await.unwrap();
-    leasegate::timeline::sample_once(&app.state, now)
+    leasegate::timeline::take_samples(&app.state, now)
         .await
         .unwrap();
 

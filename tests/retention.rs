@@ -212,6 +212,11 @@ async fn one_replica_at_a_time_prunes(app) {
     assert!(turn.await.unwrap().is_some());
     // A turn lets go when it is done.
     assert!(store.claim_task("prune", later, later.plus_secs(300)).await.unwrap());
+    // A replica whose claim lapsed while it worked does not let go of the next one's.
+    let next = later.plus_secs(301);
+    assert!(store.claim_task("prune", next, next.plus_secs(300)).await.unwrap());
+    store.release_task("prune", later.plus_secs(300), next).await.unwrap();
+    assert!(!store.claim_task("prune", next, next.plus_secs(300)).await.unwrap(), "still held");
 }
 
 async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {

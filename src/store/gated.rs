@@ -606,9 +606,9 @@ where
         .await
     }
 
-    async fn release_task(&self, task: &str, now: Millis) -> StoreResult<()> {
-        self.write((task.to_string(), now), |db, (task, now)| {
-            Box::pin(sql::retention::release(db, task, *now))
+    async fn release_task(&self, task: &str, until: Millis, now: Millis) -> StoreResult<()> {
+        self.write((task.to_string(), until, now), |db, (task, until, now)| {
+            Box::pin(sql::retention::release(db, task, *until, *now))
         })
         .await
     }

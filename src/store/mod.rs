@@ -549,7 +549,9 @@ pub trait Store: Send + Sync + 'static {
     /// Takes the background task `task` (`prune`) until `until` unless another replica holds
     /// it; `release_task` lets it go.
     async fn claim_task(&self, task: &str, now: Millis, until: Millis) -> StoreResult<bool>;
-    async fn release_task(&self, task: &str, now: Millis) -> StoreResult<()>;
+    /// Lets the task go if the claim is still the one made until `until` (not another
+    /// replica's, taken after it lapsed), noting `now` as its last run.
+    async fn release_task(&self, task: &str, until: Millis, now: Millis) -> StoreResult<()>;
     /// Records pools' timeline samples (one per pool and instant; a repeat is ignored).
     async fn record_pool_samples(
         &self,

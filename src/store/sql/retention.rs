@@ -30,14 +30,16 @@ pub async fn claim<D: Db>(db: &mut D, task: &str, now: Millis, until: Millis) ->
     Ok(row.is_some())
 }
 
-/// Lets the task go, noting when it last ran.
-pub async fn release<D: Db>(db: &mut D, task: &str, now: Millis) -> StoreResult<()> {
+/// Lets the task go if its claim is still the one made until `until`, noting when it ran.
+pub async fn release<D: Db>(db: &mut D, task: &str, until: Millis, now: Millis) -> StoreResult<()> {
     db.execute(
         Statement::new(
-            "UPDATE maintenance SET claimed_until = 0, last_run_at = $2 WHERE task = $1",
+            "UPDATE maintenance SET claimed_until = 0, last_run_at = $2 \
+             WHERE task = $1 AND claimed_until = $3",
         )
         .bind(task)
-        .bind(now.0),
+        .bind(now.0)
+        .bind(until.0),
     )
     .await?;
     Ok(())
