@@ -10,7 +10,10 @@ command -v openapi-python-client >/dev/null 2>&1 || python3 -m pip install --qui
 python3 -c 'import cryptography' 2>/dev/null || python3 -m pip install --quiet cryptography
 
 cargo build --locked --quiet --bin leasegate
-bin="$(pwd)/target/debug/leasegate"
+# Where cargo put it: the target directory may be set elsewhere (CARGO_TARGET_DIR).
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
+bin="$target_dir/debug/leasegate"
 
 work="$(mktemp -d)"
 pid=""

@@ -12,7 +12,10 @@ MAX_EXAMPLES="${SCHEMATHESIS_MAX_EXAMPLES:-25}"
 python3 -c 'import schemathesis' 2>/dev/null || python3 -m pip install --quiet schemathesis
 
 cargo build --locked --quiet --bin leasegate
-bin="$(pwd)/target/debug/leasegate"
+# Where cargo put it: the target directory may be set elsewhere (CARGO_TARGET_DIR).
+target_dir="${CARGO_TARGET_DIR:-target}"
+case "$target_dir" in /*) ;; *) target_dir="$(pwd)/$target_dir" ;; esac
+bin="$target_dir/debug/leasegate"
 
 work="$(mktemp -d)"
 pid=""
