@@ -362,13 +362,15 @@ struct RunnerFilter {
     #[serde(default)]
     #[param(pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")]
     pool: Option<String>,
-    /// Only the runners of this status (as `status` in the runner view).
+    /// Only the runners of this status (as `status` in the runner view); empty: any.
     #[serde(default)]
-    #[param(max_length = 64)]
+    #[param(
+        pattern = "^(healthy|probe_failed|probe_stale|pool_image_unresolved|image_unreported|drifted|cordoned|quarantined|revoked|stale|unknown)?$"
+    )]
     status: Option<String>,
     /// A case-insensitive search over name, id, labels (`key=value`) and host.
     #[serde(default)]
-    #[param(max_length = 200)]
+    #[param(max_length = 200, pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]*$")]
     q: Option<String>,
     /// Runners per page: 1 to 1000, default 500.
     #[serde(default)]
@@ -427,9 +429,14 @@ async fn list_runners(
     }
     let offset: usize = match filter.cursor.as_deref() {
         None => 0,
-        Some(c) => c
-            .parse()
-            .map_err(|_| ApiError::bad_request("cursor: not a cursor this service gave"))?,
+        Some(c) if (1..=9).contains(&c.len()) && c.bytes().all(|b| b.is_ascii_digit()) => {
+            c.parse().expect("nine digits fit")
+        }
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "cursor: not a cursor this service gave",
+            ));
+        }
     };
     let status = filter.status.unwrap_or_default();
     if !status.is_empty()
@@ -443,6 +450,9 @@ async fn list_runners(
     }
     let q = filter.q.unwrap_or_default().to_lowercase();
     crate::domain::text::without_controls("q", &q)?;
+    if q.chars().count() > 200 {
+        return Err(ApiError::bad_request("q: at most 200 characters"));
+    }
     let runners = state.store().list_runners(pool.as_ref()).await?;
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
@@ -754,5 +764,21 @@ fn resolve_error(e: ResolvePoolError) -> ApiError {
         ),
         ResolvePoolError::Changed(_) => ApiError::conflict("pool_changed", e.to_string()),
         ResolvePoolError::Store(s) => s.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::domain::verdict::RunnerStatus;
+    use std::collections::BTreeSet;
+
+    #[test]
+    fn the_documented_status_filter_names_every_status_and_no_other() {
+        let doc = crate::http::schema::document();
+        let start = doc.find("^(healthy|").expect("the status pattern") + 2;
+        let end = start + doc[start..].find(")?$").unwrap();
+        let documented: BTreeSet<&str> = doc[start..end].split('|').collect();
+        let statuses: BTreeSet<&str> = RunnerStatus::ALL.iter().map(|s| s.as_str()).collect();
+        assert_eq!(documented, statuses);
     }
 }
