@@ -25,8 +25,8 @@ pub static CLAIM_BATCH_SQL: LazyLock<String> = LazyLock::new(|| {
     format!("SELECT seq, held_from, held_until FROM jobs WHERE pool = $1 {QUEUE_ORDER} LIMIT $2")
 });
 
-/// How many jobs beyond one per claim a round looks at, for claims whose runner a job is held
-/// from (it abandoned it a moment ago): each then takes the next.
+/// How many jobs beyond one per claim a round looks at when a job it found is held from its
+/// claim's runner (it abandoned it a moment ago): that claim then takes the next.
 pub const HELD_LOOKAHEAD: usize = 4;
 
 /// A queued job a claim may take, unless it is held from the claim's runner.

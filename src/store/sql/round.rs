@@ -651,12 +651,18 @@ async fn claim<D: Db>(
         wanting.entry(claim.pool.as_str()).or_default().push(i);
     }
     for (pool, waiting) in wanting {
-        let found = queue::candidates(db, pool, waiting.len() + queue::HELD_LOOKAHEAD).await?;
         let claims: Vec<&Claim> = waiting
             .iter()
             .map(|&i| items[i].claim.as_ref().expect("a claim"))
             .collect();
-        let pairs = queue::assign(&found, &claims);
+        // One job per claim, as ever; only when one of them is held from its claim's runner
+        // (it abandoned it a moment ago) does the round look a few jobs further.
+        let found = queue::candidates(db, pool, claims.len()).await?;
+        let mut pairs = queue::assign(&found, &claims);
+        if pairs.len() < claims.len() && found.len() == claims.len() {
+            let further = queue::candidates(db, pool, claims.len() + queue::HELD_LOOKAHEAD).await?;
+            pairs = queue::assign(&further, &claims);
+        }
         let by_lease: BTreeMap<&str, usize> = waiting
             .iter()
             .map(|&i| {
