@@ -35,6 +35,24 @@ pub struct Runner {
     pub agent: AgentInfo,
 }
 
+/// Whether a runner matches the operators' search `q` (already lowercase): a part of its name,
+/// id or host, or of one of its labels written `key=value`. The page and the admin API search
+/// alike through this.
+pub fn matches_search<'a>(
+    q: &str,
+    name: &str,
+    id: &str,
+    host: Option<&str>,
+    labels: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> bool {
+    let hit = |s: &str| s.to_lowercase().contains(q);
+    q.is_empty()
+        || hit(name)
+        || hit(id)
+        || host.is_some_and(hit)
+        || labels.into_iter().any(|(k, v)| hit(&format!("{k}={v}")))
+}
+
 /// The host and agent a runner's latest attestation names (optional claims `host` and
 /// `agent.version`; the reference agent's `agent.hostname` counts as the host).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]

@@ -21,7 +21,7 @@ use crate::domain::pool::{
     PoolName, PoolSpec, PoolSpecError,
 };
 use crate::domain::roll::roll_health;
-use crate::domain::runner::{DriftEntry, Runner, drift_entry};
+use crate::domain::runner::{DriftEntry, Runner, drift_entry, matches_search};
 use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver::{self, ResolvePoolError};
@@ -386,15 +386,6 @@ struct RunnerFilter {
 pub const RUNNER_PAGE_DEFAULT: i64 = 500;
 pub const RUNNER_PAGE_MAX: i64 = 1000;
 
-/// Whether `view` matches the search `q` (lowercase).
-fn runner_matches(view: &RunnerView, q: &str) -> bool {
-    let hit = |s: &str| s.to_lowercase().contains(q);
-    hit(&view.name)
-        || hit(&view.runner_id)
-        || view.host.as_deref().is_some_and(hit)
-        || view.labels.iter().any(|(k, v)| hit(&format!("{k}={v}")))
-}
-
 /// Pools by name, for rendering runners against their pool.
 async fn pools_by_name(state: &AppState) -> Result<BTreeMap<PoolName, Pool>, ApiError> {
     Ok(state
@@ -464,7 +455,10 @@ async fn list_runners(
                 .map(|p| views::runner(r, p, state.settings(), now))
         })
         .filter(|v| status.is_empty() || v.status == status)
-        .filter(|v| q.is_empty() || runner_matches(v, &q))
+        .filter(|v| {
+            let labels = v.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+            matches_search(&q, &v.name, &v.runner_id, v.host.as_deref(), labels)
+        })
         .collect();
     let total = matching.len();
     let page: Vec<RunnerView> = matching

@@ -85,17 +85,16 @@ impl FleetQuery {
     }
 }
 
-/// Whether `row` matches the search `q` (case-insensitive, over name, labels and host).
+/// Whether `row` matches the search `q` (`domain::runner::matches_search`).
 fn matches_search(row: &RunnerRow, q: &str) -> bool {
-    if q.is_empty() {
-        return true;
-    }
-    let q = q.to_lowercase();
-    let hit = |s: &str| s.to_lowercase().contains(&q);
-    hit(&row.name)
-        || hit(&row.id)
-        || row.host.as_deref().is_some_and(hit)
-        || row.labels.iter().any(|(k, v)| hit(&format!("{k}={v}")))
+    let labels = row.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
+    crate::domain::runner::matches_search(
+        &q.to_lowercase(),
+        &row.name,
+        &row.id,
+        row.host.as_deref(),
+        labels,
+    )
 }
 
 /// The rows `query` selects from `all` (sorted, what needs attention first).
