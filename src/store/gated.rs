@@ -625,13 +625,10 @@ where
 
     async fn pool_samples(
         &self,
-        pool: &PoolName,
         since: Millis,
     ) -> StoreResult<Vec<crate::domain::timeline::PoolSample>> {
-        self.read((pool.clone(), since), |db, (pool, since)| {
-            Box::pin(sql::samples::since(db, pool, *since))
-        })
-        .await
+        self.read(since, |db, since| Box::pin(sql::samples::since(db, *since)))
+            .await
     }
 
     async fn prune(&self, horizons: &Horizons, max_batches: u32) -> StoreResult<PruneReport> {

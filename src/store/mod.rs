@@ -557,10 +557,9 @@ pub trait Store: Send + Sync + 'static {
         &self,
         samples: &[crate::domain::timeline::PoolSample],
     ) -> StoreResult<()>;
-    /// The pool's timeline samples since `since`, oldest first.
+    /// Every pool's timeline samples since `since`, by pool, oldest first.
     async fn pool_samples(
         &self,
-        pool: &PoolName,
         since: Millis,
     ) -> StoreResult<Vec<crate::domain::timeline::PoolSample>>;
     /// Deletes what lies past `horizons`, in at most `max_batches` short transactions of

@@ -18,7 +18,7 @@ use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::ids::{JobId, RunnerId};
 use crate::domain::operator::Role;
-use crate::domain::pool::Pool;
+use crate::domain::pool::{Pool, PoolName};
 use crate::domain::time::Millis;
 use crate::store::AuditFilter;
 use askama::Template;
@@ -303,18 +303,22 @@ async fn fleet_view(
     let refusals = store.refusal_counts_since(now.minus_secs(3600)).await?;
     let mut depths = store.queue_depths().await?;
     let rows = views::runner_rows(&runners, &pools, &refusals, state.settings(), now);
-    let mut cards = Vec::with_capacity(pools.len());
-    for p in pools.values() {
-        let mut card = views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now);
-        let samples = store
-            .pool_samples(
-                &p.name,
-                now.minus_secs(crate::domain::timeline::SAMPLES_KEPT_S),
-            )
-            .await?;
-        card.timelines = timeline::timelines(&samples, now);
-        cards.push(card);
+    // Every pool's day of samples in one read, not one per pool.
+    let mut samples: BTreeMap<PoolName, Vec<_>> = BTreeMap::new();
+    let since = now.minus_secs(crate::domain::timeline::SAMPLES_KEPT_S);
+    for sample in store.pool_samples(since).await? {
+        samples.entry(sample.pool.clone()).or_default().push(sample);
     }
+    let cards = pools
+        .values()
+        .map(|p| {
+            let mut card =
+                views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now);
+            let own = samples.get(&p.name).map_or(&[][..], Vec::as_slice);
+            card.timelines = timeline::timelines(own, now);
+            card
+        })
+        .collect();
     Ok((now.rfc3339(), cards, fleet::select(rows, query)))
 }
 

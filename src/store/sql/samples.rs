@@ -33,19 +33,14 @@ pub async fn record<D: Db>(db: &mut D, samples: &[PoolSample]) -> StoreResult<()
     .await
 }
 
-/// The pool's samples since `since`, oldest first.
-pub async fn since<D: Db>(
-    db: &mut D,
-    pool: &PoolName,
-    since: Millis,
-) -> StoreResult<Vec<PoolSample>> {
+/// Every pool's samples since `since`, by pool, oldest first.
+pub async fn since<D: Db>(db: &mut D, since: Millis) -> StoreResult<Vec<PoolSample>> {
     let rows = db
         .fetch(
             Statement::new(
                 "SELECT pool, at, counts, refusals, live, drifted FROM pool_samples \
-                 WHERE pool = $1 AND at > $2 ORDER BY at",
+                 WHERE at > $1 ORDER BY pool, at",
             )
-            .bind(pool.as_str())
             .bind(since.0),
         )
         .await?;
