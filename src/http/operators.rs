@@ -98,14 +98,10 @@ async fn create_token(
         .store()
         .create_operator_token(&operator, &hash_token(&token), &audit)
         .await?;
-    let view = token_view(&created);
     Ok((
         StatusCode::CREATED,
         Json(CreatedOperatorToken {
-            name: view.name,
-            role: view.role,
-            created_at: view.created_at,
-            created_by: view.created_by,
+            operator: token_view(&created),
             token,
         }),
     ))

@@ -85,10 +85,8 @@ pub struct OperatorTokenView {
 /// `201` to `POST /api/v1/admin/tokens`: the token, shown this once.
 #[derive(Serialize, ToSchema)]
 pub struct CreatedOperatorToken {
-    pub name: String,
-    pub role: String,
-    pub created_at: String,
-    pub created_by: String,
+    #[serde(flatten)]
+    pub operator: OperatorTokenView,
     /// The bearer token (`lgo_…`): only its hash is kept.
     pub token: String,
 }
