@@ -1037,6 +1037,23 @@ async fn the_runner_list_pages_and_filters_on_the_server(app) {
     assert!(found["next_cursor"].is_null());
     let unknown: Value = app.admin_get("/api/v1/admin/runners?status=unknown").await.json().await.unwrap();
     assert_eq!(unknown["runners"].as_array().unwrap().len(), 1, "{unknown}");
+    // A status filter pages too, and a listed runner is the whole runner (its lease, its
+    // host), as its own detail shows it: the list judges from summaries, then reads the page.
+    app.enqueue("linux").await;
+    let r1 = app.register("linux", "r1b").await;
+    let granted = app.grant(&r1).await;
+    let healthy: Value = app.admin_get("/api/v1/admin/runners?status=healthy&limit=3").await.json().await.unwrap();
+    let names: Vec<&str> = healthy["runners"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["r0", "r1", "r1b"], "{healthy}");
+    assert_eq!(healthy["next_cursor"], "3");
+    let listed = &healthy["runners"][2];
+    assert_eq!(listed["current_lease"]["job_id"], granted.job_id.as_str());
+    let detail = app.runner(&r1.id).await;
+    assert_eq!(listed["current_lease"], detail["current_lease"], "{detail}");
+    assert_eq!(healthy["runners"][0]["host"], "host-0.ci");
+    let rest: Value = app.admin_get("/api/v1/admin/runners?status=healthy&limit=3&cursor=3").await.json().await.unwrap();
+    let names: Vec<&str> = rest["runners"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["r2", "r3"], "{rest}");
     for bad in ["limit=0", "limit=1001", "cursor=x", "status=sleepy"] {
         let r = app.admin_get(&format!("/api/v1/admin/runners?{bad}")).await;
         expect_problem(r, bad, StatusCode::BAD_REQUEST, "bad_request").await;

@@ -7,6 +7,7 @@
 pub mod attestation;
 pub mod audit;
 pub mod digest;
+pub mod fleet;
 pub mod forge;
 pub mod ids;
 pub mod job;

@@ -53,6 +53,48 @@ pub fn matches_search<'a>(
         || labels.into_iter().any(|(k, v)| hit(&format!("{k}={v}")))
 }
 
+/// What judging a runner needs: the fleet's views read this for every runner and the whole
+/// `Runner` only for the runners a page shows.
+///
+/// Its latest attestation's probe carries no words (runtime, version, error are empty): enough
+/// to judge, not to explain. What a view explains comes from the whole runner.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunnerSummary {
+    pub id: RunnerId,
+    pub name: String,
+    pub pool: PoolName,
+    pub gate: GateState,
+    pub revoked_at: Option<Millis>,
+    pub latest: Option<LatestAttestation>,
+    /// What the operators' search looks at besides name and id, when it was asked for.
+    pub search: Option<SearchFields>,
+}
+
+/// A runner's labels and host, for the operators' search.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct SearchFields {
+    pub labels: BTreeMap<String, String>,
+    pub host: Option<String>,
+}
+
+impl RunnerSummary {
+    pub fn is_revoked(&self) -> bool {
+        self.revoked_at.is_some()
+    }
+
+    /// As `Runner::observe`.
+    pub fn observe(&self, pool: &Pool, now: Millis, rules: StatusRules) -> Observed {
+        observe(
+            self.latest.as_ref(),
+            self.gate,
+            self.is_revoked(),
+            pool,
+            now,
+            rules,
+        )
+    }
+}
+
 /// The host and agent a runner's latest attestation names (optional claims `host` and
 /// `agent.version`; the reference agent's `agent.hostname` counts as the host).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -132,32 +174,48 @@ impl Runner {
 
     /// The runner's status at `now`, from its latest attestation.
     pub fn observe(&self, pool: &Pool, now: Millis, rules: StatusRules) -> Observed {
-        let image_now = self
-            .latest
-            .as_ref()
-            .and_then(|l| image_current(&l.state.image, pool));
-        let plain = |status| Observed {
-            status,
-            refusal: None,
+        observe(
+            self.latest.as_ref(),
+            self.gate,
+            self.is_revoked(),
+            pool,
+            now,
+            rules,
+        )
+    }
+}
+
+/// A runner's status at `now` from what it last attested and how the gate holds it.
+fn observe(
+    latest: Option<&LatestAttestation>,
+    gate: GateState,
+    revoked: bool,
+    pool: &Pool,
+    now: Millis,
+    rules: StatusRules,
+) -> Observed {
+    let image_now = latest.and_then(|l| image_current(&l.state.image, pool));
+    let plain = |status| Observed {
+        status,
+        refusal: None,
+        image_current: image_now,
+    };
+    if revoked {
+        return plain(RunnerStatus::Revoked);
+    }
+    let Some(latest) = latest else {
+        return plain(RunnerStatus::Unknown);
+    };
+    if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
+        return plain(RunnerStatus::Stale);
+    }
+    match judge(&latest.state, gate, pool, now, rules.probe_max_age_s) {
+        Ok(()) => plain(RunnerStatus::Healthy),
+        Err(refusal) => Observed {
+            status: refusal.status(),
+            refusal: Some(refusal),
             image_current: image_now,
-        };
-        if self.is_revoked() {
-            return plain(RunnerStatus::Revoked);
-        }
-        let Some(latest) = &self.latest else {
-            return plain(RunnerStatus::Unknown);
-        };
-        if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
-            return plain(RunnerStatus::Stale);
-        }
-        match judge(&latest.state, self.gate, pool, now, rules.probe_max_age_s) {
-            Ok(()) => plain(RunnerStatus::Healthy),
-            Err(refusal) => Observed {
-                status: refusal.status(),
-                refusal: Some(refusal),
-                image_current: image_now,
-            },
-        }
+        },
     }
 }
 

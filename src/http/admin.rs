@@ -15,13 +15,14 @@ use super::views::{
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
+use crate::domain::fleet::{self, Filter};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
     PoolName, PoolSpec, PoolSpecError,
 };
 use crate::domain::roll::roll_health;
-use crate::domain::runner::{DriftEntry, Runner, drift_entry, matches_search};
+use crate::domain::runner::{DriftEntry, Runner, drift_entry};
 use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver::{self, ResolvePoolError};
@@ -444,29 +445,39 @@ async fn list_runners(
     if q.chars().count() > 200 {
         return Err(ApiError::bad_request("q: at most 200 characters"));
     }
-    let runners = state.store().list_runners(pool.as_ref()).await?;
+    let store = state.store();
+    let summaries = store.runner_summaries(pool.as_ref(), !q.is_empty()).await?;
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
-    let matching: Vec<RunnerView> = runners
-        .iter()
-        .filter_map(|r| {
-            pools
-                .get(&r.pool)
-                .map(|p| views::runner(r, p, state.settings(), now))
-        })
-        .filter(|v| status.is_empty() || v.status == status)
-        .filter(|v| {
-            let labels = v.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-            matches_search(&q, &v.name, &v.runner_id, v.host.as_deref(), labels)
-        })
-        .collect();
-    let total = matching.len();
-    let page: Vec<RunnerView> = matching
+    let rules = state.settings().status_rules();
+    let wanted = crate::domain::verdict::RunnerStatus::ALL
         .into_iter()
-        .skip(offset)
-        .take(limit as usize)
+        .find(|s| s.as_str() == status);
+    let filter = Filter {
+        pool: "",
+        status: wanted,
+        q: &q,
+    };
+    // Judged, filtered and paged from the summaries; only the page's runners are read whole.
+    let judged = fleet::judge(&summaries, &pools, rules, now);
+    let matching: Vec<&fleet::Judged> = judged.iter().filter(|j| filter.matches(j)).collect();
+    let shown = fleet::page(matching.into_iter(), offset, limit as usize);
+    let ids: Vec<RunnerId> = shown.items.iter().map(|j| j.runner.id.clone()).collect();
+    let mut whole: BTreeMap<RunnerId, Runner> = store
+        .runners_by_id(&ids)
+        .await?
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
         .collect();
-    let next_cursor = (offset + page.len() < total).then(|| (offset + limit as usize).to_string());
+    let page: Vec<RunnerView> = shown
+        .items
+        .iter()
+        .filter_map(|j| {
+            let runner = whole.remove(&j.runner.id)?;
+            Some(views::runner(&runner, j.pool, state.settings(), now))
+        })
+        .collect();
+    let next_cursor = shown.next_offset.map(|n| n.to_string());
     Ok(Json(RunnerList {
         runners: page,
         next_cursor,

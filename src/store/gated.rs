@@ -327,6 +327,24 @@ where
         .await
     }
 
+    async fn runner_summaries(
+        &self,
+        pool: Option<&PoolName>,
+        with_search: bool,
+    ) -> StoreResult<Vec<RunnerSummary>> {
+        self.read((pool.cloned(), with_search), |db, (pool, with_search)| {
+            Box::pin(sql::runners::summaries(db, pool.as_ref(), *with_search))
+        })
+        .await
+    }
+
+    async fn runners_by_id(&self, ids: &[RunnerId]) -> StoreResult<Vec<Runner>> {
+        self.read(ids.to_vec(), |db, ids| {
+            Box::pin(sql::runners::by_ids(db, ids))
+        })
+        .await
+    }
+
     async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory> {
         self.read(id.clone(), |db, id| Box::pin(sql::history::of(db, id)))
             .await

@@ -34,7 +34,7 @@ use crate::domain::lease::{LeaseCall, LeaseCallError};
 use crate::domain::operator::{Operator, OperatorName};
 use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
 use crate::domain::retention::Horizons;
-use crate::domain::runner::Runner;
+use crate::domain::runner::{Runner, RunnerSummary};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, RunnerStatus};
 use async_trait::async_trait;
@@ -435,6 +435,16 @@ pub trait Store: Send + Sync + 'static {
 
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
     async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>>;
+    /// Every runner (or a pool's) as judging needs it, with its labels and host for the
+    /// operators' search when `with_search`, by pool and name: what the fleet's views read for
+    /// every runner.
+    async fn runner_summaries(
+        &self,
+        pool: Option<&PoolName>,
+        with_search: bool,
+    ) -> StoreResult<Vec<RunnerSummary>>;
+    /// The runners of `ids` that exist, whole, in no particular order.
+    async fn runners_by_id(&self, ids: &[RunnerId]) -> StoreResult<Vec<Runner>>;
     async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory>;
     /// Refusals since `since`, per runner: the runs of refusals that went on since then,
     /// counted whole (bounded by the refusal ring).

@@ -7,6 +7,7 @@
 //! filters live in the URL, so a view can be bookmarked, shared, and refreshed as it is.
 
 use super::views::RunnerRow;
+use crate::domain::fleet::{Filter, Judged, attention_order, page};
 use crate::domain::verdict::RunnerStatus;
 use serde::Deserialize;
 
@@ -59,6 +60,11 @@ impl FleetQuery {
             .unwrap_or(0)
     }
 
+    /// Whether it searches (the runners' labels and host must be read).
+    pub fn searches(&self) -> bool {
+        !Self::text(&self.q).is_empty()
+    }
+
     fn text(value: &Option<String>) -> String {
         value.as_deref().unwrap_or("").trim().to_string()
     }
@@ -85,53 +91,50 @@ impl FleetQuery {
     }
 }
 
-/// Whether `row` matches the search `q` (`domain::runner::matches_search`).
-fn matches_search(row: &RunnerRow, q: &str) -> bool {
-    let labels = row.labels.iter().map(|(k, v)| (k.as_str(), v.as_str()));
-    crate::domain::runner::matches_search(
-        &q.to_lowercase(),
-        &row.name,
-        &row.id,
-        row.host.as_deref(),
-        labels,
-    )
-}
-
-/// The rows `query` selects from `all` (sorted, what needs attention first).
-pub fn select(all: Vec<RunnerRow>, query: &FleetQuery) -> FleetSelection {
+/// The runners `query` selects from the judged fleet, what needs attention first: the page's
+/// runners, in order, and the selection around them. Its `rows` are left for the caller to
+/// make from the page's whole runners (`views::runner_row`).
+pub fn select<'a>(
+    judged: &'a [Judged<'a>],
+    query: &FleetQuery,
+) -> (Vec<&'a Judged<'a>>, FleetSelection) {
     let pool = FleetQuery::text(&query.pool);
     let status = FleetQuery::text(&query.status);
-    let q = FleetQuery::text(&query.q);
-    let filtered: Vec<RunnerRow> = all
-        .into_iter()
-        .filter(|r| pool.is_empty() || r.pool == pool)
-        .filter(|r| status.is_empty() || r.status == status)
-        .filter(|r| matches_search(r, &q))
-        .collect();
-    // Unfiltered by status, the healthy ones are a count: the table is for attention (and a
-    // healthy runner on a superseded image needs it: the roll waits for its recycle).
-    let quiet = |r: &RunnerRow| r.rank == RunnerStatus::Healthy && r.image_current != Some(false);
-    let (shown, healthy_hidden): (Vec<RunnerRow>, usize) = if status.is_empty() {
-        let healthy = filtered.iter().filter(|r| quiet(r)).count();
-        let rest = filtered.into_iter().filter(|r| !quiet(r)).collect();
-        (rest, healthy)
-    } else {
-        (filtered, 0)
+    let q = FleetQuery::text(&query.q).to_lowercase();
+    let wanted = RunnerStatus::ALL.into_iter().find(|s| s.as_str() == status);
+    let filter = Filter {
+        pool: &pool,
+        status: wanted,
+        q: &q,
     };
-    let matched = shown.len();
-    let (offset, limit) = (query.offset(), query.limit());
-    let rows: Vec<RunnerRow> = shown.into_iter().skip(offset).take(limit).collect();
-    let next = (offset + rows.len() < matched).then(|| query.encode(Some(offset + limit)));
-    FleetSelection {
-        rows,
+    // A status no runner can have matches none (rather than every one).
+    let known_status = status.is_empty() || wanted.is_some();
+    let mut matching: Vec<&Judged> = judged
+        .iter()
+        .filter(|j| known_status && filter.matches(j))
+        .collect();
+    // Unfiltered by status, the healthy ones are a count: the table is for attention.
+    let mut healthy_hidden = 0;
+    if status.is_empty() {
+        healthy_hidden = matching.iter().filter(|j| j.is_quiet()).count();
+        matching.retain(|j| !j.is_quiet());
+    }
+    // Mostly in this order already (the store lists by pool and name), which the stable sort
+    // passes through in one sweep.
+    matching.sort_by(|a, b| attention_order(a, b));
+    let offset = query.offset();
+    let shown = page(matching.into_iter(), offset, query.limit());
+    let selection = FleetSelection {
+        rows: Vec::new(),
         healthy_hidden,
-        matched,
-        next,
+        matched: shown.matched,
+        next: shown.next_offset.map(|next| query.encode(Some(next))),
         pool,
         status,
-        q,
+        q: FleetQuery::text(&query.q),
         query: query.encode(Some(offset)),
-    }
+    };
+    (shown.items, selection)
 }
 
 /// The refresh's validator: the view's content without the instant it was rendered at.
@@ -144,85 +147,77 @@ pub fn etag(body: &str, as_of: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::fleet::fixtures::{NOW, RULES, pools, runner};
+    use crate::domain::fleet::judge;
+    use crate::domain::runner::RunnerSummary;
 
-    fn row(name: &str, status: RunnerStatus, host: Option<&str>) -> RunnerRow {
-        RunnerRow {
-            id: format!("id-{name}"),
-            name: name.into(),
-            status: status.as_str(),
-            rank: status,
-            pool: "linux".into(),
-            host: host.map(String::from),
-            labels: vec![("os".into(), "linux".into())],
-            ..RunnerRow::default()
-        }
+    /// The names shown, and the selection.
+    fn select_from(all: &[RunnerSummary], query: &FleetQuery) -> (Vec<String>, FleetSelection) {
+        let pools = pools();
+        let judged = judge(all, &pools, RULES, NOW);
+        let (shown, selection) = select(&judged, query);
+        let names = shown.iter().map(|j| j.runner.name.clone()).collect();
+        (names, selection)
     }
 
     #[test]
     fn healthy_runners_are_a_count_unless_asked_for() {
         let all = vec![
-            row("a", RunnerStatus::ProbeFailed, None),
-            row("b", RunnerStatus::Healthy, None),
-            row("c", RunnerStatus::Healthy, None),
+            runner("a", false, 'a'),
+            runner("b", true, 'a'),
+            runner("c", true, 'a'),
         ];
-        let s = select(all.clone(), &FleetQuery::default());
-        assert_eq!((s.rows.len(), s.healthy_hidden), (1, 2));
+        let (shown, s) = select_from(&all, &FleetQuery::default());
+        assert_eq!((shown, s.healthy_hidden), (vec!["a".to_string()], 2));
         let q = FleetQuery {
             status: Some("healthy".into()),
             ..Default::default()
         };
-        let s = select(all, &q);
-        assert_eq!((s.rows.len(), s.healthy_hidden), (2, 0));
+        let (shown, s) = select_from(&all, &q);
+        assert_eq!((shown.len(), s.healthy_hidden), (2, 0));
         assert_eq!(s.query, "status=healthy");
+        let nonsense = FleetQuery {
+            status: Some("splendid".into()),
+            ..Default::default()
+        };
+        assert_eq!(select_from(&all, &nonsense).0.len(), 0);
     }
 
     #[test]
     fn the_search_covers_name_labels_and_host_and_pages_follow() {
-        let all: Vec<RunnerRow> = (0..7)
+        let all: Vec<RunnerSummary> = (0..7)
             .map(|i| {
-                row(
-                    &format!("r{i}"),
-                    RunnerStatus::Stale,
-                    Some(&format!("host-{i}.ci")),
-                )
+                let mut r = runner(&format!("r{i}"), false, 'a');
+                let search = r.search.as_mut().unwrap();
+                search.host = Some(format!("host-{i}.ci"));
+                search.labels.insert("os".into(), "linux".into());
+                r
             })
             .collect();
         let q = |s: &str| FleetQuery {
             q: Some(s.into()),
             ..Default::default()
         };
-        assert_eq!(select(all.clone(), &q("HOST-3")).rows.len(), 1);
-        assert_eq!(select(all.clone(), &q("os=linux")).rows.len(), 7);
-        assert_eq!(select(all.clone(), &q("nothing")).rows.len(), 0);
-        let first = select(
-            all.clone(),
+        assert_eq!(select_from(&all, &q("HOST-3")).0.len(), 1);
+        assert_eq!(select_from(&all, &q("os=linux")).0.len(), 7);
+        assert_eq!(select_from(&all, &q("nothing")).0.len(), 0);
+        let (first, first_sel) = select_from(
+            &all,
             &FleetQuery {
                 limit: Some(3),
                 ..Default::default()
             },
         );
-        assert_eq!(first.rows.len(), 3);
-        assert_eq!(first.next.as_deref(), Some("limit=3&cursor=3"));
-        let last = select(
-            all,
+        assert_eq!(first, ["r0", "r1", "r2"]);
+        assert_eq!(first_sel.next.as_deref(), Some("limit=3&cursor=3"));
+        let (last, last_sel) = select_from(
+            &all,
             &FleetQuery {
                 limit: Some(3),
                 cursor: Some("6".into()),
                 ..Default::default()
             },
         );
-        assert_eq!((last.rows.len(), last.next), (1, None));
-    }
-
-    #[test]
-    fn the_etag_ignores_the_render_instant_only() {
-        assert_eq!(
-            etag("as of 10:00 x", "10:00"),
-            etag("as of 10:05 x", "10:05")
-        );
-        assert_ne!(
-            etag("as of 10:00 x", "10:00"),
-            etag("as of 10:00 y", "10:00")
-        );
+        assert_eq!((last, last_sel.next), (vec!["r6".to_string()], None));
     }
 }

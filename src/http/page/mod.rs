@@ -19,6 +19,7 @@ use crate::domain::audit::Action;
 use crate::domain::ids::{JobId, RunnerId};
 use crate::domain::operator::Role;
 use crate::domain::pool::{Pool, PoolName};
+use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::AuditFilter;
 use askama::Template;
@@ -292,17 +293,37 @@ async fn fleet_view(
     query: &fleet::FleetQuery,
 ) -> Result<(String, Vec<PoolCard>, fleet::FleetSelection), ApiError> {
     let now = Millis::now();
+    let rules = state.settings().status_rules();
     let store = state.store();
-    let pools: BTreeMap<String, Pool> = store
+    let pools: BTreeMap<PoolName, Pool> = store
         .list_pools()
         .await?
         .into_iter()
-        .map(|p| (p.name.to_string(), p))
+        .map(|p| (p.name.clone(), p))
         .collect();
-    let runners = store.list_runners(None).await?;
+    // Every runner judged from its summary; only the page's runners are read whole.
+    let summaries = store.runner_summaries(None, query.searches()).await?;
+    let judged = crate::domain::fleet::judge(&summaries, &pools, rules, now);
+    let tallies = crate::domain::fleet::tally(&judged);
+    let (shown, mut selection) = fleet::select(&judged, query);
+    let ids: Vec<RunnerId> = shown.iter().map(|j| j.runner.id.clone()).collect();
+    let mut whole: BTreeMap<RunnerId, Runner> = store
+        .runners_by_id(&ids)
+        .await?
+        .into_iter()
+        .map(|r| (r.id.clone(), r))
+        .collect();
     let refusals = store.refusal_counts_since(now.minus_secs(3600)).await?;
+    selection.rows = shown
+        .iter()
+        .filter_map(|j| {
+            let runner = whole.remove(&j.runner.id)?;
+            let observed = runner.observe(j.pool, now, rules);
+            let refused = refusals.get(&runner.id).copied().unwrap_or(0);
+            Some(views::runner_row(&runner, &observed, refused, now))
+        })
+        .collect();
     let mut depths = store.queue_depths().await?;
-    let rows = views::runner_rows(&runners, &pools, &refusals, state.settings(), now);
     // Every pool's day of samples in one read, not one per pool.
     let mut samples: BTreeMap<PoolName, Vec<_>> = BTreeMap::new();
     let since = now.minus_secs(crate::domain::timeline::SAMPLES_KEPT_S);
@@ -312,14 +333,14 @@ async fn fleet_view(
     let cards = pools
         .values()
         .map(|p| {
-            let mut card =
-                views::pool_card(p, &rows, depths.remove(&p.name).unwrap_or_default(), now);
+            let depth = depths.remove(&p.name).unwrap_or_default();
+            let mut card = views::pool_card(p, tallies.get(&p.name), depth, now);
             let own = samples.get(&p.name).map_or(&[][..], Vec::as_slice);
             card.timelines = timeline::timelines(own, now);
             card
         })
         .collect();
-    Ok((now.rfc3339(), cards, fleet::select(rows, query)))
+    Ok((now.rfc3339(), cards, selection))
 }
 
 #[utoipa::path(get, path = "/admin", tag = "page",
@@ -492,7 +513,8 @@ async fn runner_page(
         .filter(|r| r.at >= now.minus_secs(3600))
         .map(|r| r.count)
         .sum();
-    let mut row = views::runner_row(&runner, &pool, state.settings(), refusals_last_hour, now);
+    let observed = runner.observe(&pool, now, state.settings().status_rules());
+    let mut row = views::runner_row(&runner, &observed, refusals_last_hour, now);
     // Since when it has been in its status: its latest change into it, first on the page.
     row.failing_since = history
         .status_changes

@@ -1,15 +1,14 @@
 //! What the page shows, computed from domain values: one plain struct per thing on screen, so
 //! templates only lay out and never decide.
 
-use crate::app::Settings;
 use crate::domain::digest::ImageDigest;
-use crate::domain::ids::RunnerId;
+use crate::domain::fleet::PoolTally;
 use crate::domain::pool::Pool;
+use crate::domain::runner::Observed;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::RunnerStatus;
 use crate::store::QueueDepth;
-use std::collections::BTreeMap;
 
 /// A digest shown short, with the full value on hover.
 #[derive(Clone, Debug)]
@@ -144,14 +143,7 @@ pub fn is_simulated(runner: &Runner) -> bool {
     runner.labels.get("simulated").is_some_and(|v| v == "true")
 }
 
-pub fn runner_row(
-    runner: &Runner,
-    pool: &Pool,
-    settings: &Settings,
-    refusals: i64,
-    now: Millis,
-) -> RunnerRow {
-    let observed = runner.observe(pool, now, settings.status_rules());
+pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Millis) -> RunnerRow {
     let latest = runner.latest.as_ref();
     let probe = latest.map(|l| &l.state.probe);
     RunnerRow {
@@ -231,60 +223,21 @@ fn confirm_label(runner: &Runner) -> String {
     label
 }
 
-/// Runners sorted so that what needs attention comes first, then by pool and name.
-pub fn runner_rows(
-    runners: &[Runner],
-    pools: &BTreeMap<String, Pool>,
-    refusals: &BTreeMap<RunnerId, i64>,
-    settings: &Settings,
+pub fn pool_card(
+    pool: &Pool,
+    tally: Option<&PoolTally>,
+    depth: QueueDepth,
     now: Millis,
-) -> Vec<RunnerRow> {
-    let mut rows: Vec<RunnerRow> = runners
-        .iter()
-        .filter_map(|r| {
-            let pool = pools.get(r.pool.as_str())?;
-            Some(runner_row(
-                r,
-                pool,
-                settings,
-                refusals.get(&r.id).copied().unwrap_or(0),
-                now,
-            ))
-        })
-        .collect();
-    // Within a status, a runner on a superseded image (still allowed inside the grace) first.
-    let superseded = |r: &RunnerRow| r.image_current != Some(false);
-    rows.sort_by(|a, b| {
-        (a.rank, superseded(a), &a.pool, &a.name).cmp(&(b.rank, superseded(b), &b.pool, &b.name))
-    });
-    rows
-}
-
-pub fn pool_card(pool: &Pool, rows: &[RunnerRow], depth: QueueDepth, now: Millis) -> PoolCard {
-    let members: Vec<&RunnerRow> = rows
-        .iter()
-        .filter(|r| r.pool == pool.name.as_str())
-        .collect();
-    let mut counts: BTreeMap<RunnerStatus, usize> = BTreeMap::new();
-    for r in &members {
-        *counts.entry(r.rank).or_default() += 1;
-    }
+) -> PoolCard {
+    let empty = PoolTally::default();
+    let tally = tally.unwrap_or(&empty);
     let roll = pool
         .previous_valid_until
         .filter(|_| pool.previous_in_grace(now))
-        .map(|until| {
-            let live: Vec<&&RunnerRow> = members
-                .iter()
-                .filter(|r| r.image_current.is_some() && !r.revoked)
-                .collect();
-            RollView {
-                on_new: live
-                    .iter()
-                    .filter(|r| r.image_current == Some(true))
-                    .count(),
-                total: live.len(),
-                time_left: duration(until.secs_since(now)),
-            }
+        .map(|until| RollView {
+            on_new: tally.on_current,
+            total: tally.reporting,
+            time_left: duration(until.secs_since(now)),
         });
     PoolCard {
         name: pool.name.to_string(),
@@ -295,20 +248,22 @@ pub fn pool_card(pool: &Pool, rows: &[RunnerRow], depth: QueueDepth, now: Millis
             .iter()
             .map(DigestView::from)
             .collect(),
-        counts: counts
-            .into_iter()
+        counts: tally
+            .by_status
+            .iter()
             .map(|(s, count)| StatusCount {
                 status: s.as_str(),
-                class: status_class(s),
-                count,
+                class: status_class(*s),
+                count: *count,
             })
             .collect(),
-        stuck: depth.queued > 0 && !members.iter().any(|r| r.rank == RunnerStatus::Healthy),
+        stuck: depth.queued > 0 && tally.healthy() == 0,
         timelines: Vec::new(),
         queued: depth.queued,
+        // To the minute, as the table's ages: a refresh a second later is the same view.
         oldest_queued: depth
             .oldest_queued_at
-            .map(|t| age(t, now).replace(" ago", "")),
+            .map(|t| coarse_age(t, now).replace(" ago", "")),
         roll,
         resolution_error: pool
             .last_resolution

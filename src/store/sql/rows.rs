@@ -11,7 +11,9 @@ use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
-use crate::domain::runner::{AgentInfo, CurrentLease, LatestAttestation, Rejection, Runner};
+use crate::domain::runner::{
+    AgentInfo, CurrentLease, LatestAttestation, Rejection, Runner, RunnerSummary, SearchFields,
+};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, GateState};
 use crate::store::engine::Row;
@@ -81,11 +83,9 @@ pub fn pool(row: &Row) -> StoreResult<Pool> {
     })
 }
 
-/// A runner row, joined with its newest live lease (`lease_*` columns), without its forge
-/// runners (read apart).
-pub fn runner(row: &Row) -> StoreResult<Runner> {
-    let labels = row.text("labels")?;
-    let latest = match opt_millis(row, "attested_at")? {
+/// The latest attestation a runners row records, when it records one.
+fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
+    Ok(match opt_millis(row, "attested_at")? {
         Some(received_at) => Some(LatestAttestation {
             received_at,
             state: AttestedState {
@@ -105,7 +105,77 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
             },
         }),
         None => None,
+    })
+}
+
+/// The columns `runner_summary` reads: what judging a runner needs.
+pub const SUMMARY_COLUMNS: &str = "id, name, pool, cordoned, quarantined_at, revoked_at, \
+     attested_at, probe_ok, probe_checked_at, image_id, image_digest";
+
+/// And what the operators' search needs besides.
+pub const SEARCH_COLUMNS: &str = "labels, agent";
+
+/// A runner's summary; its search fields when the row has `SEARCH_COLUMNS`.
+pub fn runner_summary(row: &Row, with_search: bool) -> StoreResult<RunnerSummary> {
+    let latest = match opt_millis(row, "attested_at")? {
+        Some(received_at) => Some(LatestAttestation {
+            received_at,
+            state: AttestedState {
+                probe: Probe {
+                    ok: row.opt_int("probe_ok")?.unwrap_or(0) != 0,
+                    checked_at: opt_millis(row, "probe_checked_at")?.unwrap_or_default(),
+                    runtime: String::new(),
+                    runtime_version: None,
+                    error: None,
+                    exit_code: None,
+                },
+                image: RunningImage {
+                    id: opt_digest(row.opt_text("image_id")?)?,
+                    digest: opt_digest(row.opt_text("image_digest")?)?,
+                    image_ref: None,
+                },
+            },
+        }),
+        None => None,
     };
+    let search = if with_search {
+        let labels = row.text("labels")?;
+        Some(SearchFields {
+            labels: serde_json::from_str(&labels).map_err(|_| corrupt("labels", &labels))?,
+            host: agent(row)?.host,
+        })
+    } else {
+        None
+    };
+    Ok(RunnerSummary {
+        id: RunnerId(row.text("id")?),
+        name: row.text("name")?,
+        pool: PoolName::from_trusted(row.text("pool")?),
+        gate: gate(row)?,
+        revoked_at: opt_millis(row, "revoked_at")?,
+        latest,
+        search,
+    })
+}
+
+fn gate(row: &Row) -> StoreResult<GateState> {
+    Ok(GateState {
+        cordoned: row.flag("cordoned")?,
+        quarantined_at: opt_millis(row, "quarantined_at")?,
+    })
+}
+
+fn agent(row: &Row) -> StoreResult<AgentInfo> {
+    let recorded = row.opt_text("agent")?;
+    let parsed = recorded.and_then(|a| serde_json::from_str(&a).ok());
+    Ok(AgentInfo::from_recorded(parsed.as_ref()))
+}
+
+/// A runner row, joined with its newest live lease (`lease_*` columns), without its forge
+/// runners (read apart).
+pub fn runner(row: &Row) -> StoreResult<Runner> {
+    let labels = row.text("labels")?;
+    let latest = latest_attestation(row)?;
     let current_lease = match row.opt_text("lease_id")? {
         Some(id) => Some(CurrentLease {
             lease_id: LeaseId(id),
@@ -121,20 +191,13 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
         pool: PoolName::from_trusted(row.text("pool")?),
         labels: serde_json::from_str(&labels).map_err(|_| corrupt("labels", &labels))?,
         public_key_x: row.text("public_key_x")?,
-        gate: GateState {
-            cordoned: row.flag("cordoned")?,
-            quarantined_at: opt_millis(row, "quarantined_at")?,
-        },
+        gate: gate(row)?,
         revoked_at: opt_millis(row, "revoked_at")?,
         registered_at: millis(row, "registered_at")?,
         latest,
         current_lease,
         forge_runners: vec![],
-        agent: {
-            let recorded = row.opt_text("agent")?;
-            let parsed = recorded.and_then(|a| serde_json::from_str(&a).ok());
-            AgentInfo::from_recorded(parsed.as_ref())
-        },
+        agent: agent(row)?,
         last_rejection: match opt_millis(row, "rejected_at")? {
             Some(at) => Some(Rejection {
                 at,

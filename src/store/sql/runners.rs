@@ -7,9 +7,9 @@ use crate::domain::forge::{ForgeBinding, ForgeIdentity};
 use crate::domain::ids::RunnerId;
 use crate::domain::lease::EndCause;
 use crate::domain::pool::PoolName;
-use crate::domain::runner::Runner;
+use crate::domain::runner::{Runner, RunnerSummary};
 use crate::domain::time::Millis;
-use crate::store::engine::{Change, Db, Statement, fetch_optional};
+use crate::store::engine::{Change, Db, Row, Statement, fetch_optional};
 use crate::store::{BindError, EndedLease, NewRunner, RegisterError, StoreResult};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
@@ -26,6 +26,17 @@ static BY_ID: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} WHERE
 static IN_POOL: LazyLock<String> =
     LazyLock::new(|| format!("{RUNNER_SELECT} WHERE r.pool = $1 ORDER BY r.pool, r.name"));
 static ALL: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} ORDER BY r.pool, r.name"));
+/// The summaries' selects: all runners or a pool's, with the search's columns or without.
+static SUMMARIES: LazyLock<[String; 4]> = LazyLock::new(|| {
+    let judging = rows::SUMMARY_COLUMNS;
+    let search = format!("{judging}, {}", rows::SEARCH_COLUMNS);
+    [
+        format!("SELECT {judging} FROM runners"),
+        format!("SELECT {search} FROM runners"),
+        format!("SELECT {judging} FROM runners WHERE pool = $1"),
+        format!("SELECT {search} FROM runners WHERE pool = $1"),
+    ]
+});
 
 pub async fn get<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<Option<Runner>> {
     let Some(row) = fetch_optional(db, Statement::new(BY_ID.as_str()).bind(id.as_str())).await?
@@ -62,19 +73,86 @@ pub async fn list<D: Db>(db: &mut D, pool: Option<&PoolName>) -> StoreResult<Vec
             "SELECT * FROM forge_runners ORDER BY kind, identity",
         ))
         .await?;
-    let mut by_runner: BTreeMap<String, Vec<ForgeBinding>> = BTreeMap::new();
-    for row in &bindings {
-        by_runner
-            .entry(row.text("runner_id")?)
-            .or_default()
-            .push(rows::forge_binding(row)?);
-    }
+    let mut by_runner = bindings_by_runner(&bindings)?;
     for runner in &mut runners {
         if let Some(b) = by_runner.remove(runner.id.as_str()) {
             runner.forge_runners = b;
         }
     }
     Ok(runners)
+}
+
+/// Every runner (or a pool's) as judging needs it, by pool and name: one narrow read, without
+/// the lease join, the forge runners or the columns only a runner's own view shows.
+/// Every runner (or a pool's) as judging needs it, with labels and host when `with_search`,
+/// by pool and name: one narrow read, without the lease join, the forge runners or the
+/// columns only a runner's own view shows.
+pub async fn summaries<D: Db>(
+    db: &mut D,
+    pool: Option<&PoolName>,
+    with_search: bool,
+) -> StoreResult<Vec<RunnerSummary>> {
+    let select = &SUMMARIES[usize::from(with_search) + 2 * usize::from(pool.is_some())];
+    let mut st = Statement::new(select.as_str());
+    if let Some(p) = pool {
+        st = st.bind(p.as_str());
+    }
+    let found = db.fetch(st).await?;
+    let mut summaries: Vec<RunnerSummary> = found
+        .iter()
+        .map(|row| rows::runner_summary(row, with_search))
+        .collect::<StoreResult<_>>()?;
+    // Ordered here rather than by the engine, which would sort whole rows (SQLite through a
+    // temporary B-tree, copying every record).
+    summaries.sort_unstable_by(|a, b| (&a.pool, &a.name).cmp(&(&b.pool, &b.name)));
+    Ok(summaries)
+}
+
+/// The runners of `ids` that exist, whole, in no particular order: what a view shows of the
+/// page of runners it chose from their summaries.
+pub async fn by_ids<D: Db>(db: &mut D, ids: &[RunnerId]) -> StoreResult<Vec<Runner>> {
+    let mut runners = Vec::with_capacity(ids.len());
+    // A bounded number of parameters per statement, whatever the page size.
+    for chunk in ids.chunks(BY_IDS_CHUNK) {
+        let marks = (1..=chunk.len())
+            .map(|i| format!("${i}"))
+            .collect::<Vec<_>>()
+            .join(", ");
+        let sql = format!("{RUNNER_SELECT} WHERE r.id IN ({marks})");
+        let bindings_sql = format!(
+            "SELECT * FROM forge_runners WHERE runner_id IN ({marks}) ORDER BY kind, identity"
+        );
+        let mut st = Statement::built(sql);
+        let mut bst = Statement::built(bindings_sql);
+        for id in chunk {
+            st = st.bind(id.as_str());
+            bst = bst.bind(id.as_str());
+        }
+        let found = db.fetch(st).await?;
+        let mut by_runner = bindings_by_runner(&db.fetch(bst).await?)?;
+        for row in &found {
+            let mut runner = rows::runner(row)?;
+            if let Some(b) = by_runner.remove(runner.id.as_str()) {
+                runner.forge_runners = b;
+            }
+            runners.push(runner);
+        }
+    }
+    Ok(runners)
+}
+
+/// Ids per statement of `by_ids`.
+const BY_IDS_CHUNK: usize = 200;
+
+fn bindings_by_runner(rows: &[Row]) -> StoreResult<BTreeMap<String, Vec<ForgeBinding>>> {
+    let mut by_runner: BTreeMap<String, Vec<ForgeBinding>> = BTreeMap::new();
+    for row in rows {
+        by_runner
+            .entry(row.text("runner_id")?)
+            .or_default()
+            .push(rows::forge_binding(row)?);
+    }
+    Ok(by_runner)
 }
 
 pub async fn create_registration_token<D: Db>(
