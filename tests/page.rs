@@ -373,4 +373,51 @@ async fn the_fleet_lists_what_needs_attention_filters_pages_and_answers_304_when
     assert_eq!(r.status(), StatusCode::OK);
     let changed = fragment(Some(etag)).await.unwrap();
     assert_eq!(changed.status(), StatusCode::OK);
+
+    // A refresh that names the pieces it shows gets only those that changed: here the
+    // uncordoned runner's row, its pool's card (its counts) and the as-of line.
+    let everything = first.text().await.unwrap();
+    let hash = regex_lite_hashes(&everything);
+    assert!(hash.len() >= 6, "{everything}");
+    let partial = no_redirects()
+        .get(app.url("/admin/fleet"))
+        .header(COOKIE, &cookie)
+        .header("x-fleet-have", hash.join(" "))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(partial.status(), StatusCode::OK);
+    let partial = partial.text().await.unwrap();
+    let sent: Vec<&str> = partial
+        .lines()
+        .filter(|l| l.starts_with("<template") && !l.contains(" data-kept>"))
+        .map(|l| {
+            l.split("data-piece=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(
+        sent,
+        ["asof", "pool:linux", &format!("row:{}", broken.id)],
+        "{partial}"
+    );
+    // What it keeps is sent empty: the macOS runners' rows are not in it.
+    assert!(
+        everything.contains(">mac-0</a>") && !partial.contains(">mac-0</a>"),
+        "{partial}"
+    );
+}
+
+/// The `data-hash` values of a refresh's pieces.
+fn regex_lite_hashes(fragment: &str) -> Vec<String> {
+    fragment
+        .lines()
+        .filter(|l| l.starts_with("<template"))
+        .filter_map(|l| l.split(" data-hash=\"").nth(1))
+        .map(|rest| rest[..16].to_string())
+        .collect()
 }

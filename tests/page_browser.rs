@@ -312,3 +312,59 @@ async fn the_fleet_collapses_the_healthy_filters_pages_and_draws_its_pools() {
     );
     browser.close().await.unwrap();
 }
+
+#[tokio::test]
+async fn the_refresh_replaces_only_the_rows_that_changed() {
+    if !browser_available() {
+        return;
+    }
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let mut runners = Vec::new();
+    for name in ["a", "b", "c"] {
+        let r = app.register("linux", name).await;
+        app.heartbeat(&r.failing("crun not found")).await;
+        runners.push(r);
+    }
+    let (_driver, browser, _profile) = open_browser().await;
+    browser
+        .goto(&app.url(&format!("/admin/login?token={ADMIN}")))
+        .await
+        .unwrap();
+    // Marks on the document and on every row: a reload or a replaced row loses its mark.
+    browser
+        .execute(
+            "window.sameDocument = true; \
+             document.querySelectorAll('tr.runner').forEach(el => { el.marked = true; });",
+            vec![],
+        )
+        .await
+        .unwrap();
+    app.heartbeat(&runners[1].failing("disk full under /var/lib/containers"))
+        .await;
+    let state = "return [window.sameDocument === true, \
+        [...document.querySelectorAll('tr.runner')].map(el => \
+          [el.querySelector('a').textContent, el.marked === true, el.textContent.includes('disk full')])];";
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let seen = loop {
+        let seen = browser.execute(state, vec![]).await.unwrap();
+        let b_updated = seen[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|row| row[0] == "b" && row[2] == true);
+        if b_updated || Instant::now() > deadline {
+            break seen;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    };
+    assert_eq!(
+        seen,
+        serde_json::json!([
+            true,
+            [["a", true, false], ["b", false, true], ["c", true, false]]
+        ]),
+        "the changed row is replaced in place, the others are the same elements"
+    );
+    browser.close().await.unwrap();
+}

@@ -1,7 +1,7 @@
 //! The fleet view at any size: which runners the page shows (filtered by pool, status and a
 //! search over name, labels and host; the ones that need attention first, the healthy ones
-//! collapsed behind their count; a page at a time), and the refresh's `ETag`, so that a
-//! refresh of a fleet where nothing changed answers `304` with no body.
+//! collapsed behind their count; a page at a time). `pieces` cuts what it selects into the
+//! pieces a refresh sends when they changed.
 //!
 //! Everything is decided here from the rows `views` made; the template lays it out. The
 //! filters live in the URL, so a view can be bookmarked, shared, and refreshed as it is.
@@ -135,13 +135,6 @@ pub fn select<'a>(
         query: query.encode(Some(offset)),
     };
     (shown.items, selection)
-}
-
-/// The refresh's validator: the view's content without the instant it was rendered at.
-pub fn etag(body: &str, as_of: &str) -> String {
-    use sha2::{Digest, Sha256};
-    let digest = Sha256::digest(body.replace(as_of, "").as_bytes());
-    format!("\"{}\"", &hex::encode(digest)[..32])
 }
 
 #[cfg(test)]

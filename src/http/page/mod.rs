@@ -6,6 +6,7 @@
 //! templates that escape it. The page's own POSTs need the session's CSRF token.
 
 pub mod fleet;
+pub mod pieces;
 pub mod session;
 pub mod timeline;
 pub mod views;
@@ -32,6 +33,7 @@ use axum::http::request::Parts;
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use pieces::{FleetBody, FleetParts, Piece};
 use serde::Deserialize;
 use session::Viewer;
 use std::collections::BTreeMap;
@@ -49,6 +51,9 @@ pub fn router() -> Router<AppState> {
         .route("/admin/assets/app.css", get(css))
         .route("/admin/assets/app.js", get(js))
 }
+
+/// The request header a refresh names the pieces it shows by (their hashes).
+const FLEET_HAVE: &str = "x-fleet-have";
 
 /// A page response with the headers every page carries: no caching, no framing, scripts and
 /// styles from this origin only.
@@ -77,14 +82,16 @@ fn render(status: StatusCode, t: &impl Template) -> Result<Response, ApiError> {
 }
 
 fn rendered(t: &impl Template) -> Result<String, ApiError> {
-    t.render().map_err(|e| {
-        tracing::error!(error = %e, "template failed");
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "internal",
-            "internal error",
-        )
-    })
+    t.render().map_err(template_failed)
+}
+
+fn template_failed(e: askama::Error) -> ApiError {
+    tracing::error!(error = %e, "template failed");
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "internal",
+        "internal error",
+    )
 }
 
 fn see_other(to: &str) -> Response {
@@ -261,23 +268,16 @@ async fn logout(
 struct FleetPage {
     logged_in: bool,
     who: String,
-    can_write: bool,
     csrf: String,
-    as_of: String,
-    pools: Vec<PoolCard>,
-    sel: fleet::FleetSelection,
-    statuses: Vec<&'static str>,
+    /// The refresh's query (the filters and the page).
+    query: String,
+    body: FleetBody,
 }
 
 #[derive(Template)]
 #[template(path = "fleet_fragment.html")]
-struct FleetFragment {
-    can_write: bool,
-    csrf: String,
-    as_of: String,
-    pools: Vec<PoolCard>,
-    sel: fleet::FleetSelection,
-    statuses: Vec<&'static str>,
+struct FleetFragment<'a> {
+    pieces: Vec<(&'static str, &'a Piece, bool)>,
 }
 
 /// Every status a runner may have, for the filter.
@@ -288,10 +288,12 @@ fn statuses() -> Vec<&'static str> {
         .collect()
 }
 
+/// The fleet view for `viewer`, in pieces, and the refresh's query.
 async fn fleet_view(
     state: &AppState,
+    viewer: &Viewer,
     query: &fleet::FleetQuery,
-) -> Result<(String, Vec<PoolCard>, fleet::FleetSelection), ApiError> {
+) -> Result<(FleetBody, String), ApiError> {
     let now = Millis::now();
     let rules = state.settings().status_rules();
     let store = state.store();
@@ -330,7 +332,7 @@ async fn fleet_view(
     for sample in store.pool_samples(since).await? {
         samples.entry(sample.pool.clone()).or_default().push(sample);
     }
-    let cards = pools
+    let cards: Vec<PoolCard> = pools
         .values()
         .map(|p| {
             let depth = depths.remove(&p.name).unwrap_or_default();
@@ -340,7 +342,16 @@ async fn fleet_view(
             card
         })
         .collect();
-    Ok((now.rfc3339(), cards, selection))
+    let body = FleetBody::render(&FleetParts {
+        as_of: &now.rfc3339(),
+        pools: &cards,
+        sel: &selection,
+        statuses: &statuses(),
+        can_write: viewer.operator().may(Role::Operator),
+        csrf: viewer.csrf(),
+    })
+    .map_err(template_failed)?;
+    Ok((body, selection.query))
 }
 
 #[utoipa::path(get, path = "/admin", tag = "page",
@@ -361,18 +372,15 @@ async fn fleet(
     PageViewer(viewer): PageViewer,
     Query(query): Query<fleet::FleetQuery>,
 ) -> Result<Response, ApiError> {
-    let (as_of, pools, sel) = fleet_view(&state, &query).await?;
+    let (body, query) = fleet_view(&state, &viewer, &query).await?;
     render(
         StatusCode::OK,
         &FleetPage {
             logged_in: viewer.is_session(),
             who: who(&viewer),
-            can_write: viewer.operator().may(Role::Operator),
             csrf: viewer.csrf().into(),
-            as_of,
-            pools,
-            sel,
-            statuses: statuses(),
+            query,
+            body,
         },
     )
 }
@@ -385,9 +393,10 @@ async fn fleet(
         ("q" = Option<String>, Query, description = "As for `/admin`."),
         ("limit" = Option<usize>, Query, description = "As for `/admin`."),
         ("cursor" = Option<String>, Query, description = "As for `/admin`."),
+        ("X-Fleet-Have" = Option<String>, Header, description = "The hashes (`data-hash`, 16 hex digits, space-separated) of the pieces the page shows: those are sent empty, to be kept."),
     ),
     responses(
-        (status = 200, description = "The fleet without the page around it, with an `ETag`.", body = String, content_type = "text/html"),
+        (status = 200, description = "The fleet's pieces in order, each a `<template>` naming its slot, key and hash; one named in `X-Fleet-Have` is empty (`data-kept`). With the view's `ETag`.", body = String, content_type = "text/html"),
         (status = 304, description = "`If-None-Match` named this view's `ETag`: nothing changed."),
         (status = 401, description = "`unauthorized`: no valid session (no redirect).", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -400,17 +409,9 @@ async fn fleet_fragment(
     let viewer = session::viewer(&state, &headers, Millis::now())
         .await?
         .ok_or_else(|| ApiError::unauthorized("log in again"))?;
-    let (as_of, pools, sel) = fleet_view(&state, &query).await?;
-    let fragment = FleetFragment {
-        can_write: viewer.operator().may(Role::Operator),
-        csrf: viewer.csrf().into(),
-        as_of: as_of.clone(),
-        pools,
-        sel,
-        statuses: statuses(),
-    };
-    let body = rendered(&fragment)?;
-    let etag = fleet::etag(&body, &as_of);
+    let (body, _) = fleet_view(&state, &viewer, &query).await?;
+    let have = pieces::have(headers.get(FLEET_HAVE).and_then(|v| v.to_str().ok()));
+    let etag = body.etag.clone();
     let unchanged = headers
         .get(IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
@@ -421,7 +422,10 @@ async fn fleet_fragment(
             .insert(CACHE_CONTROL, HeaderValue::from_static("no-store"));
         r
     } else {
-        html(StatusCode::OK, body)
+        let fragment = FleetFragment {
+            pieces: body.refresh(&have),
+        };
+        html(StatusCode::OK, rendered(&fragment)?)
     };
     response
         .headers_mut()
