@@ -7,7 +7,7 @@ use crate::domain::pool::Pool;
 use crate::domain::runner::Observed;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
-use crate::domain::verdict::RunnerStatus;
+use crate::domain::verdict::{Refusal, RunnerStatus};
 use crate::store::QueueDepth;
 
 /// A digest shown short, with the full value on hover.
@@ -163,7 +163,7 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
         detail: observed
             .refusal
             .as_ref()
-            .map(|r| r.detail())
+            .map(refusal_in_words)
             .or_else(|| probe.and_then(|p| p.error.clone()))
             .or_else(|| refused_since_latest(runner, now)),
         probe_error: probe
@@ -188,6 +188,25 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
             .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
             .map(|_| "probe failed"),
         failing_since: None,
+    }
+}
+
+/// A refusal as the table says it: digests short (the running image's cell and the pool's
+/// card carry them whole, on hover and to copy), so that a drift reads in one line.
+fn refusal_in_words(refusal: &Refusal) -> String {
+    match refusal {
+        Refusal::ImageDrift { running, expected } => {
+            let short = |d: &str| {
+                ImageDigest::parse(d).map_or_else(|_| d.to_string(), |d| d.short().to_string())
+            };
+            let expected: Vec<String> = expected.iter().map(|d| short(d.as_str())).collect();
+            format!(
+                "runs {} but its pool expects {}",
+                short(running),
+                expected.join(" or ")
+            )
+        }
+        other => other.detail(),
     }
 }
 
@@ -276,6 +295,20 @@ pub fn pool_card(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_drift_reads_in_one_line_with_short_digests() {
+        let d =
+            |c: char| ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap();
+        let drift = Refusal::ImageDrift {
+            running: d('b').to_string(),
+            expected: vec![d('a'), d('c')],
+        };
+        assert_eq!(
+            refusal_in_words(&drift),
+            "runs bbbbbbbbbbbb but its pool expects aaaaaaaaaaaa or cccccccccccc"
+        );
+    }
 
     #[test]
     fn ages_read_naturally() {
