@@ -408,13 +408,14 @@ fn print(r: &Report) {
     if let Some(p) = &r.page {
         println!(
             "page at {} runners: /admin {:.1} ms, {:.1} KB; refresh {:.1} KB, unchanged {} with \
-             {} bytes; /api/v1/admin/runners {:.1} ms, {:.1} KB",
+             {} bytes, one runner changed {:.1} KB; /api/v1/admin/runners {:.1} ms, {:.1} KB",
             p.runners,
             p.fleet_page_ms,
             p.fleet_page_bytes as f64 / 1000.0,
             p.refresh_bytes as f64 / 1000.0,
             p.refresh_unchanged_status,
             p.refresh_unchanged_bytes,
+            p.refresh_one_changed_bytes as f64 / 1000.0,
             p.runner_list_ms,
             p.runner_list_bytes as f64 / 1000.0
         );

@@ -1,7 +1,8 @@
 //! The page at fleet size: every runner attests once (so the fleet looks as it would, most of
-//! it healthy), then the fleet page is rendered a few times and its refresh asked again with
-//! its `ETag`, and the runner list of the admin API is fetched, measuring each answer's time
-//! and bytes. `docs/BENCHMARKS.md` quotes the figures (`leasegate bench --phases page`).
+//! it healthy), then the fleet page is rendered a few times, its refresh asked for whole, again
+//! with its `ETag` (nothing changed), and once more naming the pieces it shows after one runner
+//! was cordoned (one row and one pool card changed), and the runner list of the admin API is
+//! fetched, measuring each answer's time and bytes. `docs/BENCHMARKS.md` quotes the figures (`leasegate bench --phases page`).
 
 use super::fleet::Fleet;
 use reqwest::{Client, StatusCode};
@@ -21,6 +22,8 @@ pub struct PageReport {
     pub refresh_bytes: usize,
     pub refresh_unchanged_status: u16,
     pub refresh_unchanged_bytes: usize,
+    /// The refresh naming the pieces it shows (`X-Fleet-Have`) after one runner changed.
+    pub refresh_one_changed_bytes: usize,
     /// `GET /api/v1/admin/runners`: its time and bytes.
     pub runner_list_ms: f64,
     pub runner_list_bytes: usize,
@@ -60,7 +63,15 @@ pub async fn measure(fleet: &Fleet, client: &Client, admin: &str) -> anyhow::Res
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default()
         .to_string();
-    let refresh_bytes = first.bytes().await?.len();
+    let whole = first.text().await?;
+    let refresh_bytes = whole.len();
+    // The pieces' hashes, as the page's script names them.
+    let have: Vec<&str> = whole
+        .lines()
+        .filter(|l| l.starts_with("<template"))
+        .filter_map(|l| l.split(" data-hash=\"").nth(1))
+        .filter_map(|rest| rest.get(..16))
+        .collect();
     let again = client
         .get(&refresh)
         .bearer_auth(admin)
@@ -73,6 +84,25 @@ pub async fn measure(fleet: &Fleet, client: &Client, admin: &str) -> anyhow::Res
         unchanged_status == StatusCode::NOT_MODIFIED || unchanged_status.is_success(),
         "refresh: {unchanged_status}"
     );
+    if let Some(one) = fleet.broken.first() {
+        let cordon = format!("{base}/api/v1/admin/runners/{}/cordon", one.runner_id());
+        let r = client
+            .post(cordon)
+            .bearer_auth(admin)
+            .json(&serde_json::json!({}))
+            .send()
+            .await?;
+        anyhow::ensure!(r.status().is_success(), "cordon: {}", r.status());
+    }
+    let partial = client
+        .get(&refresh)
+        .bearer_auth(admin)
+        .header("if-none-match", &etag)
+        .header("x-fleet-have", have.join(" "))
+        .send()
+        .await?;
+    anyhow::ensure!(partial.status().is_success(), "partial refresh: {}", partial.status());
+    let one_changed_bytes = partial.bytes().await?.len();
     let (list_ms, list_bytes) =
         timed(client, &format!("{base}/api/v1/admin/runners"), admin).await?;
     Ok(PageReport {
@@ -82,6 +112,7 @@ pub async fn measure(fleet: &Fleet, client: &Client, admin: &str) -> anyhow::Res
         refresh_bytes,
         refresh_unchanged_status: unchanged_status.as_u16(),
         refresh_unchanged_bytes: unchanged_bytes,
+        refresh_one_changed_bytes: one_changed_bytes,
         runner_list_ms: list_ms,
         runner_list_bytes: list_bytes,
     })
