@@ -101,7 +101,11 @@ pub async fn measure(fleet: &Fleet, client: &Client, admin: &str) -> anyhow::Res
         .header("x-fleet-have", have.join(" "))
         .send()
         .await?;
-    anyhow::ensure!(partial.status().is_success(), "partial refresh: {}", partial.status());
+    anyhow::ensure!(
+        partial.status().is_success(),
+        "partial refresh: {}",
+        partial.status()
+    );
     let one_changed_bytes = partial.bytes().await?.len();
     let (list_ms, list_bytes) =
         timed(client, &format!("{base}/api/v1/admin/runners"), admin).await?;

@@ -85,7 +85,8 @@ async fn metrics(
     let store = state.store();
     let m = state.metrics();
     let pools = store.list_pools().await?;
-    let runners = store.list_runners(None).await?;
+    // Only statuses are counted: the narrow read the fleet's views judge from.
+    let runners = store.runner_summaries(None, false).await?;
     let depths = store.queue_depths().await?;
     m.queue_depth.clear();
     m.oldest_queued_age.clear();

@@ -165,7 +165,8 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
             .as_ref()
             .map(refusal_in_words)
             .or_else(|| probe.and_then(|p| p.error.clone()))
-            .or_else(|| refused_since_latest(runner, now)),
+            .or_else(|| refused_since_latest(runner, now))
+            .or_else(|| silent_for(runner, observed.status, now)),
         probe_error: probe
             .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
             .map(|p| {
@@ -208,6 +209,18 @@ fn refusal_in_words(refusal: &Refusal) -> String {
         }
         other => other.detail(),
     }
+}
+
+/// For a stale runner with nothing else to say: how long it has been silent.
+fn silent_for(runner: &Runner, status: RunnerStatus, now: Millis) -> Option<String> {
+    let latest = runner
+        .latest
+        .as_ref()
+        .filter(|_| status == RunnerStatus::Stale)?;
+    let quiet = coarse_age(latest.received_at, now).replace(" ago", "");
+    Some(format!(
+        "silent for {quiet}: no attestation has arrived since"
+    ))
 }
 
 /// Why a runner that went silent is silent, when the gate refused what it sent since its
@@ -308,6 +321,53 @@ mod tests {
             refusal_in_words(&drift),
             "runs bbbbbbbbbbbb but its pool expects aaaaaaaaaaaa or cccccccccccc"
         );
+    }
+
+    #[test]
+    fn a_stale_runner_says_how_long_it_has_been_silent() {
+        use crate::domain::attestation::{Probe, RunningImage};
+        use crate::domain::ids::RunnerId;
+        use crate::domain::pool::PoolName;
+        use crate::domain::runner::LatestAttestation;
+        use crate::domain::verdict::{AttestedState, GateState};
+        let now = Millis(1_900_000_000_000);
+        let runner = Runner {
+            id: RunnerId("r".into()),
+            name: "r".into(),
+            pool: PoolName::parse("linux").unwrap(),
+            labels: Default::default(),
+            public_key_x: String::new(),
+            gate: GateState::default(),
+            revoked_at: None,
+            registered_at: now.minus_secs(3600),
+            latest: Some(LatestAttestation {
+                received_at: now.minus_secs(400),
+                state: AttestedState {
+                    probe: Probe {
+                        ok: true,
+                        runtime: "podman".into(),
+                        runtime_version: None,
+                        checked_at: now.minus_secs(400),
+                        error: None,
+                        exit_code: None,
+                    },
+                    image: RunningImage {
+                        id: None,
+                        digest: None,
+                        image_ref: None,
+                    },
+                },
+            }),
+            current_lease: None,
+            forge_runners: vec![],
+            last_rejection: None,
+            agent: Default::default(),
+        };
+        assert_eq!(
+            silent_for(&runner, RunnerStatus::Stale, now).as_deref(),
+            Some("silent for 6 min: no attestation has arrived since")
+        );
+        assert_eq!(silent_for(&runner, RunnerStatus::Healthy, now), None);
     }
 
     #[test]
