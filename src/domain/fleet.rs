@@ -6,8 +6,9 @@
 //! verdicts and fifty rows, not ten thousand rows. The page and the admin API's runner list
 //! both go through here, so that they count, filter and page alike.
 
+use super::ids::RunnerId;
 use super::pool::{Pool, PoolName};
-use super::runner::{Observed, RunnerSummary, StatusRules, matches_search};
+use super::runner::{Observed, Runner, RunnerSummary, StatusRules, matches_search};
 use super::time::Millis;
 use super::verdict::RunnerStatus;
 use std::cmp::Ordering;
@@ -103,6 +104,22 @@ pub fn attention_order(a: &Judged, b: &Judged) -> Ordering {
         .then_with(|| a.runner.name.cmp(&b.runner.name))
 }
 
+/// The ids of `shown`, to read them whole.
+pub fn ids(shown: &[&Judged]) -> Vec<RunnerId> {
+    shown.iter().map(|j| j.runner.id.clone()).collect()
+}
+
+/// The whole runners read for `shown`, each with its pool, in `shown`'s order; one that went
+/// away between the two reads is left out.
+pub fn in_shown_order<'a>(shown: &[&Judged<'a>], whole: Vec<Runner>) -> Vec<(Runner, &'a Pool)> {
+    let mut by_id: BTreeMap<RunnerId, Runner> =
+        whole.into_iter().map(|r| (r.id.clone(), r)).collect();
+    shown
+        .iter()
+        .filter_map(|j| Some((by_id.remove(&j.runner.id)?, j.pool)))
+        .collect()
+}
+
 /// A pool's runners counted: by status, and the roll's progress among the live runners that
 /// report an image.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -161,7 +178,6 @@ pub(crate) mod fixtures {
     use super::*;
     use crate::domain::attestation::{Probe, RunningImage};
     use crate::domain::digest::ImageDigest;
-    use crate::domain::ids::RunnerId;
     use crate::domain::pool::{ImagePolicy, ImageSource, PoolSpec};
     use crate::domain::runner::{LatestAttestation, SearchFields};
     use crate::domain::verdict::{AttestedState, GateState};

@@ -462,20 +462,10 @@ async fn list_runners(
     let judged = fleet::judge(&summaries, &pools, rules, now);
     let matching: Vec<&fleet::Judged> = judged.iter().filter(|j| filter.matches(j)).collect();
     let shown = fleet::page(matching.into_iter(), offset, limit as usize);
-    let ids: Vec<RunnerId> = shown.items.iter().map(|j| j.runner.id.clone()).collect();
-    let mut whole: BTreeMap<RunnerId, Runner> = store
-        .runners_by_id(&ids)
-        .await?
-        .into_iter()
-        .map(|r| (r.id.clone(), r))
-        .collect();
-    let page: Vec<RunnerView> = shown
-        .items
+    let whole = store.runners_by_id(&fleet::ids(&shown.items)).await?;
+    let page: Vec<RunnerView> = fleet::in_shown_order(&shown.items, whole)
         .iter()
-        .filter_map(|j| {
-            let runner = whole.remove(&j.runner.id)?;
-            Some(views::runner(&runner, j.pool, state.settings(), now))
-        })
+        .map(|(runner, pool)| views::runner(runner, pool, state.settings(), now))
         .collect();
     let next_cursor = shown.next_offset.map(|n| n.to_string());
     Ok(Json(RunnerList {

@@ -17,10 +17,10 @@ use super::problem::ApiError;
 use super::schema::Problem;
 use crate::app::AppState;
 use crate::domain::audit::Action;
+use crate::domain::fleet as fleet_rules;
 use crate::domain::ids::{JobId, RunnerId};
 use crate::domain::operator::Role;
 use crate::domain::pool::{Pool, PoolName};
-use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::AuditFilter;
 use askama::Template;
@@ -305,24 +305,17 @@ async fn fleet_view(
         .collect();
     // Every runner judged from its summary; only the page's runners are read whole.
     let summaries = store.runner_summaries(None, query.searches()).await?;
-    let judged = crate::domain::fleet::judge(&summaries, &pools, rules, now);
-    let tallies = crate::domain::fleet::tally(&judged);
+    let judged = fleet_rules::judge(&summaries, &pools, rules, now);
+    let tallies = fleet_rules::tally(&judged);
     let (shown, mut selection) = fleet::select(&judged, query);
-    let ids: Vec<RunnerId> = shown.iter().map(|j| j.runner.id.clone()).collect();
-    let mut whole: BTreeMap<RunnerId, Runner> = store
-        .runners_by_id(&ids)
-        .await?
-        .into_iter()
-        .map(|r| (r.id.clone(), r))
-        .collect();
+    let whole = store.runners_by_id(&fleet_rules::ids(&shown)).await?;
     let refusals = store.refusal_counts_since(now.minus_secs(3600)).await?;
-    selection.rows = shown
+    selection.rows = fleet_rules::in_shown_order(&shown, whole)
         .iter()
-        .filter_map(|j| {
-            let runner = whole.remove(&j.runner.id)?;
-            let observed = runner.observe(j.pool, now, rules);
+        .map(|(runner, pool)| {
+            let observed = runner.observe(pool, now, rules);
             let refused = refusals.get(&runner.id).copied().unwrap_or(0);
-            Some(views::runner_row(&runner, &observed, refused, now))
+            views::runner_row(runner, &observed, refused, now)
         })
         .collect();
     let mut depths = store.queue_depths().await?;
