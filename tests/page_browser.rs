@@ -103,6 +103,25 @@ async fn open_browser() -> (tokio::process::Child, fantoccini::Client, tempfile:
     (driver, browser, profile)
 }
 
+/// Waits (up to 10 s) until the browser shows a page whose query holds `needle`, and that
+/// page has loaded; a form's submit and a link's click may return before either.
+async fn wait_for_query(browser: &fantoccini::Client, needle: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let url = browser.current_url().await.unwrap();
+        let loaded = browser
+            .execute("return document.readyState === 'complete';", vec![])
+            .await
+            .ok()
+            == Some(serde_json::Value::Bool(true));
+        if loaded && let Some(query) = url.query().filter(|query| query.contains(needle)) {
+            return query.to_string();
+        }
+        assert!(Instant::now() < deadline, "{url} never had {needle}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_finds_the_broken_runner_and_cordons_it() {
     if !browser_available() {
@@ -283,8 +302,9 @@ async fn the_fleet_collapses_the_healthy_filters_pages_and_draws_its_pools() {
     form.set_by_name("status", "healthy").await.unwrap();
     form.set_by_name("q", "host-1").await.unwrap();
     form.submit().await.unwrap();
-    let url = browser.current_url().await.unwrap();
-    assert_eq!(url.query(), Some("pool=&status=healthy&q=host-1"), "{url}");
+    // A submit starts the navigation and does not wait for it: wait for the new page.
+    let query = wait_for_query(&browser, "q=host-1").await;
+    assert_eq!(query, "pool=&status=healthy&q=host-1");
     let rows = browser.find_all(Locator::Css("tr.runner")).await.unwrap();
     assert_eq!(rows.len(), 1);
     assert!(rows[0].text().await.unwrap().contains("host-1.ci"));
@@ -300,8 +320,7 @@ async fn the_fleet_collapses_the_healthy_filters_pages_and_draws_its_pools() {
         .click()
         .await
         .unwrap();
-    let url = browser.current_url().await.unwrap();
-    assert!(url.query().unwrap().contains("cursor=1"), "{url}");
+    wait_for_query(&browser, "cursor=1").await;
     assert_eq!(
         browser
             .find_all(Locator::Css("tr.runner"))
