@@ -160,7 +160,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
             _ => pool.clone(),
         };
         let token = generate_token("lgr_");
-        store
+        let created = store
             .create_registration_token(
                 &pool,
                 &hash_token(&token),
@@ -169,6 +169,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
                 &audit(Action::RegistrationTokenCreate, pool.as_str()),
             )
             .await?;
+        anyhow::ensure!(created, "the demo's pool {pool} is missing");
         let key = RunnerKey::generate();
         let labels = BTreeMap::from([("simulated".to_string(), "true".to_string())]);
         let new = NewRunner {

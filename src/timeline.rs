@@ -27,7 +27,7 @@ pub async fn sample_once(state: &AppState, now: Millis) -> StoreResult<Option<Ve
 pub async fn take_samples(state: &AppState, now: Millis) -> StoreResult<Vec<PoolSample>> {
     let store = state.store();
     let pools = store.list_pools().await?;
-    let runners = store.list_runners(None).await?;
+    let runners = store.runner_summaries(None, false).await?;
     let by_runner = store
         .refusal_counts_since(now.minus_secs(SAMPLE_EVERY_S))
         .await?;

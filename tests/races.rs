@@ -99,7 +99,74 @@ async fn race(app: Arc<TestApp>, runner: TestRunner, action: &'static str, start
     }
 }
 
+/// The four statuses of one round: the pool's delete, then a registration, an enqueue and a
+/// token's creation sent at the same moment into the pool.
+async fn delete_racing_inserts(app: &Arc<TestApp>, pool: &str, token: String) -> [StatusCode; 4] {
+    let delete = {
+        let app = app.clone();
+        let url = app.url(&format!("/api/v1/admin/pools/{pool}"));
+        tokio::spawn(async move {
+            app.client
+                .delete(url)
+                .bearer_auth(ADMIN)
+                .send()
+                .await
+                .unwrap()
+                .status()
+        })
+    };
+    let register = {
+        let app = app.clone();
+        let key = leasegate::agent::keys::RunnerKey::generate();
+        let body =
+            json!({"registration_token": token, "name": "r", "public_key": key.public_jwk()});
+        tokio::spawn(async move { app.post("/api/v1/runners", body).await.status() })
+    };
+    let enqueue = {
+        let app = app.clone();
+        let body = json!({"pool": pool, "payload": {"script": "make"}});
+        tokio::spawn(async move { app.forge_post("/api/v1/jobs", body).await.status() })
+    };
+    let token = {
+        let app = app.clone();
+        let path = format!("/api/v1/admin/pools/{pool}/registration-tokens");
+        tokio::spawn(async move { app.admin_post(&path, json!({})).await.status() })
+    };
+    [
+        delete.await.unwrap(),
+        register.await.unwrap(),
+        enqueue.await.unwrap(),
+        token.await.unwrap(),
+    ]
+}
+
 on_both_engines! {
+async fn deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error(app) {
+    // Each insert holds the pool before it writes a row naming it, so a racing delete is
+    // either seen (a clean refusal) or sees the new row (pool_in_use); never a foreign-key
+    // error from the database as a 500.
+    let app = Arc::new(app);
+    for round in 0..40 {
+        let pool = format!("gone-{round}");
+        app.pool(&pool, &[IMAGE_A]).await;
+        let token = app.registration_token(&pool).await;
+        let [delete, register, enqueue, token] = delete_racing_inserts(&app, &pool, token).await;
+        let case = format!("#{round}: delete {delete}, register {register}, enqueue {enqueue}, token {token}");
+        assert!(matches!(delete, StatusCode::NO_CONTENT | StatusCode::CONFLICT), "{case}");
+        assert!(matches!(register, StatusCode::CREATED | StatusCode::UNAUTHORIZED), "{case}");
+        assert!(matches!(enqueue, StatusCode::CREATED | StatusCode::UNPROCESSABLE_ENTITY), "{case}");
+        assert!(matches!(token, StatusCode::CREATED | StatusCode::NOT_FOUND), "{case}");
+        let exists = app.admin_get(&format!("/api/v1/admin/pools/{pool}")).await.status();
+        if delete == StatusCode::NO_CONTENT {
+            // Nothing that refers to the pool got in: not a runner, not a job.
+            assert_eq!((register, enqueue, exists), (StatusCode::UNAUTHORIZED, StatusCode::UNPROCESSABLE_ENTITY, StatusCode::NOT_FOUND), "{case}");
+        } else {
+            assert!(register == StatusCode::CREATED || enqueue == StatusCode::CREATED, "{case}");
+            assert_eq!(exists, StatusCode::OK, "{case}");
+        }
+    }
+}
+
 async fn cancel_racing_every_lease_call_never_answers_a_server_error(app) {
     let app = Arc::new(app);
     let mut tasks = Vec::new();

@@ -230,11 +230,11 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     let mut runners = Vec::new();
     for i in 0..RUNNERS {
         let hash = leasegate::secrets::hash_token(&format!("lgr_{i}"));
-        store
+        assert!(store
             .create_registration_token(&pool, &hash, base.plus_secs(3600), base,
                 &audit(Action::RegistrationTokenCreate, "linux", base))
             .await
-            .unwrap();
+            .unwrap());
         let runner = NewRunner {
             id: RunnerId::generate(),
             name: format!("runner-{i}"),
@@ -278,8 +278,8 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
         store.set_cordoned(who, true, &audit(Action::RunnerCordon, who.as_str(), t0)).await.unwrap();
         store.set_cordoned(who, false, &audit(Action::RunnerUncordon, who.as_str(), t0)).await.unwrap();
         let hash = leasegate::secrets::hash_token(&format!("lgr_day_{day}"));
-        store.create_registration_token(&pool, &hash, t0.plus_secs(3600), t0,
-            &audit(Action::RegistrationTokenCreate, "linux", t0)).await.unwrap();
+        assert!(store.create_registration_token(&pool, &hash, t0.plus_secs(3600), t0,
+            &audit(Action::RegistrationTokenCreate, "linux", t0)).await.unwrap());
         for j in 0..RUNNERS * JOBS_PER_RUNNER_PER_DAY {
             let at = Millis(t0.0 + 600_000 + j as i64 * 700_000);
             run_job(&store, &pool, &runners[j % RUNNERS], at).await;

@@ -8,10 +8,9 @@
 //! stops taking work; it does not change what the lease decides.
 
 use super::pool::{ImagePolicy, Pool};
-use super::runner::{Runner, StatusRules};
+use super::runner::{RunnerSummary, StatusRules};
 use super::time::Millis;
 use super::verdict::image_current;
-use std::collections::BTreeSet;
 
 /// Default share of live runners on a superseded image above which a roll is stalled.
 pub const DEFAULT_ROLL_STALLED_SHARE: f64 = 0.5;
@@ -29,7 +28,7 @@ pub struct RollHealth {
 }
 
 /// Whether `runner` counts as live for the guard at `now`.
-fn is_live(runner: &Runner, now: Millis, rules: StatusRules) -> bool {
+fn is_live(runner: &RunnerSummary, now: Millis, rules: StatusRules) -> bool {
     !runner.is_revoked()
         && runner
             .latest
@@ -43,21 +42,16 @@ fn is_live(runner: &Runner, now: Millis, rules: StatusRules) -> bool {
 /// `image_unreported`, not drift, and is not counted as drifted.
 pub fn roll_health(
     pool: &Pool,
-    runners: &[Runner],
+    runners: &[RunnerSummary],
     now: Millis,
     rules: StatusRules,
     stalled_share: f64,
 ) -> RollHealth {
     let mut health = RollHealth::default();
-    let mut seen = BTreeSet::new();
     for runner in runners
         .iter()
         .filter(|r| r.pool == pool.name && is_live(r, now, rules))
     {
-        // A runner listed twice (once per live lease it holds) is one runner.
-        if !seen.insert(&runner.id) {
-            continue;
-        }
         health.live += 1;
         let image = &runner
             .latest
@@ -84,7 +78,6 @@ mod tests {
     use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
     use crate::domain::runner::LatestAttestation;
     use crate::domain::verdict::{AttestedState, GateState};
-    use std::collections::BTreeMap;
 
     const NOW: Millis = Millis(1_800_000_000_000);
     const RULES: StatusRules = StatusRules {
@@ -114,20 +107,14 @@ mod tests {
         )
     }
 
-    fn runner(pool: &str, n: usize, image: Option<char>, ago_s: Option<i64>) -> Runner {
-        Runner {
-            forge_runners: vec![],
-            last_rejection: None,
-            agent: Default::default(),
+    fn runner(pool: &str, n: usize, image: Option<char>, ago_s: Option<i64>) -> RunnerSummary {
+        RunnerSummary {
             id: RunnerId(format!("{pool}-{n}")),
             name: format!("r{n}"),
             pool: PoolName::parse(pool).unwrap(),
-            labels: BTreeMap::new(),
-            public_key_x: String::new(),
             gate: GateState::default(),
             revoked_at: None,
-            registered_at: NOW.minus_secs(7200),
-            current_lease: None,
+            search: None,
             latest: ago_s.map(|ago| LatestAttestation {
                 received_at: NOW.minus_secs(ago),
                 state: AttestedState {
@@ -182,7 +169,6 @@ mod tests {
             runner("p", 4, None, Some(5)),        // no image.id: image_unreported, not drift
             runner("q", 5, Some('a'), Some(5)),   // another pool
             runner("p", 6, Some('b'), Some(5)),
-            runner("p", 6, Some('b'), Some(5)), // the same runner, listed twice
         ];
         let h = roll_health(&p, &runners, NOW, RULES, 0.5);
         assert_eq!((h.live, h.drifted, h.roll_stalled), (2, 0, false));

@@ -168,6 +168,19 @@ pub struct Observed {
 }
 
 impl Runner {
+    /// What of the runner judging needs, as `Store::runner_summaries` reads it.
+    pub fn summary(&self) -> RunnerSummary {
+        RunnerSummary {
+            id: self.id.clone(),
+            name: self.name.clone(),
+            pool: self.pool.clone(),
+            gate: self.gate,
+            revoked_at: self.revoked_at,
+            latest: self.latest.clone(),
+            search: None,
+        }
+    }
+
     pub fn is_revoked(&self) -> bool {
         self.revoked_at.is_some()
     }
@@ -237,7 +250,12 @@ pub enum DriftEntry {
 
 /// Whether `runner` is drifted, skipped (with why) or current. Fails closed: anything unknown
 /// is a skip, never a drift, so one failed inspect cannot roll a fleet.
-pub fn drift_entry(runner: &Runner, pool: &Pool, now: Millis, rules: StatusRules) -> DriftEntry {
+pub fn drift_entry(
+    runner: &RunnerSummary,
+    pool: &Pool,
+    now: Millis,
+    rules: StatusRules,
+) -> DriftEntry {
     let skip = |reason| DriftEntry::Skipped {
         runner_id: runner.id.clone(),
         reason,
@@ -378,42 +396,72 @@ mod tests {
             DriftEntry::Current => "current",
         };
         assert_eq!(
-            reason(drift_entry(&runner(Some('b'), Some(5)), &p, NOW, RULES)),
+            reason(drift_entry(
+                &runner(Some('b'), Some(5)).summary(),
+                &p,
+                NOW,
+                RULES
+            )),
             "drifted"
         );
         assert_eq!(
-            reason(drift_entry(&runner(Some('a'), Some(5)), &p, NOW, RULES)),
+            reason(drift_entry(
+                &runner(Some('a'), Some(5)).summary(),
+                &p,
+                NOW,
+                RULES
+            )),
             "current"
         );
         assert_eq!(
-            reason(drift_entry(&runner(None, Some(5)), &p, NOW, RULES)),
+            reason(drift_entry(
+                &runner(None, Some(5)).summary(),
+                &p,
+                NOW,
+                RULES
+            )),
             "image_unreported"
         );
         // A digest without an image id is not enough to call a drift.
         let mut digest_only = runner(None, Some(5));
         digest_only.latest.as_mut().unwrap().state.image.digest = Some(digest('b'));
         assert_eq!(
-            reason(drift_entry(&digest_only, &p, NOW, RULES)),
+            reason(drift_entry(&digest_only.summary(), &p, NOW, RULES)),
             "image_unreported"
         );
         assert_eq!(
-            reason(drift_entry(&runner(Some('b'), None), &p, NOW, RULES)),
+            reason(drift_entry(
+                &runner(Some('b'), None).summary(),
+                &p,
+                NOW,
+                RULES
+            )),
             "never_attested"
         );
         assert_eq!(
-            reason(drift_entry(&runner(Some('b'), Some(100)), &p, NOW, RULES)),
+            reason(drift_entry(
+                &runner(Some('b'), Some(100)).summary(),
+                &p,
+                NOW,
+                RULES
+            )),
             "stale"
         );
         let off = pool(ImagePolicy::Off, vec![digest('a')]);
         assert_eq!(
-            reason(drift_entry(&runner(Some('b'), Some(5)), &off, NOW, RULES)),
+            reason(drift_entry(
+                &runner(Some('b'), Some(5)).summary(),
+                &off,
+                NOW,
+                RULES
+            )),
             "pool_policy_off"
         );
         let mut unresolved = pool(ImagePolicy::Report, vec![]);
         unresolved.expected_image_ids.clear();
         assert_eq!(
             reason(drift_entry(
-                &runner(Some('b'), Some(5)),
+                &runner(Some('b'), Some(5)).summary(),
                 &unresolved,
                 NOW,
                 RULES
@@ -424,7 +472,7 @@ mod tests {
         let report = pool(ImagePolicy::Report, vec![digest('a')]);
         assert_eq!(
             reason(drift_entry(
-                &runner(Some('b'), Some(5)),
+                &runner(Some('b'), Some(5)).summary(),
                 &report,
                 NOW,
                 RULES

@@ -7,7 +7,7 @@
 
 use super::pool::PoolName;
 use super::roll::roll_health;
-use super::runner::{Runner, StatusRules};
+use super::runner::{RunnerSummary, StatusRules};
 use super::time::Millis;
 use std::collections::BTreeMap;
 
@@ -33,7 +33,7 @@ impl PoolSample {
     /// minute began.
     pub fn take(
         pool: &super::pool::Pool,
-        runners: &[Runner],
+        runners: &[RunnerSummary],
         refusals: i64,
         now: Millis,
         rules: StatusRules,

@@ -22,7 +22,7 @@ use crate::domain::pool::{
     PoolName, PoolSpec, PoolSpecError,
 };
 use crate::domain::roll::roll_health;
-use crate::domain::runner::{DriftEntry, Runner, drift_entry};
+use crate::domain::runner::{DriftEntry, RunnerSummary, drift_entry};
 use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver::{self, ResolvePoolError};
@@ -114,7 +114,10 @@ fn image_ids(given: &[String]) -> Result<Vec<ImageDigest>, ApiError> {
 
 /// The pool as the API shows it, with its runners counted by status and its queue depth.
 async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<PoolView, ApiError> {
-    let runners = state.store().list_runners(Some(&pool.name)).await?;
+    let runners = state
+        .store()
+        .runner_summaries(Some(&pool.name), false)
+        .await?;
     let depth = state
         .store()
         .queue_depths()
@@ -129,7 +132,7 @@ async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<PoolVie
 }
 
 /// The pool's runners by status, its roll health and its resolver status at `now`.
-fn standing(state: &AppState, runners: &[Runner], pool: &Pool, now: Millis) -> PoolStanding {
+fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Millis) -> PoolStanding {
     let settings = state.settings();
     let mut counts = BTreeMap::new();
     for r in runners.iter().filter(|r| r.pool == pool.name) {
@@ -277,7 +280,7 @@ async fn list_pools(
 ) -> Result<Json<PoolList>, ApiError> {
     let now = Millis::now();
     let pools = state.store().list_pools().await?;
-    let runners = state.store().list_runners(None).await?;
+    let runners = state.store().runner_summaries(None, false).await?;
     let mut depths = state.store().queue_depths().await?;
     let views: Vec<PoolView> = pools
         .iter()
@@ -325,15 +328,10 @@ async fn create_registration_token(
     if !(1..=30 * 86_400).contains(&ttl_s) {
         return Err(ApiError::bad_request("ttl_s: must be from 1 to 2592000"));
     }
-    state
-        .store()
-        .get_pool(&name)
-        .await?
-        .ok_or_else(|| ApiError::not_found("pool"))?;
     let now = Millis::now();
     let token = generate_token("lgr_");
     let expires_at = now.plus_secs(ttl_s);
-    state
+    let created = state
         .store()
         .create_registration_token(
             &name,
@@ -345,6 +343,9 @@ async fn create_registration_token(
                 .detail(format!("ttl_s {ttl_s}")),
         )
         .await?;
+    if !created {
+        return Err(ApiError::not_found("pool"));
+    }
     tracing::info!(pool = %name, ttl_s, "registration token created");
     Ok((
         StatusCode::CREATED,
@@ -660,7 +661,7 @@ async fn put_forge_runners(
 async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<DriftReport>, ApiError> {
     let now = Millis::now();
     let pools = pools_by_name(&state).await?;
-    let runners = state.store().list_runners(None).await?;
+    let runners = state.store().runner_summaries(None, false).await?;
     let (mut drifted, mut skipped) = (Vec::new(), Vec::new());
     for runner in &runners {
         let Some(pool) = pools.get(&runner.pool) else {

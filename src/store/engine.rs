@@ -100,6 +100,12 @@ pub enum Tail {
     RowLock,
     /// Lock the selected rows, skipping those another transaction holds: a claim.
     SkipLocked,
+    /// Keep the selected rows from being deleted until the transaction ends
+    /// (`FOR KEY SHARE`, the lock a foreign key's check takes). Taken before inserting a row
+    /// that refers to them, so that a concurrent delete is either waited for and seen (the
+    /// row is gone: a clean refusal) or made to wait (it then sees the new reference),
+    /// never a foreign-key violation at the insert.
+    KeyShareLock,
     /// Return the updated `jobs` rows of an `UPDATE jobs … FROM …`.
     ReturningJobs,
 }

@@ -107,6 +107,10 @@ fn always<T>(_: &T) -> bool {
     true
 }
 
+fn yes(v: &bool) -> bool {
+    *v
+}
+
 fn some<T>(v: &Option<T>) -> bool {
     v.is_some()
 }
@@ -286,9 +290,9 @@ where
         expires_at: Millis,
         now: Millis,
         audit: &Entry,
-    ) -> StoreResult<()> {
+    ) -> StoreResult<bool> {
         let args = (pool.clone(), token_hash.to_string(), expires_at, now);
-        self.audited(args, audit, always, |db, (pool, hash, expires_at, now)| {
+        self.audited(args, audit, yes, |db, (pool, hash, expires_at, now)| {
             Box::pin(sql::runners::create_registration_token(
                 db,
                 pool,
@@ -318,13 +322,6 @@ where
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
         self.read(id.clone(), |db, id| Box::pin(sql::runners::get(db, id)))
             .await
-    }
-
-    async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>> {
-        self.read(pool.cloned(), |db, pool| {
-            Box::pin(sql::runners::list(db, pool.as_ref()))
-        })
-        .await
     }
 
     async fn runner_summaries(

@@ -417,6 +417,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<Option<Pool>>;
     async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>>;
 
+    /// Stores a registration token for `pool`, audited; `false` (nothing stored, nothing
+    /// audited) when there is no such pool, also when its delete commits first.
     async fn create_registration_token(
         &self,
         pool: &PoolName,
@@ -424,7 +426,7 @@ pub trait Store: Send + Sync + 'static {
         expires_at: Millis,
         now: Millis,
         audit: &Entry,
-    ) -> StoreResult<()>;
+    ) -> StoreResult<bool>;
     /// Consumes the token and inserts the runner atomically; neither happens on failure.
     async fn register_runner(
         &self,
@@ -434,7 +436,6 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<Runner, RegisterError>;
 
     async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
-    async fn list_runners(&self, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>>;
     /// Every runner (or a pool's) as judging needs it, with its labels and host for the
     /// operators' search when `with_search`, by pool and name: what the fleet's views read for
     /// every runner.

@@ -208,6 +208,7 @@ fn pg_sql(st: &Statement<'_>) -> String {
         Tail::None => "",
         Tail::RowLock => " FOR UPDATE",
         Tail::SkipLocked => " FOR UPDATE SKIP LOCKED",
+        Tail::KeyShareLock => " FOR KEY SHARE",
         // `RETURNING *` of an `UPDATE … FROM` would return the joined columns too.
         Tail::ReturningJobs => " RETURNING jobs.*",
     };

@@ -360,7 +360,8 @@ pub struct SqliteDb {
     discard: bool,
 }
 
-/// The statement's text as SQLite reads it.
+/// The statement's text as SQLite reads it. Its row locks are no-ops: a write transaction
+/// holds the whole database.
 fn sqlite_sql(st: &Statement<'_>) -> String {
     let mut sql = st.sql.replace('$', "?");
     if st.tail == Tail::ReturningJobs {

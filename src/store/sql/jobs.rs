@@ -31,12 +31,7 @@ pub async fn enqueue<D: Db>(
     {
         return Ok(Ok((existing, false)));
     }
-    let pool_exists = fetch_optional(
-        db,
-        Statement::new("SELECT 1 AS one FROM pools WHERE name = $1").bind(job.pool.as_str()),
-    )
-    .await?;
-    if pool_exists.is_none() {
+    if !super::pools::held(db, job.pool.as_str()).await? {
         return Ok(Err(EnqueueError::UnknownPool));
     }
     let inserted = fetch_optional(

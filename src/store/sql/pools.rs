@@ -24,6 +24,20 @@ pub async fn list<D: Db>(db: &mut D) -> StoreResult<Vec<Pool>> {
     found.iter().map(rows::pool).collect()
 }
 
+/// Whether the pool `name` exists, held so until the transaction ends (`Tail::KeyShareLock`):
+/// what every insert of a row that names a pool asks first, so that racing the pool's delete
+/// ends in "no such pool" or in the delete's `InUse`, never in a foreign-key error.
+pub async fn held<D: Db>(db: &mut D, name: &str) -> StoreResult<bool> {
+    let found = fetch_optional(
+        db,
+        Statement::new("SELECT 1 AS one FROM pools WHERE name = $1")
+            .bind(name)
+            .tail(Tail::KeyShareLock),
+    )
+    .await?;
+    Ok(found.is_some())
+}
+
 async fn locked<D: Db>(db: &mut D, name: &PoolName) -> StoreResult<Option<Pool>> {
     fetch_optional(db, by_name(name).tail(Tail::RowLock))
         .await?

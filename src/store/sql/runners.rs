@@ -23,9 +23,6 @@ const RUNNER_SELECT: &str = "SELECT r.*, l.id AS lease_id, l.job_id AS lease_job
      LIMIT 1)";
 
 static BY_ID: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} WHERE r.id = $1"));
-static IN_POOL: LazyLock<String> =
-    LazyLock::new(|| format!("{RUNNER_SELECT} WHERE r.pool = $1 ORDER BY r.pool, r.name"));
-static ALL: LazyLock<String> = LazyLock::new(|| format!("{RUNNER_SELECT} ORDER BY r.pool, r.name"));
 /// The summaries' selects: all runners or a pool's, with the search's columns or without.
 static SUMMARIES: LazyLock<[String; 4]> = LazyLock::new(|| {
     let judging = rows::SUMMARY_COLUMNS;
@@ -59,31 +56,6 @@ pub async fn get<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<Option<Runner>
     Ok(Some(runner))
 }
 
-pub async fn list<D: Db>(db: &mut D, pool: Option<&PoolName>) -> StoreResult<Vec<Runner>> {
-    let found = match pool {
-        Some(p) => {
-            db.fetch(Statement::new(IN_POOL.as_str()).bind(p.as_str()))
-                .await?
-        }
-        None => db.fetch(Statement::new(ALL.as_str())).await?,
-    };
-    let mut runners: Vec<Runner> = found.iter().map(rows::runner).collect::<StoreResult<_>>()?;
-    let bindings = db
-        .fetch(Statement::new(
-            "SELECT * FROM forge_runners ORDER BY kind, identity",
-        ))
-        .await?;
-    let mut by_runner = bindings_by_runner(&bindings)?;
-    for runner in &mut runners {
-        if let Some(b) = by_runner.remove(runner.id.as_str()) {
-            runner.forge_runners = b;
-        }
-    }
-    Ok(runners)
-}
-
-/// Every runner (or a pool's) as judging needs it, by pool and name: one narrow read, without
-/// the lease join, the forge runners or the columns only a runner's own view shows.
 /// Every runner (or a pool's) as judging needs it, with labels and host when `with_search`,
 /// by pool and name: one narrow read, without the lease join, the forge runners or the
 /// columns only a runner's own view shows.
@@ -155,13 +127,17 @@ fn bindings_by_runner(rows: &[Row]) -> StoreResult<BTreeMap<String, Vec<ForgeBin
     Ok(by_runner)
 }
 
+/// Stores a registration token for `pool`; `false` (nothing stored) when there is no such pool.
 pub async fn create_registration_token<D: Db>(
     db: &mut D,
     pool: &PoolName,
     token_hash: &str,
     expires_at: Millis,
     now: Millis,
-) -> StoreResult<()> {
+) -> StoreResult<bool> {
+    if !super::pools::held(db, pool.as_str()).await? {
+        return Ok(false);
+    }
     db.execute(
         Statement::new(
             "INSERT INTO registration_tokens (token_hash, pool, created_at, expires_at) VALUES \
@@ -173,7 +149,7 @@ pub async fn create_registration_token<D: Db>(
         .bind(expires_at.0),
     )
     .await?;
-    Ok(())
+    Ok(true)
 }
 
 /// Consumes the token and inserts the runner with its forge runners; on any refusal the
@@ -184,6 +160,24 @@ pub async fn register<D: Db>(
     runner: &NewRunner,
     now: Millis,
 ) -> StoreResult<Result<Runner, RegisterError>> {
+    // The token's pool is held first, as the pool's delete takes the pool before its tokens:
+    // the two meet in the same order, and a token of a pool being deleted is simply gone.
+    let unused = fetch_optional(
+        db,
+        Statement::new(
+            "SELECT pool FROM registration_tokens \
+             WHERE token_hash = $1 AND used_at IS NULL AND expires_at > $2",
+        )
+        .bind(token_hash)
+        .bind(now.0),
+    )
+    .await?;
+    let Some(unused) = unused else {
+        return Ok(Err(RegisterError::TokenInvalid));
+    };
+    if !super::pools::held(db, &unused.text("pool")?).await? {
+        return Ok(Err(RegisterError::TokenInvalid));
+    }
     let pool = fetch_optional(
         db,
         Statement::new(
