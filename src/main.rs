@@ -49,6 +49,21 @@ async fn main() -> ExitCode {
         Err(e) => return clap_error(&cmd, e, &args),
     };
     let spelling = Spelling::of(&cmd, &matches);
+    // A misspelt setting is refused (it would silently keep its default); any other
+    // `LEASEGATE_*` name is likely someone else's variable, and only warned of once logging is up.
+    let unknown = leasegate::usage::unknown_variables(
+        &cmd,
+        std::env::vars_os().map(|(name, _)| name.to_string_lossy().into_owned()),
+    );
+    if let Some((name, meant)) = unknown
+        .iter()
+        .find_map(|u| Some((&u.name, u.meant.as_ref()?)))
+    {
+        return usage_error(&format!(
+            "leasegate: {name} is set, but there is no such setting: did you mean {meant}? \
+             (nothing was started)"
+        ));
+    }
     let (log_format, default_filter, priorities) = match &cli.command {
         Command::Serve(args) | Command::Demo(args) => {
             (args.log_format, leasegate::logging::DEFAULT_FILTER, false)
@@ -60,6 +75,12 @@ async fn main() -> ExitCode {
     };
     if let Err(e) = leasegate::logging::init(log_format, default_filter, priorities) {
         return usage_error(&format!("leasegate: {e}"));
+    }
+    for variable in &unknown {
+        tracing::warn!(
+            variable = %variable.name,
+            "set in the environment, but no setting of leasegate: ignored"
+        );
     }
     let result = match cli.command {
         Command::Serve(args) => leasegate::server::serve(args).await,

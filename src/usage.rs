@@ -6,6 +6,10 @@
 //! '--listen <LISTEN>'", a flag nobody typed. The service's own checks name the variable,
 //! which is as wrong for someone who typed the flag. One mechanism covers both, for every
 //! setting: `env_error` rewords clap's errors, `Spelling` the service's.
+//!
+//! A variable set under a wrong name is read by nobody: `LEASEGATE_CLOCK_SKW_S=120` left the
+//! skew at its default of 30 s without a word. `unknown_variables` finds every `LEASEGATE_*`
+//! variable that is no setting, with the setting it is a slip of, when one is that close.
 
 use clap::error::{ContextKind, ContextValue};
 use clap::parser::ValueSource;
@@ -32,6 +36,57 @@ pub fn env_error(cmd: &Command, err: &clap::Error, args: &[OsString]) -> Option<
     let text = err.render().to_string();
     let reworded = text.replace(&format!("'{shown}'"), &var);
     (reworded != text).then_some(reworded)
+}
+
+/// `LEASEGATE_*` names that are no setting but belong in a leasegate environment: the test
+/// suite's switches (`LEASEGATE_TEST_*`, `LEASEGATE_REQUIRE_*`, `LEASEGATE_BENCH_*`), the
+/// compose file's published address (`deploy/compose`) and the heartbeat unit's service to
+/// restart (`deploy/systemd`, in the agent's environment file).
+const NOT_SETTINGS: [&str; 5] = [
+    "LEASEGATE_TEST_",
+    "LEASEGATE_REQUIRE_",
+    "LEASEGATE_BENCH_",
+    "LEASEGATE_PUBLISH",
+    "LEASEGATE_RECYCLE_UNIT",
+];
+
+/// How far (in edits) a name may be from a setting's to be taken for a slip of it.
+const SLIP_EDITS: usize = 2;
+
+/// A `LEASEGATE_*` variable that no command reads.
+#[derive(Debug, PartialEq, Eq)]
+pub struct UnknownVariable {
+    pub name: String,
+    /// The setting it is within `SLIP_EDITS` edits of: a misspelling, most likely.
+    pub meant: Option<String>,
+}
+
+/// The variables among `names` that look like leasegate's (`LEASEGATE_…`) but are no
+/// setting of any command of `cmd`, in the order given.
+pub fn unknown_variables(
+    cmd: &Command,
+    names: impl IntoIterator<Item = String>,
+) -> Vec<UnknownVariable> {
+    let settings: Vec<String> = all_args(cmd)
+        .into_iter()
+        .filter_map(|a| a.get_env())
+        .map(|v| v.to_string_lossy().into_owned())
+        .collect();
+    names
+        .into_iter()
+        .filter(|name| name.starts_with("LEASEGATE_"))
+        .filter(|name| !NOT_SETTINGS.iter().any(|not| name.starts_with(not)))
+        .filter(|name| !settings.contains(name))
+        .map(|name| {
+            let meant = settings
+                .iter()
+                .map(|s| (strsim::levenshtein(&name, s), s))
+                .filter(|(edits, _)| *edits <= SLIP_EDITS)
+                .min()
+                .map(|(_, s)| s.clone());
+            UnknownVariable { name, meant }
+        })
+        .collect()
 }
 
 /// Every argument of `cmd` and of its subcommands, however deep.
@@ -126,6 +181,40 @@ mod tests {
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_variable_that_is_no_setting_is_found_with_the_setting_it_slips_from() {
+        let cmd = crate::config::Cli::command();
+        let names = [
+            "PATH",
+            "LEASEGATE_LISTEN",
+            "LEASEGATE_CLOCK_SKW_S",
+            "LEASEGATE_RUNNER_KEY",
+            "LEASEGATE_TEST_DATABASE_URL",
+            "LEASEGATE_REQUIRE_POSTGRES",
+            "LEASEGATE_PUBLISH",
+            "LEASEGATE_COLOUR",
+            "LEASEGATE_ADMIN_TOKEN_FIL",
+        ]
+        .map(String::from);
+        assert_eq!(
+            unknown_variables(&cmd, names),
+            vec![
+                UnknownVariable {
+                    name: "LEASEGATE_CLOCK_SKW_S".into(),
+                    meant: Some("LEASEGATE_CLOCK_SKEW_S".into()),
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_COLOUR".into(),
+                    meant: None,
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_ADMIN_TOKEN_FIL".into(),
+                    meant: Some("LEASEGATE_ADMIN_TOKEN_FILE".into()),
+                },
+            ]
+        );
     }
 
     #[test]

@@ -434,3 +434,39 @@ async fn postgres_with_sslmode_require_is_reached_over_tls() {
     );
     assert!(sigterm(&mut child).await.success());
 }
+
+#[tokio::test]
+async fn a_misspelt_variable_is_refused_and_any_other_stray_one_is_warned_of() {
+    // A slip of a setting's name would leave the setting at its default without a word.
+    let (out, dir) = refused(&[("LEASEGATE_CLOCK_SKW_S", "120")], &[]).await;
+    let said = stderr(&out);
+    assert_eq!(out.status.code(), Some(64), "{said}");
+    assert!(
+        said.contains(
+            "LEASEGATE_CLOCK_SKW_S is set, but there is no such setting: did you mean \
+             LEASEGATE_CLOCK_SKEW_S?"
+        ),
+        "{said}"
+    );
+    assert_nothing_written(dir.path(), "LEASEGATE_CLOCK_SKW_S");
+
+    // A name near no setting may be another tool's: the service starts and says so once.
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let mut child = serve(dir.path(), port)
+        .env("LEASEGATE_DASHBOARD_THEME", "dark")
+        .spawn()
+        .unwrap();
+    wait_ready(&format!("http://127.0.0.1:{port}")).await;
+    assert!(sigterm(&mut child).await.success());
+    let mut log = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut child.stderr.take().unwrap(), &mut log)
+        .await
+        .unwrap();
+    let warned: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("no setting of leasegate"))
+        .collect();
+    assert_eq!(warned.len(), 1, "{log}");
+    assert!(warned[0].contains("LEASEGATE_DASHBOARD_THEME"), "{log}");
+}
