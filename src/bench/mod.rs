@@ -280,7 +280,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     let mut page_report = None;
     for phase in args.phases.iter().filter(|p| !p.is_empty()) {
         if phase == "page" {
-            page_report = Some(page::measure(&fleet, &client, &target.admin).await?);
+            page_report =
+                Some(page::measure(&fleet, &client, &target.admin, args.concurrency).await?);
             continue;
         }
         if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
