@@ -78,9 +78,17 @@ pub fn unknown_variables(
         .filter(|name| !NOT_SETTINGS.iter().any(|not| name.starts_with(not)))
         .filter(|name| !settings.contains(name))
         .map(|name| {
+            // A setting without the prefix (`DATABASE_URL`) is also met with it.
             let meant = settings
                 .iter()
-                .map(|s| (strsim::levenshtein(&name, s), s))
+                .map(|s| {
+                    let as_ours = if s.starts_with("LEASEGATE_") {
+                        s.clone()
+                    } else {
+                        format!("LEASEGATE_{s}")
+                    };
+                    (strsim::levenshtein(&name, &as_ours), s)
+                })
                 .filter(|(edits, _)| *edits <= SLIP_EDITS)
                 .min()
                 .map(|(_, s)| s.clone());
@@ -196,6 +204,7 @@ mod tests {
             "LEASEGATE_PUBLISH",
             "LEASEGATE_COLOUR",
             "LEASEGATE_ADMIN_TOKEN_FIL",
+            "LEASEGATE_DATABASE_URL",
         ]
         .map(String::from);
         assert_eq!(
@@ -212,6 +221,10 @@ mod tests {
                 UnknownVariable {
                     name: "LEASEGATE_ADMIN_TOKEN_FIL".into(),
                     meant: Some("LEASEGATE_ADMIN_TOKEN_FILE".into()),
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_DATABASE_URL".into(),
+                    meant: Some("DATABASE_URL".into()),
                 },
             ]
         );
