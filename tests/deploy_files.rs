@@ -127,6 +127,8 @@ fn systemd_unit_is_hardened_and_runs_serve_on_its_state_directory() {
         ("RestrictNamespaces", "yes"),
         ("EnvironmentFile", "-/etc/leasegate/leasegate.env"),
         ("Restart", "on-failure"),
+        // A usage error does not mend itself: no restart loop repeating it.
+        ("RestartPreventExitStatus", "64"),
         ("KillSignal", "SIGTERM"),
         (
             "Environment",
@@ -236,7 +238,7 @@ fn the_rootless_heartbeat_runs_as_its_user_in_a_sandbox_rootless_podman_can_work
         ("ProtectSystem", "full"),
         ("PrivateMounts", "yes"),
         ("Restart", "on-failure"),
-        ("RestartPreventExitStatus", "4"),
+        ("RestartPreventExitStatus", "4 64"),
     ] {
         assert_eq!(service(key), [value], "[Service] {key}");
     }
