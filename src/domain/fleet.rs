@@ -176,21 +176,16 @@ pub fn page<T>(all: impl ExactSizeIterator<Item = T>, offset: usize, limit: usiz
 pub(crate) mod fixtures {
     //! A pool and runners to judge, for this module's tests and the views'.
     use super::*;
-    use crate::domain::attestation::{Probe, RunningImage};
-    use crate::domain::digest::ImageDigest;
+    use crate::domain::fixtures::{attested, digest};
     use crate::domain::pool::{ImagePolicy, ImageSource, PoolSpec};
-    use crate::domain::runner::{LatestAttestation, SearchFields};
-    use crate::domain::verdict::{AttestedState, GateState};
+    use crate::domain::runner::SearchFields;
+    use crate::domain::verdict::GateState;
 
     pub const NOW: Millis = Millis(1_900_000_000_000);
     pub const RULES: StatusRules = StatusRules {
         probe_max_age_s: 300,
         heartbeat_interval_s: 30,
     };
-
-    fn digest(c: char) -> ImageDigest {
-        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
-    }
 
     pub fn pools() -> BTreeMap<PoolName, Pool> {
         let spec = PoolSpec {
@@ -219,24 +214,7 @@ pub(crate) mod fixtures {
             search: Some(SearchFields::default()),
             gate: GateState::default(),
             revoked_at: None,
-            latest: Some(LatestAttestation {
-                received_at: NOW.minus_secs(5),
-                state: AttestedState {
-                    probe: Probe {
-                        ok: probe_ok,
-                        runtime: "podman".into(),
-                        runtime_version: None,
-                        checked_at: NOW.minus_secs(5),
-                        error: (!probe_ok).then(|| "crun not found".into()),
-                        exit_code: None,
-                    },
-                    image: RunningImage {
-                        id: Some(digest(image)),
-                        digest: None,
-                        image_ref: None,
-                    },
-                },
-            }),
+            latest: Some(attested(NOW.minus_secs(5), probe_ok, Some(image))),
         }
     }
 }

@@ -7,6 +7,8 @@
 pub mod attestation;
 pub mod audit;
 pub mod digest;
+#[cfg(test)]
+pub(crate) mod fixtures;
 pub mod fleet;
 pub mod forge;
 pub mod ids;

@@ -480,10 +480,7 @@ impl Pool {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn digest(c: char) -> ImageDigest {
-        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
-    }
+    use crate::domain::fixtures::digest;
 
     fn spec(images: Vec<ImageDigest>) -> PoolSpec {
         PoolSpec {

@@ -72,22 +72,16 @@ pub fn roll_health(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::attestation::{Probe, RunningImage};
-    use crate::domain::digest::ImageDigest;
+    use crate::domain::fixtures::{attested, digest};
     use crate::domain::ids::RunnerId;
     use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
-    use crate::domain::runner::LatestAttestation;
-    use crate::domain::verdict::{AttestedState, GateState};
+    use crate::domain::verdict::GateState;
 
     const NOW: Millis = Millis(1_800_000_000_000);
     const RULES: StatusRules = StatusRules {
         probe_max_age_s: 300,
         heartbeat_interval_s: 15,
     };
-
-    fn digest(c: char) -> ImageDigest {
-        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
-    }
 
     fn pool(name: &str, policy: ImagePolicy, images: &[char]) -> Pool {
         let spec = PoolSpec {
@@ -115,24 +109,7 @@ mod tests {
             gate: GateState::default(),
             revoked_at: None,
             search: None,
-            latest: ago_s.map(|ago| LatestAttestation {
-                received_at: NOW.minus_secs(ago),
-                state: AttestedState {
-                    probe: Probe {
-                        ok: true,
-                        runtime: "podman".into(),
-                        runtime_version: None,
-                        checked_at: NOW.minus_secs(ago),
-                        error: None,
-                        exit_code: None,
-                    },
-                    image: RunningImage {
-                        id: image.map(digest),
-                        digest: None,
-                        image_ref: None,
-                    },
-                },
-            }),
+            latest: ago_s.map(|ago| attested(NOW.minus_secs(ago), true, image)),
         }
     }
 

@@ -295,7 +295,7 @@ pub fn drift_entry(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::attestation::{Probe, RunningImage};
+    use crate::domain::fixtures::{attested, digest};
     use crate::domain::pool::{ImageSource, PoolSpec};
 
     const NOW: Millis = Millis(1_800_000_000_000);
@@ -303,10 +303,6 @@ mod tests {
         probe_max_age_s: 300,
         heartbeat_interval_s: 15,
     };
-
-    fn digest(c: char) -> ImageDigest {
-        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
-    }
 
     fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
         let spec = PoolSpec {
@@ -340,24 +336,7 @@ mod tests {
             revoked_at: None,
             registered_at: NOW.minus_secs(7200),
             current_lease: None,
-            latest: received_ago_s.map(|ago| LatestAttestation {
-                received_at: NOW.minus_secs(ago),
-                state: AttestedState {
-                    probe: Probe {
-                        ok: true,
-                        runtime: "podman".into(),
-                        runtime_version: None,
-                        checked_at: NOW.minus_secs(ago),
-                        error: None,
-                        exit_code: None,
-                    },
-                    image: RunningImage {
-                        id: image.map(digest),
-                        digest: None,
-                        image_ref: None,
-                    },
-                },
-            }),
+            latest: received_ago_s.map(|ago| attested(NOW.minus_secs(ago), true, image)),
         }
     }
 

@@ -240,11 +240,9 @@ mod tests {
     use super::*;
     use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
 
-    const NOW: Millis = Millis(1_800_000_000_000);
+    use crate::domain::fixtures::digest;
 
-    fn digest(c: char) -> ImageDigest {
-        ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap()
-    }
+    const NOW: Millis = Millis(1_800_000_000_000);
 
     fn pool(policy: ImagePolicy, images: Vec<ImageDigest>) -> Pool {
         let spec = PoolSpec {

@@ -311,8 +311,7 @@ mod tests {
 
     #[test]
     fn a_drift_reads_in_one_line_with_short_digests() {
-        let d =
-            |c: char| ImageDigest::parse(&format!("sha256:{}", c.to_string().repeat(64))).unwrap();
+        let d = crate::domain::fixtures::digest;
         let drift = Refusal::ImageDrift {
             running: d('b').to_string(),
             expected: vec![d('a'), d('c')],
