@@ -168,7 +168,9 @@ pub struct Observed {
 }
 
 impl Runner {
-    /// What of the runner judging needs, as `Store::runner_summaries` reads it.
+    /// What of the runner judging needs, as `Store::runner_summaries` reads it: for tests that
+    /// build a whole runner and judge it as the views do.
+    #[cfg(test)]
     pub fn summary(&self) -> RunnerSummary {
         RunnerSummary {
             id: self.id.clone(),

@@ -175,24 +175,25 @@ pub async fn register<D: Db>(
     let Some(unused) = unused else {
         return Ok(Err(RegisterError::TokenInvalid));
     };
-    if !super::pools::held(db, &unused.text("pool")?).await? {
+    let pool = unused.text("pool")?;
+    if !super::pools::held(db, &pool).await? {
         return Ok(Err(RegisterError::TokenInvalid));
     }
-    let pool = fetch_optional(
-        db,
-        Statement::new(
-            "UPDATE registration_tokens SET used_at = $1, used_by = $2 \
-             WHERE token_hash = $3 AND used_at IS NULL AND expires_at > $1 RETURNING pool",
+    // Spent only if still unused: a concurrent registration with the same token may have won.
+    let spent = db
+        .execute(
+            Statement::new(
+                "UPDATE registration_tokens SET used_at = $1, used_by = $2 \
+                 WHERE token_hash = $3 AND used_at IS NULL AND expires_at > $1",
+            )
+            .bind(now.0)
+            .bind(runner.id.as_str())
+            .bind(token_hash),
         )
-        .bind(now.0)
-        .bind(runner.id.as_str())
-        .bind(token_hash),
-    )
-    .await?;
-    let Some(pool) = pool else {
+        .await?;
+    if spent != 1 {
         return Ok(Err(RegisterError::TokenInvalid));
-    };
-    let pool = pool.text("pool")?;
+    }
     let inserted = db
         .execute(
             Statement::new(
