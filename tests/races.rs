@@ -167,6 +167,29 @@ async fn deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error(a
     }
 }
 
+async fn one_registration_token_registers_one_runner_however_many_race_for_it(app) {
+    let app = Arc::new(app);
+    app.pool("linux", &[IMAGE_A]).await;
+    for round in 0..20 {
+        let token = app.registration_token("linux").await;
+        let racers: Vec<_> = (0..4)
+            .map(|i| {
+                let app = app.clone();
+                let key = leasegate::agent::keys::RunnerKey::generate();
+                let body = json!({"registration_token": token, "name": format!("r{round}-{i}"), "public_key": key.public_jwk()});
+                tokio::spawn(async move { app.post("/api/v1/runners", body).await.status() })
+            })
+            .collect();
+        let mut statuses = Vec::new();
+        for racer in racers {
+            statuses.push(racer.await.unwrap());
+        }
+        let created = statuses.iter().filter(|s| **s == StatusCode::CREATED).count();
+        let refused = statuses.iter().filter(|s| **s == StatusCode::UNAUTHORIZED).count();
+        assert_eq!((created, refused), (1, 3), "#{round}: {statuses:?}");
+    }
+}
+
 async fn cancel_racing_every_lease_call_never_answers_a_server_error(app) {
     let app = Arc::new(app);
     let mut tasks = Vec::new();
