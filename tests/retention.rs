@@ -258,7 +258,10 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
         token_hash: hash.clone(), ttl_s: 300, now: base };
     let (held, job) = store.claim_job(&claim).await.unwrap().unwrap();
     assert_eq!(job.id, still_running);
-    store.lease_call(&held.id, &hash, &LeaseCall::Start { ttl_s: 300 }, base).await.unwrap();
+    // Alive past the run's real end, however slow the machine: the service's own sweeper, on
+    // the real clock, would otherwise give the job back and a simulated day would run it.
+    let alive = LeaseCall::Start { ttl_s: 100 * 86_400 };
+    store.lease_call(&held.id, &hash, &alive, base).await.unwrap();
 
     let mut at_day = BTreeMap::new();
     let mut pruned_total = 0u64;
