@@ -322,7 +322,7 @@ impl ServeArgs {
 
     /// The forge gate's settings; `None` when no forge is set. Names the variable at fault.
     pub fn forge_settings(&self) -> anyhow::Result<Option<crate::forge_gate::ForgeSettings>> {
-        use crate::forge_gate::{ForgeSettings, Upstream};
+        use crate::forge_gate::{ForgeSettings, ForwardCaps, Upstream};
         let parse = |name: &str, url: &Option<String>| -> anyhow::Result<Option<Upstream>> {
             match url.as_deref().map(str::trim).filter(|u| !u.is_empty()) {
                 Some(u) => Upstream::parse(u)
@@ -351,7 +351,18 @@ impl ServeArgs {
             pass_unbound: self.forge_unbound == ForgeUnbound::Pass,
             hold: std::time::Duration::from_secs(self.forge_hold_s),
             timeout: std::time::Duration::from_secs(self.forge_timeout_s),
+            connections: ForwardCaps::of_sockets(forge_sockets(
+                socket_budget(self.db_max_connections),
+                self.listener_settings()?.caps.max_total,
+            )),
         }))
+    }
+
+    /// Whether a forge is set: the forwarder then takes its share of the file limit.
+    fn forge_is_set(&self) -> bool {
+        [&self.forgejo_upstream, &self.gitlab_upstream]
+            .into_iter()
+            .any(|u| u.as_deref().is_some_and(|u| !u.trim().is_empty()))
     }
 
     /// What the listener allows its clients; names the variable at fault.
@@ -372,7 +383,10 @@ impl ServeArgs {
                 anyhow::ensure!(n > 0, "LEASEGATE_MAX_CONNECTIONS must be positive");
                 n
             }
-            None => default_max_connections(self.db_max_connections),
+            None => default_max_connections(
+                socket_budget(self.db_max_connections),
+                self.forge_is_set(),
+            ),
         };
         let max_per_peer = match self.max_connections_per_peer {
             Some(n) => {
@@ -496,12 +510,26 @@ impl ServeArgs {
     }
 }
 
-/// The connections the service may hold when `LEASEGATE_MAX_CONNECTIONS` is not set: the
-/// process's file limit less room for the database's connections, its files and logs.
-fn default_max_connections(db_connections: u32) -> usize {
+/// The sockets the service may hold: the process's file limit less room for the database's
+/// connections, its files and logs.
+fn socket_budget(db_connections: u32) -> usize {
     let files = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
     let reserve = 64 + u64::from(db_connections);
-    files.saturating_sub(reserve).clamp(16, 50_000) as usize
+    files.saturating_sub(reserve).try_into().unwrap_or(usize::MAX)
+}
+
+/// The connections the listener may hold when `LEASEGATE_MAX_CONNECTIONS` is not set: the
+/// socket budget, less the forwarder's third when a forge is set (`forge_gate/connections.rs`
+/// says why a third).
+fn default_max_connections(budget: usize, forge: bool) -> usize {
+    let forwarder = if forge { budget / 3 } else { 0 };
+    (budget - forwarder).clamp(16, 50_000)
+}
+
+/// The sockets the forwarder may hold to the forges: a third of the budget, and no more than
+/// the listener's cap (`listener`, which may have been set by hand) leaves of it.
+fn forge_sockets(budget: usize, listener: usize) -> usize {
+    (budget / 3).min(budget.saturating_sub(listener)).min(25_000)
 }
 
 /// Raises the process's soft file limit to its hard limit, as servers that hold many

@@ -240,6 +240,9 @@ async fn open(
             tracing::info!(
                 forgejo = s.forgejo.as_ref().map(|u| u.host()),
                 gitlab = s.gitlab.as_ref().map(|u| u.host()),
+                forge_sockets = s.connections.sockets,
+                forge_requests = s.connections.requests,
+                forge_requests_per_peer = s.connections.requests_per_peer,
                 "gating the forge's runners"
             );
             Some(Arc::new(gate))

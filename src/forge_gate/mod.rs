@@ -12,12 +12,14 @@
 //! The routes live outside the API's layers: no 64 KiB body limit (`LEASEGATE_FORGE_MAX_BODY_BYTES`
 //! instead), no security headers or problem rewriting of the forge's answers.
 
+mod connections;
 mod decide;
 mod forgejo;
 mod gitlab;
 mod upstream;
 
 pub use decide::Verdict;
+pub use connections::ForwardCaps;
 pub use upstream::Upstream;
 
 use crate::app::AppState;
@@ -50,6 +52,8 @@ pub struct ForgeSettings {
     pub hold: Duration,
     /// How long a forge may take to begin an answer.
     pub timeout: Duration,
+    /// How many sockets and requests the forwarder may hold (`connections.rs`).
+    pub connections: ForwardCaps,
 }
 
 /// The forge gate of a running service.
@@ -65,6 +69,7 @@ impl ForgeGate {
             settings.ca_file.as_deref(),
             settings.max_body_bytes,
             settings.timeout,
+            settings.connections,
         )?;
         Ok(ForgeGate {
             settings,

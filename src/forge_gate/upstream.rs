@@ -5,8 +5,10 @@
 //! decoded (a gzipped answer stays gzipped), so artifacts of hundreds of MB pass through
 //! without being held. The forge has `timeout` to begin its answer (GitLab holds a runner's
 //! job request for up to ~50 s) and may pause no longer than that within it; an unreachable
-//! forge is 502 `forge_unreachable`, a silent one 504 `forge_timeout`.
+//! forge is 502 `forge_unreachable`, a silent one 504 `forge_timeout`. How many requests and
+//! sockets the forwarder may hold, and per address, is `connections.rs`'s.
 
+use super::connections::{ForgeConnections, ForwardCaps, Holding, is_no_socket, turned_away};
 use crate::http::client::Client;
 use crate::http::listener::body::{BodyPace, PacedBody};
 use crate::http::problem::ApiError;
@@ -99,7 +101,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 /// The HTTP client to the forges, pooled.
 #[derive(Clone)]
 pub struct Forwarder {
-    client: HttpClient<HttpsConnector<HttpConnector>, Body>,
+    client: HttpClient<HttpsConnector<super::connections::CountedConnector>, Body>,
+    connections: ForgeConnections,
     max_body_bytes: u64,
     timeout: Duration,
 }
@@ -110,6 +113,7 @@ impl Forwarder {
         ca_file: Option<&Path>,
         max_body_bytes: u64,
         timeout: Duration,
+        caps: ForwardCaps,
     ) -> anyhow::Result<Self> {
         use anyhow::Context;
         let mut roots = rustls::RootCertStore::empty();
@@ -153,16 +157,19 @@ impl Forwarder {
         http.enforce_http(false);
         http.set_nodelay(true);
         http.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
+        let connections = ForgeConnections::new(caps);
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)
             .https_or_http()
             .enable_http1()
-            .wrap_connector(http);
+            .wrap_connector(connections.connector(http));
         let client = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(caps.idle_per_forge)
             .build(connector);
         Ok(Forwarder {
             client,
+            connections,
             max_body_bytes,
             timeout,
         })
@@ -195,6 +202,10 @@ impl Forwarder {
         {
             return too_large(self.max_body_bytes).into_response_body();
         }
+        let place = match self.connections.admit(peer.ip, peer.trusted) {
+            Ok(place) => place,
+            Err(turned_away) => return turned_away,
+        };
         strip_hop_by_hop(&mut parts.headers);
         forwarded_for(&mut parts.headers, peer);
         parts.headers.insert(
@@ -227,13 +238,20 @@ impl Forwarder {
             timeout: self.timeout,
             min_rate: 1,
         };
-        Response::from_parts(parts, Body::new(PacedBody::new(body, pace)))
+        let body = Holding::new(PacedBody::new(body, pace), place);
+        Response::from_parts(parts, Body::new(body))
     }
 
     fn failed(&self, upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> Response<Body> {
         // The request body was over the limit: the client's fault, not the forge's.
         if std::error::Error::source(e).is_some_and(is_length_limit) {
             return too_large(self.max_body_bytes).into_response_body();
+        }
+        if std::error::Error::source(e).is_some_and(is_no_socket) {
+            return turned_away(format!(
+                "every socket to the forges is in use ({})",
+                self.connections.caps().sockets
+            ));
         }
         let why = describe(e);
         tracing::warn!(forge = upstream.host(), error = %why, "cannot reach the forge");

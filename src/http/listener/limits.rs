@@ -89,7 +89,14 @@ impl ConnectionLimits {
 
     /// A place for a connection from `peer`, or why there is none.
     pub fn admit(&self, peer: IpAddr) -> Result<Permit, Refused> {
-        let counted = !self.inner.trusted.iter().any(|net| net.contains(&peer));
+        let trusted = self.inner.trusted.iter().any(|net| net.contains(&peer));
+        self.admit_as(peer, trusted)
+    }
+
+    /// A place for `peer`, which the caller already knows to be a trusted proxy (held to the
+    /// overall cap only) or not.
+    pub fn admit_as(&self, peer: IpAddr, trusted: bool) -> Result<Permit, Refused> {
+        let counted = !trusted;
         let key = peer_key(peer);
         let mut open = self.inner.open.lock().expect("connection counts");
         if open.total >= self.inner.caps.max_total {
