@@ -14,6 +14,7 @@ use leasegate::agent::exit::Exit;
 use leasegate::agent::heartbeat;
 use leasegate::agent::keys::RunnerKey;
 use leasegate::agent::probe::{Depth, ProbeSpec, Runtime};
+use leasegate::agent::recycle::Recycler;
 use leasegate::agent::state::RunnerState;
 use serde_json::json;
 use std::io::Write;
@@ -193,6 +194,7 @@ async fn beat(service: Service, once: bool) -> (Exit, String, Vec<Instant>) {
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
 
+    let mut recycler = Recycler::beside(&r._dir.path().join("runner.json"));
     let stop = CancellationToken::new();
     let stopper = {
         let (stop, accepted) = (stop.clone(), service.accepted.clone());
@@ -205,7 +207,7 @@ async fn beat(service: Service, once: bool) -> (Exit, String, Vec<Instant>) {
     };
     let exit = tokio::time::timeout(
         Duration::from_secs(30),
-        heartbeat::run(&client, &r.key, &r.state, &r.spec, once, stop),
+        heartbeat::run(&client, &r.key, &r.state, &r.spec, &mut recycler, once, stop),
     )
     .await
     .expect("the loop ends within 30 s");

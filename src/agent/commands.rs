@@ -204,7 +204,8 @@ async fn heartbeat(a: HeartbeatArgs) -> Outcome {
     let (key, state, client) = identity(&a.conn)?;
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
-    Ok(heartbeat::run(&client, &key, &state, &spec, a.once, stop).await)
+    let mut recycler = super::recycle::Recycler::beside(&a.conn.state.state);
+    Ok(heartbeat::run(&client, &key, &state, &spec, &mut recycler, a.once, stop).await)
 }
 
 /// Cancels `stop` on SIGTERM or Ctrl-C, so that `systemctl stop` ends the loop cleanly.

@@ -9,14 +9,16 @@
 //! tries again when the service says to (`Retry-After`), or at the next beat.
 //!
 //! A failed probe (or a runner the service would not lease to) is logged at WARN, so that
-//! `journalctl -p warning` shows it; the beat after it that passes says so at INFO.
+//! `journalctl -p warning` shows it; the beat after it that passes says so at INFO. "Recycle"
+//! ends the loop once per expected image set (`recycle`).
 
 use super::attestation;
-use super::client::{Action, AgentClient, ClientError, HeartbeatAnswer, Problem};
+use super::client::{AgentClient, ClientError, HeartbeatAnswer, Problem};
 use super::clock;
 use super::exit::Exit;
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeReport, ProbeSpec};
+use super::recycle::Recycler;
 use super::state::RunnerState;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -159,6 +161,7 @@ pub async fn run(
     key: &RunnerKey,
     state: &RunnerState,
     spec: &ProbeSpec,
+    recycler: &mut Recycler,
     once: bool,
     stop: CancellationToken,
 ) -> Exit {
@@ -182,15 +185,9 @@ pub async fn run(
             Ok(answer) => {
                 backoff.reset();
                 log_answer(&report, &answer);
-                if answer.action == Action::Recycle {
-                    tracing::warn!(
-                        runner_id = %answer.runner_id,
-                        running = %report.image.as_ref().and_then(|i| i.id.as_deref()).unwrap_or("-"),
-                        expected = %answer.expected_image_ids.join(" or "),
-                        "the service asks to recycle this runner onto its pool's current image; exiting with status {}",
-                        Exit::Recycle as u8
-                    );
-                    return Exit::Recycle;
+                let running = report.image.as_ref().and_then(|i| i.id.as_deref());
+                if let Some(exit) = recycler.after(&answer, running) {
+                    return exit;
                 }
                 if once {
                     return if report.ok() { Exit::Ok } else { Exit::Failed };

@@ -6,7 +6,8 @@
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
 //!   could not be reached; [`clock`]: this machine's clock against the service's.
-//! - [`heartbeat`]: the heartbeat loop and its backoff.
+//! - [`heartbeat`]: the heartbeat loop and its backoff; [`recycle`]: asking for a recycle
+//!   once per expected image set, remembered beside the state file.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
 //!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
 //! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses;
@@ -26,5 +27,6 @@ pub mod key_file;
 pub mod keys;
 pub mod net_error;
 pub mod probe;
+pub mod recycle;
 pub mod runtime_message;
 pub mod state;
