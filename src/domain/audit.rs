@@ -17,6 +17,7 @@ pub enum Action {
     RunnerRevoke,
     RunnerForgeRunners,
     PoolPut,
+    PoolPatch,
     PoolDelete,
     PoolResolve,
     RegistrationTokenCreate,
@@ -46,12 +47,13 @@ impl TargetKind {
 }
 
 impl Action {
-    pub const ALL: [Action; 12] = [
+    pub const ALL: [Action; 13] = [
         Action::RunnerCordon,
         Action::RunnerUncordon,
         Action::RunnerRevoke,
         Action::RunnerForgeRunners,
         Action::PoolPut,
+        Action::PoolPatch,
         Action::PoolDelete,
         Action::PoolResolve,
         Action::RegistrationTokenCreate,
@@ -68,6 +70,7 @@ impl Action {
             Action::RunnerRevoke => "runner_revoke",
             Action::RunnerForgeRunners => "runner_forge_runners",
             Action::PoolPut => "pool_put",
+            Action::PoolPatch => "pool_patch",
             Action::PoolDelete => "pool_delete",
             Action::PoolResolve => "pool_resolve",
             Action::RegistrationTokenCreate => "registration_token_create",
@@ -90,6 +93,7 @@ impl Action {
             | Action::RunnerRevoke
             | Action::RunnerForgeRunners => TargetKind::Runner,
             Action::PoolPut
+            | Action::PoolPatch
             | Action::PoolDelete
             | Action::PoolResolve
             | Action::RegistrationTokenCreate => TargetKind::Pool,

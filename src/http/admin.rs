@@ -33,6 +33,7 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use serde::Deserialize;
+use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
 pub fn router() -> Router<AppState> {
@@ -40,7 +41,10 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/admin/pools", get(list_pools))
         .route(
             "/api/v1/admin/pools/{name}",
-            get(get_pool).put(put_pool).delete(delete_pool),
+            get(get_pool)
+                .put(put_pool)
+                .patch(patch_pool)
+                .delete(delete_pool),
         )
         .route(
             "/api/v1/admin/pools/{name}/registration-tokens",
@@ -64,6 +68,7 @@ fn pool_name(name: &str) -> Result<PoolName, ApiError> {
 }
 
 /// Its schema is `constraints::pool_body`, which says `PoolSpec::validate`'s rules too.
+/// A field added here must be written by `put_body` too, or `PATCH` resets it.
 #[derive(Deserialize)]
 struct PoolBody {
     #[serde(default)]
@@ -98,6 +103,109 @@ impl utoipa::ToSchema for PoolBody {
     fn name() -> std::borrow::Cow<'static, str> {
         "PoolBody".into()
     }
+}
+
+/// A JSON merge patch of a `PoolBody`; its schema is `constraints::pool_patch`.
+struct PoolPatch;
+
+impl utoipa::PartialSchema for PoolPatch {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        super::constraints::placeholder()
+    }
+}
+
+impl utoipa::ToSchema for PoolPatch {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "PoolPatch".into()
+    }
+}
+
+/// The spec a PUT body asks for, or the problem a PUT answers it with.
+fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
+    if let Some(r) = &body.image_ref {
+        crate::domain::text::without_controls("image_ref", r)?;
+    }
+    let spec = PoolSpec {
+        image_ref: body.image_ref.filter(|r| !r.is_empty()),
+        expected_image_ids: image_ids(&body.expected_image_ids)?,
+        image_policy: body.image_policy,
+        image_source: body.image_source,
+        gate_mode: body.gate_mode,
+        drift_grace_s: body.drift_grace_s.unwrap_or(DEFAULT_DRIFT_GRACE_S),
+        resolve_interval_s: body
+            .resolve_interval_s
+            .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
+    };
+    if spec.image_source == ImageSource::Registry
+        && let Some(r) = &spec.image_ref
+    {
+        ImageRef::parse(r).map_err(|e| ApiError::bad_request(format!("image_ref: {e}")))?;
+    }
+    spec.validate().map_err(|e| match e {
+        PoolSpecError::EnforceWithoutImages => {
+            ApiError::unprocessable("pool_image_unresolved", e.to_string())
+        }
+        PoolSpecError::OutOfRange(m) => ApiError::bad_request(m),
+    })?;
+    Ok(spec)
+}
+
+/// `pool` as the PUT body that would make it again, every field written out: what `PATCH`
+/// merges its patch into before reading the result exactly as a PUT body.
+///
+/// This is the one place `PATCH` learns of a pool's fields: a field `PoolBody` gains must be
+/// written here, or a `PATCH` that does not name it resets it to its default. `Pool` is taken
+/// apart without `..`, so that a field added to it does not compile until it is said here
+/// whether the body carries it (`_` for what the service keeps itself).
+fn put_body(pool: &Pool) -> Value {
+    let Pool {
+        name: _,
+        image_ref,
+        image_policy,
+        image_source,
+        gate_mode,
+        expected_image_ids,
+        previous_image_ids: _,
+        previous_valid_until: _,
+        drift_grace_s,
+        resolve_interval_s,
+        last_resolution: _,
+        resolution_failures: _,
+        resolved_digest,
+        resolved_image_id: _,
+        next_resolve_at: _,
+        created_at: _,
+        updated_at: _,
+    } = pool;
+    let mut body = json!({
+        "image_policy": image_policy,
+        "image_source": image_source,
+        "gate_mode": gate_mode,
+        "drift_grace_s": drift_grace_s,
+        "resolve_interval_s": resolve_interval_s,
+    });
+    if let Some(r) = image_ref {
+        body["image_ref"] = json!(r);
+    }
+    // A registry pool's resolved set is the registry's, not part of its body: named in a PUT,
+    // it would stand as the operator's own set until the next resolution.
+    let resolved = *image_source == ImageSource::Registry && resolved_digest.is_some();
+    if !resolved {
+        let ids: Vec<String> = expected_image_ids.iter().map(|d| d.to_string()).collect();
+        body["expected_image_ids"] = json!(ids);
+    }
+    body
+}
+
+/// The audit detail of a pool write: its policy, in short.
+fn spec_detail(spec: &PoolSpec) -> String {
+    format!(
+        "image_source {} image_policy {} gate_mode {} image_ref {}",
+        spec.image_source.as_str(),
+        spec.image_policy.as_str(),
+        spec.gate_mode.as_str(),
+        spec.image_ref.as_deref().unwrap_or("-"),
+    )
 }
 
 /// The pool's image ids, each in its full form; the first that is none names itself.
@@ -176,41 +284,11 @@ async fn put_pool(
     JsonBody(body): JsonBody<PoolBody>,
 ) -> Result<(StatusCode, Json<PoolView>), ApiError> {
     let name = pool_name(&name)?;
-    if let Some(r) = &body.image_ref {
-        crate::domain::text::without_controls("image_ref", r)?;
-    }
-    let spec = PoolSpec {
-        image_ref: body.image_ref.filter(|r| !r.is_empty()),
-        expected_image_ids: image_ids(&body.expected_image_ids)?,
-        image_policy: body.image_policy,
-        image_source: body.image_source,
-        gate_mode: body.gate_mode,
-        drift_grace_s: body.drift_grace_s.unwrap_or(DEFAULT_DRIFT_GRACE_S),
-        resolve_interval_s: body
-            .resolve_interval_s
-            .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
-    };
-    if spec.image_source == ImageSource::Registry
-        && let Some(r) = &spec.image_ref
-    {
-        ImageRef::parse(r).map_err(|e| ApiError::bad_request(format!("image_ref: {e}")))?;
-    }
-    spec.validate().map_err(|e| match e {
-        PoolSpecError::EnforceWithoutImages => {
-            ApiError::unprocessable("pool_image_unresolved", e.to_string())
-        }
-        PoolSpecError::OutOfRange(m) => ApiError::bad_request(m),
-    })?;
+    let spec = spec_of(body)?;
     let now = Millis::now();
     let audit = caller
         .audit(Action::PoolPut, name.as_str(), now)
-        .detail(format!(
-            "image_source {} image_policy {} gate_mode {} image_ref {}",
-            spec.image_source.as_str(),
-            spec.image_policy.as_str(),
-            spec.gate_mode.as_str(),
-            spec.image_ref.as_deref().unwrap_or("-"),
-        ));
+        .detail(spec_detail(&spec));
     let (pool, created) = state.store().put_pool(&name, spec, now, &audit).await?;
     tracing::info!(pool = %pool.name, created, "pool written");
     let status = if created {
@@ -219,6 +297,68 @@ async fn put_pool(
         StatusCode::OK
     };
     Ok((status, Json(pool_view(&state, &pool, now).await?)))
+}
+
+/// How often a `PATCH` reads, merges and writes again when the pool changed under it.
+const PATCH_ATTEMPTS: usize = 5;
+
+#[utoipa::path(patch, path = "/api/v1/admin/pools/{name}", tag = "admin",
+    security(("admin_token" = [])),
+    params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
+    request_body(description = "A JSON merge patch (RFC 7396) of the pool's `PUT` body: a member sets that field, `null` returns it to its default, a field not named keeps the pool's value.",
+        content((PoolPatch = "application/merge-patch+json"), (PoolPatch = "application/json"))),
+    responses(
+        (status = 200, description = "Changed; the pool.", body = PoolView),
+        (status = 400, description = "`bad_request`: a bad name, or the patched body is one a `PUT` refuses (a bad digest, reference or number; not an object).", body = Problem, content_type = "application/problem+json"),
+        (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
+        (status = 422, description = "`pool_image_unresolved`: the patched pool would be a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
+        (status = 503, description = "`unavailable`: the pool kept changing under the patch, or the database did not answer.", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn patch_pool(
+    caller: AsOperator,
+    State(state): State<AppState>,
+    Path(name): Path<String>,
+    JsonBody(patch): JsonBody<serde_json::Map<String, Value>>,
+) -> Result<Json<PoolView>, ApiError> {
+    let name = pool_name(&name)?;
+    let named = patch.keys().cloned().collect::<Vec<_>>().join(", ");
+    let patch = Value::Object(patch);
+    for _ in 0..PATCH_ATTEMPTS {
+        let base = state
+            .store()
+            .get_pool(&name)
+            .await?
+            .ok_or_else(|| ApiError::not_found("pool"))?;
+        let mut body = put_body(&base);
+        super::merge_patch::apply(&mut body, &patch);
+        // Read back exactly as a PUT body is, for the same answers.
+        let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
+        let spec = spec_of(super::json::parse::<PoolBody>(&bytes)?)?;
+        let now = Millis::now();
+        let audit = caller
+            .audit(Action::PoolPatch, name.as_str(), now)
+            .detail(format!(
+                "patched {}; {}",
+                if named.is_empty() { "nothing" } else { &named },
+                spec_detail(&spec)
+            ));
+        if let Some(pool) = state
+            .store()
+            .replace_pool(&name, spec, &base, now, &audit)
+            .await?
+        {
+            tracing::info!(pool = %pool.name, "pool patched");
+            return Ok(Json(pool_view(&state, &pool, now).await?));
+        }
+    }
+    Err(ApiError::new(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "unavailable",
+        format!("the pool changed under the patch {PATCH_ATTEMPTS} times; try again"),
+    )
+    .retry_after(1))
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/pools/{name}", tag = "admin",

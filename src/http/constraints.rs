@@ -33,6 +33,7 @@ pub fn apply(doc: &mut Value) {
         *target.unwrap_or_else(|| panic!("the document has {component} {field:?}")) = schema;
     };
     set("PoolBody", None, pool_body());
+    set("PoolPatch", None, pool_patch());
     set("ForgeRunnerSpec", None, forge_runner());
     set("RegisterBody", Some("name"), runner_name());
     set("RegisterBody", Some("labels"), labels());
@@ -139,6 +140,32 @@ fn image_ref_pattern() -> String {
     let host = "(?:localhost|[a-z0-9]+(?:\\.[a-z0-9]+)+)(?::[1-9][0-9]{0,3})?";
     let tag = "[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}";
     format!("^(?:{host}/)?{component}(?:/{component})*(?::{tag})?(?:@sha256:[0-9a-f]{{64}})?$")
+}
+
+/// The body of `PATCH /api/v1/admin/pools/{name}`: a JSON merge patch of `pool_body`. Each
+/// member is the field's own schema or `null` (back to the default); whether the patched pool
+/// is valid depends on the pool, so `pool_body`'s `anyOf` is not said here.
+pub fn pool_patch() -> Value {
+    let body = pool_body();
+    let properties: serde_json::Map<String, Value> = body["properties"]
+        .as_object()
+        .expect("pool_body has properties")
+        .iter()
+        .map(|(name, schema)| {
+            let mut field = schema.clone();
+            let description = field.as_object_mut().and_then(|f| f.remove("description"));
+            let mut either = json!({"anyOf": [field, {"type": "null"}]});
+            if let Some(d) = description {
+                either["description"] = d;
+            }
+            (name.clone(), either)
+        })
+        .collect();
+    json!({
+        "type": "object",
+        "description": "A JSON merge patch (RFC 7396) of the pool's `PUT` body: a member sets that field, `null` returns it to its default, a field not named keeps the pool's value.",
+        "properties": properties,
+    })
 }
 
 /// The body of `PUT /api/v1/admin/pools/{name}` (`admin::PoolBody`), with `PoolSpec::validate`'s

@@ -10,6 +10,7 @@ pub mod forge_bindings;
 pub mod json;
 pub mod lease;
 pub mod listener;
+pub mod merge_patch;
 pub mod operators;
 pub mod ops;
 pub mod page;

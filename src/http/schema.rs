@@ -50,7 +50,7 @@ pub struct AuditEntry {
     /// The operator's name (`bootstrap` for the configured admin token).
     pub actor: String,
     /// `runner_cordon`, `runner_uncordon`, `runner_revoke`, `runner_forge_runners`,
-    /// `pool_put`, `pool_delete`, `pool_resolve`, `registration_token_create`,
+    /// `pool_put`, `pool_patch`, `pool_delete`, `pool_resolve`, `registration_token_create`,
     /// `operator_token_create`, `operator_token_revoke`, `page_login`, `page_logout`.
     pub action: String,
     /// `runner`, `pool` or `operator`.
@@ -122,6 +122,7 @@ pub struct OperatorTokenList {
         admin::list_pools,
         admin::get_pool,
         admin::put_pool,
+        admin::patch_pool,
         admin::create_registration_token,
         admin::resolve,
         admin::list_runners,

@@ -232,6 +232,25 @@ where
         .await
     }
 
+    async fn replace_pool(
+        &self,
+        name: &PoolName,
+        spec: PoolSpec,
+        base: &Pool,
+        now: Millis,
+        audit: &Entry,
+    ) -> StoreResult<Option<Pool>> {
+        self.audited(
+            (name.clone(), spec, base.clone(), now),
+            audit,
+            some,
+            |db, (name, spec, base, now)| {
+                Box::pin(sql::pools::replace(db, name, spec.clone(), base, *now))
+            },
+        )
+        .await
+    }
+
     async fn delete_pool(&self, name: &PoolName, audit: &Entry) -> Result<(), PoolDeleteError> {
         flatten(
             self.audited(name.clone(), audit, ok, |db, name| {

@@ -386,6 +386,17 @@ pub trait Store: Send + Sync + 'static {
         now: Millis,
         audit: &Entry,
     ) -> StoreResult<(Pool, bool)>;
+    /// `put_pool`, only if the pool is still exactly `base` (as read before): `None`, with
+    /// nothing written or audited, when it changed meanwhile or is gone. A read, a change and
+    /// this make a read-modify-write that loses no concurrent write (`PATCH`).
+    async fn replace_pool(
+        &self,
+        name: &PoolName,
+        spec: PoolSpec,
+        base: &Pool,
+        now: Millis,
+        audit: &Entry,
+    ) -> StoreResult<Option<Pool>>;
     /// Deletes the pool and everything of it, when nothing of it is live (`PoolDeleteError`).
     async fn delete_pool(&self, name: &PoolName, audit: &Entry) -> Result<(), PoolDeleteError>;
     async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;

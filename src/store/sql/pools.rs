@@ -54,6 +54,35 @@ pub async fn put<D: Db>(
     now: Millis,
 ) -> StoreResult<(Pool, bool)> {
     let current = locked(db, name).await?;
+    write(db, name, current, spec, now).await
+}
+
+/// The pool `spec` makes of `name`, when the pool is still exactly `base`; `None` (nothing
+/// written) when it changed since `base` was read, or is gone.
+pub async fn replace<D: Db>(
+    db: &mut D,
+    name: &PoolName,
+    spec: PoolSpec,
+    base: &Pool,
+    now: Millis,
+) -> StoreResult<Option<Pool>> {
+    let current = locked(db, name).await?;
+    if current.as_ref() != Some(base) {
+        return Ok(None);
+    }
+    let (pool, _) = write(db, name, current, spec, now).await?;
+    Ok(Some(pool))
+}
+
+/// Writes the pool `spec` makes of `current` (`None`: a new pool); the pool, and whether it
+/// is new.
+async fn write<D: Db>(
+    db: &mut D,
+    name: &PoolName,
+    current: Option<Pool>,
+    spec: PoolSpec,
+    now: Millis,
+) -> StoreResult<(Pool, bool)> {
     let pool = Pool::apply(name.clone(), current.as_ref(), spec, now);
     db.execute(
         Statement::new(
