@@ -383,10 +383,9 @@ impl ServeArgs {
                 anyhow::ensure!(n > 0, "LEASEGATE_MAX_CONNECTIONS must be positive");
                 n
             }
-            None => default_max_connections(
-                socket_budget(self.db_max_connections),
-                self.forge_is_set(),
-            ),
+            None => {
+                default_max_connections(socket_budget(self.db_max_connections), self.forge_is_set())
+            }
         };
         let max_per_peer = match self.max_connections_per_peer {
             Some(n) => {
@@ -515,7 +514,10 @@ impl ServeArgs {
 fn socket_budget(db_connections: u32) -> usize {
     let files = rlimit::getrlimit(rlimit::Resource::NOFILE).map_or(1024, |(soft, _)| soft);
     let reserve = 64 + u64::from(db_connections);
-    files.saturating_sub(reserve).try_into().unwrap_or(usize::MAX)
+    files
+        .saturating_sub(reserve)
+        .try_into()
+        .unwrap_or(usize::MAX)
 }
 
 /// The connections the listener may hold when `LEASEGATE_MAX_CONNECTIONS` is not set: the
@@ -529,7 +531,9 @@ fn default_max_connections(budget: usize, forge: bool) -> usize {
 /// The sockets the forwarder may hold to the forges: a third of the budget, and no more than
 /// the listener's cap (`listener`, which may have been set by hand) leaves of it.
 fn forge_sockets(budget: usize, listener: usize) -> usize {
-    (budget / 3).min(budget.saturating_sub(listener)).min(25_000)
+    (budget / 3)
+        .min(budget.saturating_sub(listener))
+        .min(25_000)
 }
 
 /// Raises the process's soft file limit to its hard limit, as servers that hold many

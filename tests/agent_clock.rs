@@ -207,7 +207,15 @@ async fn beat(service: Service, once: bool) -> (Exit, String, Vec<Instant>) {
     };
     let exit = tokio::time::timeout(
         Duration::from_secs(30),
-        heartbeat::run(&client, &r.key, &r.state, &r.spec, &mut recycler, once, stop),
+        heartbeat::run(
+            &client,
+            &r.key,
+            &r.state,
+            &r.spec,
+            &mut recycler,
+            once,
+            stop,
+        ),
     )
     .await
     .expect("the loop ends within 30 s");

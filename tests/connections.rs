@@ -224,3 +224,196 @@ async fn one_peer_holding_every_socket_it_can_does_not_lock_the_others_out() {
     assert_eq!(r.status(), StatusCode::OK);
     child.kill().await.ok();
 }
+
+/// `GET path` on a connection from `from`; the answer's status line and body, or `None` when
+/// nothing came within `limit`.
+async fn held_request(from: &str, to: SocketAddr, path: &str, limit: Duration) -> Option<String> {
+    let mut s = connect_from(from, to).await.ok()?;
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 2048];
+    let deadline = tokio::time::Instant::now() + limit;
+    // The whole of a small answer: its head and the body its length says.
+    loop {
+        let text = String::from_utf8_lossy(&seen).into_owned();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let len: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(str::to_string)
+                })
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if body.len() >= len {
+                return Some(text);
+            }
+        }
+        match tokio::time::timeout_at(deadline, s.read(&mut buf)).await {
+            Ok(Ok(n)) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => return (!seen.is_empty()).then(|| String::from_utf8_lossy(&seen).into_owned()),
+        }
+    }
+}
+
+/// A field of the JSON log line whose message is `message`.
+fn logged(lines: &[serde_json::Value], message: &str, field: &str) -> usize {
+    let line = lines
+        .iter()
+        .find(|l| l["message"] == message)
+        .unwrap_or_else(|| panic!("no `{message}` line in {lines:?}"));
+    line[field]
+        .as_u64()
+        .unwrap_or_else(|| panic!("`{message}` has no {field}: {line}")) as usize
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slow_forwarded_requests_from_four_addresses_neither_exhaust_the_descriptors_nor_lock_a_fifth_out()
+ {
+    use std::collections::BTreeMap;
+    use tokio::io::AsyncBufReadExt;
+    let forge = forges::forgejo().await;
+    // The binary under a file limit of 512 (soft and hard: it raises the soft one to the hard).
+    let dir = tempfile::tempdir().unwrap();
+    let port = binary::free_port();
+    let mut cmd = binary::serve(dir.path(), port);
+    cmd.env("LEASEGATE_ADMIN_TOKEN", ADMIN)
+        .env("LEASEGATE_FORGE_TOKEN", FORGE)
+        .env("LEASEGATE_FORGEJO_UPSTREAM", &forge.base)
+        .env("LEASEGATE_LOG_FORMAT", "json");
+    // SAFETY: setrlimit is async-signal-safe and touches nothing of the parent.
+    unsafe {
+        cmd.pre_exec(|| rlimit::setrlimit(rlimit::Resource::NOFILE, 512, 512));
+    }
+    let mut child = cmd.spawn().unwrap();
+    let pid = child.id().unwrap();
+    // Every log line, read as it comes (a full pipe would stall the service's logging).
+    let log: std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>> = Default::default();
+    let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+    let reader = {
+        let log = log.clone();
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Ok(v) = serde_json::from_str(&line) {
+                    log.lock().unwrap().push(v);
+                }
+            }
+        })
+    };
+    let to: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
+    let base = format!("http://{to}");
+    binary::wait_ready(&base).await;
+    let started = log.lock().unwrap().clone();
+    let per_peer = logged(&started, "listening", "max_connections_per_peer");
+    let max_total = logged(&started, "listening", "max_connections");
+    let forwarded_per_peer = logged(
+        &started,
+        "gating the forge's runners",
+        "forge_requests_per_peer",
+    );
+    let forwarded_max = logged(&started, "gating the forge's runners", "forge_requests");
+
+    // Each of four addresses holds nearly all a peer may of connections, each with a request
+    // the forge answers in 10 s. Were each forwarded request's second socket uncounted, they
+    // would take more than the 512 descriptors the process has.
+    let n = per_peer - 4;
+    assert!(
+        4 * n * 2 > 512,
+        "the scenario needs more sockets than the limit: {n} a peer"
+    );
+    assert!(
+        4 * n < max_total,
+        "and leaves the listener room for a fifth address"
+    );
+    assert!(4 * forwarded_per_peer <= forwarded_max);
+    let attackers = ["127.0.0.2", "127.0.0.3", "127.0.0.4", "127.0.0.5"];
+    let mut held = Vec::new();
+    for from in attackers {
+        for _ in 0..n {
+            held.push(tokio::spawn(async move {
+                let answer = held_request(
+                    from,
+                    to,
+                    "/api/actions_pipeline/slow/10",
+                    Duration::from_secs(30),
+                )
+                .await;
+                (from, answer)
+            }));
+        }
+    }
+    // Until the forge holds every request the caps let through.
+    let deadline = Instant::now() + Duration::from_secs(8);
+    while forge.calls().len() < 4 * forwarded_per_peer {
+        assert!(
+            Instant::now() < deadline,
+            "the forge got {} requests",
+            forge.calls().len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // A fifth address is served, and the process is below its file limit.
+    let fifth = reqwest::Client::builder()
+        .local_address("127.0.0.6".parse::<std::net::IpAddr>().unwrap())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let r = fifth.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let open_files = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count();
+    assert!(open_files < 512, "{open_files} files open");
+
+    // Each address got its share of the forge and no more; the rest were turned away at once.
+    let mut by_address: BTreeMap<String, usize> = BTreeMap::new();
+    for call in forge.calls() {
+        let from = call.headers["x-forwarded-for"]
+            .to_str()
+            .unwrap()
+            .to_string();
+        *by_address.entry(from).or_default() += 1;
+    }
+    let expected: BTreeMap<String, usize> = attackers
+        .iter()
+        .map(|a| (a.to_string(), forwarded_per_peer))
+        .collect();
+    assert_eq!(by_address, expected);
+    let mut answered: BTreeMap<(&str, String), usize> = BTreeMap::new();
+    for task in held {
+        let (from, answer) = task.await.unwrap();
+        let answer = answer.unwrap_or_else(|| panic!("{from}: no answer"));
+        let kind = if answer.starts_with("HTTP/1.1 200") && answer.ends_with("held and answered") {
+            "forwarded"
+        } else if answer.starts_with("HTTP/1.1 503")
+            && answer.contains("\"code\":\"too_many_connections\"")
+        {
+            assert!(
+                answer.to_ascii_lowercase().contains("retry-after: 5"),
+                "{answer}"
+            );
+            "turned away"
+        } else {
+            panic!("{from}: {answer}")
+        };
+        *answered.entry((from, kind.to_string())).or_default() += 1;
+    }
+    for from in attackers {
+        assert_eq!(
+            answered[&(from, "forwarded".to_string())],
+            forwarded_per_peer,
+            "{from}"
+        );
+        assert_eq!(
+            answered[&(from, "turned away".to_string())],
+            n - forwarded_per_peer,
+            "{from}"
+        );
+    }
+    child.kill().await.ok();
+    reader.abort();
+}

@@ -215,7 +215,10 @@ mod tests {
 
         // The first ask recycles, and is remembered (privately).
         let mut r = Recycler::beside(&state);
-        assert_eq!(r.after(&drifted(&["b", "a"]), Some("old")), Some(Exit::Recycle));
+        assert_eq!(
+            r.after(&drifted(&["b", "a"]), Some("old")),
+            Some(Exit::Recycle)
+        );
         let mode = std::fs::metadata(r.path()).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o600);
         assert_eq!(
@@ -237,9 +240,15 @@ mod tests {
         assert_eq!(r.after(&drifted(&["c"]), Some("old")), None);
 
         // On the image: forgotten, so a roll back to an image recycled for before recycles.
-        assert_eq!(r.after(&answer(Action::None, Some(true), &["c"]), Some("c")), None);
+        assert_eq!(
+            r.after(&answer(Action::None, Some(true), &["c"]), Some("c")),
+            None
+        );
         assert!(!r.path().exists());
-        assert_eq!(r.after(&drifted(&["a", "b"]), Some("c")), Some(Exit::Recycle));
+        assert_eq!(
+            r.after(&drifted(&["a", "b"]), Some("c")),
+            Some(Exit::Recycle)
+        );
     }
 
     #[test]

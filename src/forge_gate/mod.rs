@@ -18,8 +18,8 @@ mod forgejo;
 mod gitlab;
 mod upstream;
 
-pub use decide::Verdict;
 pub use connections::ForwardCaps;
+pub use decide::Verdict;
 pub use upstream::Upstream;
 
 use crate::app::AppState;
