@@ -36,6 +36,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/admin/pools"),
     ("get", "/api/v1/admin/pools/{name}"),
     ("put", "/api/v1/admin/pools/{name}"),
+    ("patch", "/api/v1/admin/pools/{name}"),
     ("delete", "/api/v1/admin/pools/{name}"),
     ("post", "/api/v1/admin/pools/{name}/registration-tokens"),
     ("post", "/api/v1/admin/pools/{name}/resolve"),
@@ -358,6 +359,36 @@ async fn real_answers_match_the_documented_schemas() {
     )
     .await;
     check(&doc, "put", "/api/v1/admin/pools/{name}", 201, j, &pool);
+    let patch = json!({"drift_grace_s": 60, "image_ref": null});
+    let (_, patched) = json_of(
+        app.admin_patch("/api/v1/admin/pools/linux", patch.clone())
+            .await,
+        StatusCode::OK,
+    )
+    .await;
+    check(
+        &doc,
+        "patch",
+        "/api/v1/admin/pools/{name}",
+        200,
+        j,
+        &patched,
+    );
+    // The patch itself is what the document says a patch is, in either media type.
+    let body = &doc["paths"]["/api/v1/admin/pools/{name}"]["patch"]["requestBody"];
+    for media in ["application/merge-patch+json", "application/json"] {
+        let root = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "components": doc["components"],
+            "allOf": [body["content"][media]["schema"]],
+        });
+        let validator = jsonschema::validator_for(&root).unwrap();
+        assert!(validator.is_valid(&patch), "{media}: {patch}");
+        assert!(
+            !validator.is_valid(&json!({"gate_mode": "loud"})),
+            "{media}"
+        );
+    }
 
     let (_, token) = json_of(
         app.admin_post("/api/v1/admin/pools/linux/registration-tokens", json!({}))

@@ -299,8 +299,9 @@ async fn put_pool(
     Ok((status, Json(pool_view(&state, &pool, now).await?)))
 }
 
-/// How often a `PATCH` reads, merges and writes again when the pool changed under it.
-const PATCH_ATTEMPTS: usize = 5;
+/// How often a `PATCH` reads, merges and writes again when the pool changed under it. Of
+/// writers racing on one pool one wins each round, so this many concurrent patches all land.
+const PATCH_ATTEMPTS: usize = 32;
 
 #[utoipa::path(patch, path = "/api/v1/admin/pools/{name}", tag = "admin",
     security(("admin_token" = [])),
@@ -333,9 +334,8 @@ async fn patch_pool(
             .ok_or_else(|| ApiError::not_found("pool"))?;
         let mut body = put_body(&base);
         super::merge_patch::apply(&mut body, &patch);
-        // Read back exactly as a PUT body is, for the same answers.
-        let bytes = serde_json::to_vec(&body).expect("a JSON value serializes");
-        let spec = spec_of(super::json::parse::<PoolBody>(&bytes)?)?;
+        // Read exactly as a PUT body is, for the same answers.
+        let spec = spec_of(super::json::parse_value::<PoolBody>(body)?)?;
         let now = Millis::now();
         let audit = caller
             .audit(Action::PoolPatch, name.as_str(), now)

@@ -46,6 +46,23 @@ pub fn parse<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
     Ok(value)
 }
 
+/// `value` as `T`, with `parse`'s answers (less the line and column, which would point into a
+/// document the client never sent: a merge patch's result).
+pub fn parse_value<T: DeserializeOwned>(value: serde_json::Value) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::bad_request("body: a JSON object is required"));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        if path == "." {
+            ApiError::bad_request(format!("body: {inner}"))
+        } else {
+            ApiError::bad_request(format!("{path}: {inner}"))
+        }
+    })
+}
+
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
     type Rejection = ApiError;
 

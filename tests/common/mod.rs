@@ -378,6 +378,18 @@ impl TestApp {
             .unwrap()
     }
 
+    /// `PATCH` with a JSON merge patch (`application/merge-patch+json`).
+    pub async fn admin_patch(&self, path: &str, patch: Value) -> Response {
+        self.client
+            .patch(self.url(path))
+            .bearer_auth(ADMIN)
+            .header("content-type", "application/merge-patch+json")
+            .body(patch.to_string())
+            .send()
+            .await
+            .unwrap()
+    }
+
     pub async fn admin_post(&self, path: &str, body: Value) -> Response {
         self.client
             .post(self.url(path))
