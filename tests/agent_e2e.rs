@@ -710,3 +710,232 @@ async fn register_binds_the_forge_runners_it_reads_from_their_own_files() {
         "the token was spent"
     );
 }
+
+/// The shipped heartbeat unit (`deploy/systemd/leasegate-heartbeat@.service`) as systemd runs
+/// it, without its `RestartSec`: `ExecStart` with the unit's environment, then `ExecStopPost`
+/// with `EXIT_STATUS`, and a restart on failure unless the status prevents it.
+struct ShippedUnit {
+    exec_start: Vec<String>,
+    stop_post: String,
+    prevent_restart: Vec<i32>,
+    env: Vec<(String, String)>,
+    /// Where the fake `systemctl` the unit calls writes its arguments.
+    systemctl_log: PathBuf,
+}
+
+/// How one run of the unit's `ExecStart` ended.
+struct UnitRun {
+    exit: i32,
+    log: String,
+    /// Whether systemd would start it again.
+    restarts: bool,
+}
+
+impl ShippedUnit {
+    fn new(dir: &Path, env: &[(&str, &str)]) -> ShippedUnit {
+        let text = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("deploy/systemd/leasegate-heartbeat@.service"),
+        )
+        .unwrap();
+        let value = |key: &str| {
+            let found: Vec<&str> = text
+                .lines()
+                .filter_map(|l| l.strip_prefix(&format!("{key}=")))
+                .collect();
+            assert_eq!(found.len(), 1, "one {key}= in the unit");
+            found[0].to_string()
+        };
+        assert_eq!(value("Restart"), "on-failure");
+        let exec_start = value("ExecStart")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>();
+        assert_eq!(
+            exec_start[..3],
+            ["/usr/local/bin/leasegate", "runner", "heartbeat"]
+        );
+        let bin = dir.join("bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        let systemctl_log = dir.join("systemctl.log");
+        script(
+            &bin,
+            "systemctl",
+            &format!("echo \"$*\" >> '{}'", systemctl_log.display()),
+        );
+        let mut env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        env.push((
+            "PATH".into(),
+            format!("{}:{}", bin.display(), std::env::var("PATH").unwrap()),
+        ));
+        ShippedUnit {
+            exec_start,
+            // systemd passes `$$` on as `$`.
+            stop_post: value("ExecStopPost").replace("$$", "$"),
+            prevent_restart: value("RestartPreventExitStatus")
+                .split_whitespace()
+                .map(|s| s.parse().unwrap())
+                .collect(),
+            env,
+            systemctl_log,
+        }
+    }
+
+    fn set(&mut self, key: &str, value: &str) {
+        self.env.retain(|(k, _)| k != key);
+        self.env.push((key.into(), value.into()));
+    }
+
+    /// What the fake `systemctl` was asked, one call a line.
+    fn systemctl_calls(&self) -> Vec<String> {
+        std::fs::read_to_string(&self.systemctl_log)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Starts the unit and lets it run until it exits, or until its log says `until` (then
+    /// stops it as `systemctl stop` does, with SIGTERM); then its `ExecStopPost`.
+    async fn run_until(&self, until: &str) -> UnitRun {
+        use tokio::io::AsyncBufReadExt;
+        let args: Vec<&str> = self.exec_start[1..].iter().map(String::as_str).collect();
+        // `runner(["runner", "heartbeat"])` would say `runner` twice.
+        let mut cmd = runner(&args[1..]);
+        cmd.envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .stderr(std::process::Stdio::piped());
+        let mut child = cmd.spawn().unwrap();
+        let mut lines = tokio::io::BufReader::new(child.stderr.take().unwrap()).lines();
+        let mut log = String::new();
+        let read = async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                log.push_str(&line);
+                log.push('\n');
+                if line.contains(until) {
+                    return true;
+                }
+            }
+            false
+        };
+        let seen = tokio::time::timeout(Duration::from_secs(30), read)
+            .await
+            .expect("the heartbeat exited or logged what was awaited within 30 s");
+        if seen {
+            std::process::Command::new("kill")
+                .args(["-TERM", &child.id().unwrap().to_string()])
+                .status()
+                .unwrap();
+        }
+        let status = tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("the heartbeat ended")
+            .unwrap();
+        let exit = status.code().expect("exited, not killed");
+        let post = tokio::process::Command::new("sh")
+            .arg("-c")
+            .arg(&self.stop_post)
+            .envs(self.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("EXIT_STATUS", exit.to_string())
+            .status()
+            .await
+            .unwrap();
+        assert!(post.success(), "ExecStopPost failed");
+        UnitRun {
+            exit,
+            log,
+            restarts: exit != 0 && !self.prevent_restart.contains(&exit),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drifted_runner_under_the_shipped_unit_is_recycled_once_per_new_image() {
+    let app = spawn_app().await;
+    let dir = tempfile::tempdir().unwrap();
+    let old = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
+    // The pool has moved on; `report` keeps the runner leased to while it rolls.
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_B], "image_policy": "report"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let agent = Agent::register(&app, "linux", "build-07").await;
+    let (key, state) = (agent.key(), agent.state());
+    let mut unit = ShippedUnit::new(
+        dir.path(),
+        &[
+            ("LEASEGATE_SERVER", &app.base),
+            ("LEASEGATE_RUNNER_KEY", key.to_str().unwrap()),
+            ("LEASEGATE_RUNNER_STATE", state.to_str().unwrap()),
+            ("LEASEGATE_RUNTIME", old.to_str().unwrap()),
+            ("LEASEGATE_IMAGE", "localhost/ci/runner:1"),
+            ("LEASEGATE_RECYCLE_UNIT", "gitlab-runner.service"),
+        ],
+    );
+    let recycle = "restart --no-block gitlab-runner.service";
+    const WAITING: &str = "waiting for this runner to come onto its pool's current image";
+
+    // Asked to recycle: exits 3, the runner's unit is restarted, the heartbeat comes back.
+    let first = unit.run_until(WAITING).await;
+    assert_eq!(first.exit, 3, "{}", first.log);
+    assert!(first.restarts);
+    assert_eq!(unit.systemctl_calls(), [recycle]);
+    let memory = agent.dir.path().join("state/runner.recycled.json");
+    let remembered: Value =
+        serde_json::from_str(&std::fs::read_to_string(&memory).unwrap()).unwrap();
+    assert_eq!(remembered["expected_image_ids"], json!([IMAGE_B]));
+    assert_eq!(remembered["running"], FAKE_ID);
+    assert_eq!(mode(&memory), 0o600);
+
+    // Nothing pulled the image: the same answer, and the heartbeat stays up, saying at WARN
+    // what it waits for, instead of restarting the runner every minute.
+    let second = unit.run_until(WAITING).await;
+    assert_eq!(
+        second.exit, 0,
+        "stopped, never exited by itself: {}",
+        second.log
+    );
+    assert!(!second.restarts);
+    let waiting = second.log.lines().find(|l| l.contains(WAITING)).unwrap();
+    assert!(
+        waiting.contains("WARN") && waiting.contains(IMAGE_B),
+        "{waiting}"
+    );
+    assert_eq!(unit.systemctl_calls(), [recycle], "recycled once");
+    let runner = app.runner(&agent.runner_id).await;
+    assert_eq!(
+        runner["image_current"], false,
+        "still heart-beating: {runner}"
+    );
+
+    // The pool rolls on to another image: recycled for once more.
+    let r = app
+        .admin_patch(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_A]}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let third = unit.run_until(WAITING).await;
+    assert_eq!(third.exit, 3, "{}", third.log);
+    assert!(third.log.contains(IMAGE_A), "{}", third.log);
+    let fourth = unit.run_until(WAITING).await;
+    assert_eq!(fourth.exit, 0, "{}", fourth.log);
+    assert_eq!(unit.systemctl_calls(), [recycle, recycle]);
+
+    // The runner comes onto the image: the memory is forgotten.
+    let new_dir = dir.path().join("new");
+    std::fs::create_dir(&new_dir).unwrap();
+    let new = fake_runtime(&new_dir, "podman", IMAGE_A, &[]);
+    unit.set("LEASEGATE_RUNTIME", new.to_str().unwrap());
+    let fifth = unit.run_until("status=healthy").await;
+    assert_eq!(fifth.exit, 0, "{}", fifth.log);
+    assert!(!memory.exists(), "{}", fifth.log);
+    assert_eq!(unit.systemctl_calls(), [recycle, recycle]);
+    assert_eq!(app.runner(&agent.runner_id).await["image_current"], true);
+}

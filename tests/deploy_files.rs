@@ -336,6 +336,74 @@ fn the_rootless_heartbeat_runs_as_its_user_in_a_sandbox_rootless_podman_can_work
     );
 }
 
+/// Both heartbeat units restart the runner's unit when the heartbeat exits 3, and on no other
+/// status; they restart the heartbeat after it (so that it can wait, having recycled once:
+/// `agent::recycle`), and only a revoked runner or a usage error keeps it down.
+#[test]
+fn the_heartbeat_units_restart_the_runner_on_recycle_alone() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = dir.path().join("systemctl.log");
+    let systemctl = dir.path().join("systemctl");
+    std::fs::write(
+        &systemctl,
+        format!("#!/bin/sh\necho \"$*\" >> '{}'\n", log.display()),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&systemctl, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let path = format!(
+        "{}:{}",
+        dir.path().display(),
+        std::env::var("PATH").unwrap()
+    );
+    for unit in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS] {
+        let entries = unit_entries(&read(unit));
+        let one = |key: &str| {
+            let values = service_values(&entries, key);
+            assert_eq!(values.len(), 1, "{unit}: one {key}=");
+            values[0].clone()
+        };
+        assert_eq!(one("Restart"), "on-failure", "{unit}");
+        let prevented: Vec<String> = one("RestartPreventExitStatus")
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        assert!(!prevented.contains(&"3".to_string()), "{unit}: 3 restarts");
+        // systemd's prefix "+" (run with full privileges) is not part of the command; `$$` is
+        // systemd's escape of `$`.
+        let stop_post = one("ExecStopPost");
+        let command = stop_post.trim_start_matches('+').replace("$$", "$");
+        for status in ["0", "1", "2", "3", "4", "5", "64"] {
+            for recycle_unit in [Some("gitlab-runner.service"), None] {
+                let _ = std::fs::remove_file(&log);
+                let mut sh = Command::new("sh");
+                sh.arg("-c")
+                    .arg(&command)
+                    .env("PATH", &path)
+                    .env("EXIT_STATUS", status)
+                    .env_remove("LEASEGATE_RECYCLE_UNIT");
+                if let Some(u) = recycle_unit {
+                    sh.env("LEASEGATE_RECYCLE_UNIT", u);
+                }
+                let (ok, _, stderr) = run(&mut sh);
+                assert!(ok, "{unit} ExecStopPost: {stderr}");
+                let calls = std::fs::read_to_string(&log).unwrap_or_default();
+                let expected = match (status, recycle_unit) {
+                    ("3", Some(u)) => format!("restart --no-block {u}\n"),
+                    _ => String::new(),
+                };
+                assert_eq!(calls, expected, "{unit}: status {status}, {recycle_unit:?}");
+            }
+        }
+    }
+    // RUNNERS.md says the heartbeat recycles once per image, and where it remembers it.
+    let doc = read("docs/RUNNERS.md");
+    assert!(
+        doc.contains(".recycled.json"),
+        "RUNNERS.md names the memory file"
+    );
+}
+
 #[test]
 fn runners_doc_says_which_heartbeat_unit_to_choose_and_who_owns_the_key() {
     let doc = read("docs/RUNNERS.md");
