@@ -154,7 +154,8 @@ pub struct ServeArgs {
     pub idle_timeout_s: u64,
 
     /// The most connections open at once; default: the process's file limit (raised to its
-    /// hard limit at start) less room for the database and files, at most 50000.
+    /// hard limit at start) less room for the database and files (two thirds of that with a
+    /// forge set: the rest is the forge's), at most 50000.
     #[arg(long, env = "LEASEGATE_MAX_CONNECTIONS")]
     pub max_connections: Option<usize>,
 
