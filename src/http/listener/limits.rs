@@ -7,6 +7,9 @@
 //! whole of it. A trusted proxy (`LEASEGATE_TRUSTED_PROXIES`) carries many clients on few
 //! connections' addresses, so only the overall cap applies to it. IPv6 peers are counted by
 //! their /64, which one host usually holds whole.
+//!
+//! The forge gate counts its forwarded requests with a `ConnectionLimits` of its own
+//! (`forge_gate/connections.rs`), saying itself whether a peer is a trusted proxy (`admit_as`).
 
 use ipnet::IpNet;
 use std::collections::HashMap;
