@@ -571,7 +571,7 @@ async fn a_wrong_method_is_method_not_allowed(app) {
         (reqwest::Method::POST, "/livez"),
         (reqwest::Method::GET, "/api/v1/lease"),
         (reqwest::Method::GET, "/api/v1/runners/heartbeat"),
-        (reqwest::Method::PATCH, "/api/v1/admin/pools/linux"),
+        (reqwest::Method::PATCH, "/api/v1/admin/pools"),
     ] {
         let r = app
             .client
