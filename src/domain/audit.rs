@@ -25,6 +25,13 @@ pub enum Action {
     OperatorTokenRevoke,
     PageLogin,
     PageLogout,
+    /// The steps of a GitHub registration leasegate minted for a runner (the service's own
+    /// doing, at the runner's request or the watcher's look).
+    GithubRunnerMinted,
+    GithubRunnerOnline,
+    GithubRunnerBusy,
+    GithubRunnerDone,
+    GithubRunnerDeleted,
 }
 
 /// What kind of thing an action is done to.
@@ -47,7 +54,7 @@ impl TargetKind {
 }
 
 impl Action {
-    pub const ALL: [Action; 13] = [
+    pub const ALL: [Action; 18] = [
         Action::RunnerCordon,
         Action::RunnerUncordon,
         Action::RunnerRevoke,
@@ -61,6 +68,11 @@ impl Action {
         Action::OperatorTokenRevoke,
         Action::PageLogin,
         Action::PageLogout,
+        Action::GithubRunnerMinted,
+        Action::GithubRunnerOnline,
+        Action::GithubRunnerBusy,
+        Action::GithubRunnerDone,
+        Action::GithubRunnerDeleted,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -78,6 +90,11 @@ impl Action {
             Action::OperatorTokenRevoke => "operator_token_revoke",
             Action::PageLogin => "page_login",
             Action::PageLogout => "page_logout",
+            Action::GithubRunnerMinted => "github_runner_minted",
+            Action::GithubRunnerOnline => "github_runner_online",
+            Action::GithubRunnerBusy => "github_runner_busy",
+            Action::GithubRunnerDone => "github_runner_done",
+            Action::GithubRunnerDeleted => "github_runner_deleted",
         }
     }
 
@@ -91,7 +108,12 @@ impl Action {
             Action::RunnerCordon
             | Action::RunnerUncordon
             | Action::RunnerRevoke
-            | Action::RunnerForgeRunners => TargetKind::Runner,
+            | Action::RunnerForgeRunners
+            | Action::GithubRunnerMinted
+            | Action::GithubRunnerOnline
+            | Action::GithubRunnerBusy
+            | Action::GithubRunnerDone
+            | Action::GithubRunnerDeleted => TargetKind::Runner,
             Action::PoolPut
             | Action::PoolPatch
             | Action::PoolDelete

@@ -196,6 +196,7 @@ pub(crate) mod fixtures {
             image_source: ImageSource::Manual,
             drift_grace_s: 900,
             resolve_interval_s: 300,
+            github: None,
         };
         let pool = Pool::apply(
             PoolName::parse("linux").unwrap(),

@@ -247,6 +247,7 @@ mod tests {
             previous_valid_until: None,
             drift_grace_s: 0,
             resolve_interval_s: 300,
+            github: None,
             last_resolution: None,
             resolution_failures: 0,
             resolved_digest: None,

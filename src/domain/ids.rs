@@ -55,3 +55,8 @@ id_type!(
     /// One lease of one job by one runner; every lease-scoped write is fenced by it.
     LeaseId
 );
+id_type!(
+    /// One GitHub registration leasegate minted for a runner (its row; GitHub's own id for the
+    /// runner it registered is a number, `github_runner_id`).
+    RegistrationId
+);

@@ -11,6 +11,7 @@ pub mod digest;
 pub(crate) mod fixtures;
 pub mod fleet;
 pub mod forge;
+pub mod github;
 pub mod ids;
 pub mod job;
 pub mod json_object;

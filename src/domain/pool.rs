@@ -156,6 +156,8 @@ pub struct PoolSpec {
     pub gate_mode: GateMode,
     pub drift_grace_s: i64,
     pub resolve_interval_s: i64,
+    /// Where its runners register with GitHub Actions, if they do.
+    pub github: Option<super::github::GithubPool>,
 }
 
 /// Why a pool spec cannot be accepted.
@@ -265,6 +267,8 @@ pub struct Pool {
     pub resolved_image_id: Option<ImageDigest>,
     /// When the next background resolution is due (registry pools only).
     pub next_resolve_at: Option<Millis>,
+    /// Where its runners register with GitHub Actions, if they do.
+    pub github: Option<super::github::GithubPool>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -358,6 +362,7 @@ impl Pool {
             resolved_digest,
             resolved_image_id,
             next_resolve_at,
+            github: spec.github,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
         }
@@ -491,6 +496,7 @@ mod tests {
             image_source: ImageSource::Manual,
             drift_grace_s: 900,
             resolve_interval_s: 300,
+            github: None,
         }
     }
 
@@ -554,6 +560,7 @@ mod tests {
             image_source: ImageSource::Registry,
             drift_grace_s: grace,
             resolve_interval_s: 300,
+            github: None,
         }
     }
 

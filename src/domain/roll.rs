@@ -92,6 +92,7 @@ mod tests {
             image_source: ImageSource::Manual,
             drift_grace_s: 900,
             resolve_interval_s: 300,
+            github: None,
         };
         Pool::apply(
             PoolName::parse(name).unwrap(),
@@ -181,6 +182,7 @@ mod tests {
                 image_source: ImageSource::Manual,
                 drift_grace_s: 900,
                 resolve_interval_s: 300,
+                github: None,
             },
             NOW.minus_secs(1),
         );

@@ -253,6 +253,7 @@ mod tests {
             image_source: ImageSource::Manual,
             drift_grace_s: 900,
             resolve_interval_s: 300,
+            github: None,
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),
@@ -400,6 +401,7 @@ mod tests {
             image_source: ImageSource::Manual,
             drift_grace_s: 900,
             resolve_interval_s: 300,
+            github: None,
         };
         let rolled = Pool::apply(first.name.clone(), Some(&first), spec, NOW);
         let on_a = healthy();
