@@ -536,6 +536,48 @@ where
         .await
     }
 
+    async fn reserve_github_registration(
+        &self,
+        reg: &GithubRegistration,
+    ) -> StoreResult<Option<GithubRegistration>> {
+        self.write(reg.clone(), |db, reg| {
+            Box::pin(sql::github::reserve(db, reg))
+        })
+        .await
+    }
+
+    async fn rename_github_registration(&self, id: &RegistrationId, name: &str) -> StoreResult<()> {
+        self.write((id.clone(), name.to_string()), |db, (id, name)| {
+            Box::pin(sql::github::rename(db, id, name))
+        })
+        .await
+    }
+
+    async fn release_github_registration(&self, id: &RegistrationId) -> StoreResult<()> {
+        self.write(id.clone(), |db, id| Box::pin(sql::github::release(db, id)))
+            .await
+    }
+
+    async fn record_github_registration(
+        &self,
+        reg: &GithubRegistration,
+        prior: GithubState,
+        audit: Option<&Entry>,
+    ) -> StoreResult<bool> {
+        let args = (reg.clone(), prior);
+        let step: Step<E::Db, (GithubRegistration, GithubState), bool> =
+            |db, (reg, prior)| Box::pin(sql::github::update(db, reg, *prior));
+        match audit {
+            Some(audit) => self.audited(args, audit, yes, step).await,
+            None => self.write(args, step).await,
+        }
+    }
+
+    async fn outstanding_github_registrations(&self) -> StoreResult<Vec<GithubRegistration>> {
+        self.read((), |db, ()| Box::pin(sql::github::outstanding(db)))
+            .await
+    }
+
     async fn record_refusal(
         &self,
         runner: &RunnerId,

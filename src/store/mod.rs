@@ -28,7 +28,10 @@ pub use sql::round::{Rejection, RoundItem, RoundOutcome};
 use crate::domain::attestation::RunningImage;
 use crate::domain::audit::{Entry, Recorded};
 use crate::domain::forge::{ForgeBinding, ForgeIdentity};
-use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::github::registration::{
+    Registration as GithubRegistration, State as GithubState,
+};
+use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
 use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{LeaseCall, LeaseCallError};
 use crate::domain::operator::{Operator, OperatorName};
@@ -331,6 +334,8 @@ pub struct RunnerHistory {
     pub status_changes: Vec<StatusChange>,
     pub refusals: Vec<RefusalEntry>,
     pub leases: Vec<Lease>,
+    /// Its latest GitHub registrations, each with the steps it went through.
+    pub github_registrations: Vec<GithubRegistration>,
 }
 
 /// A session of the runner-health page, as stored.
@@ -531,6 +536,28 @@ pub trait Store: Send + Sync + 'static {
         detail: &str,
         now: Millis,
     ) -> StoreResult<()>;
+    /// Reserves a GitHub registration (`reg`, state `minting`) before GitHub is asked for it;
+    /// `Some` of the runner's registration that has not ended instead (nothing written), since
+    /// a runner holds at most one, whatever replicas race.
+    async fn reserve_github_registration(
+        &self,
+        reg: &GithubRegistration,
+    ) -> StoreResult<Option<GithubRegistration>>;
+    /// A reservation's new name, before GitHub is asked again (it had the first).
+    async fn rename_github_registration(&self, id: &RegistrationId, name: &str) -> StoreResult<()>;
+    /// A reservation GitHub did not mint: gone, as if never made.
+    async fn release_github_registration(&self, id: &RegistrationId) -> StoreResult<()>;
+    /// Writes `reg` over its row as it was in `prior`, with `audit` (a step of its life) when
+    /// given; whether it was written (another replica may have moved it first).
+    async fn record_github_registration(
+        &self,
+        reg: &GithubRegistration,
+        prior: GithubState,
+        audit: Option<&Entry>,
+    ) -> StoreResult<bool>;
+    /// Every GitHub registration that has not ended, by scope.
+    async fn outstanding_github_registrations(&self) -> StoreResult<Vec<GithubRegistration>>;
+
     /// Records a refusal on the runner: a forge fetch the gate answered itself.
     async fn record_refusal(
         &self,

@@ -165,6 +165,7 @@ mod tests {
                 image_source: ImageSource::Manual,
                 drift_grace_s: 900,
                 resolve_interval_s: 300,
+                github: None,
             },
             Millis(0),
         );

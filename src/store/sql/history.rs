@@ -1,6 +1,6 @@
 //! What a runner's detail shows beyond the runner: its kept attestations, status changes,
-//! refusals (each a run of one code, with its count) and leases; and a refusal the forge gate
-//! records on a runner outside any round.
+//! refusals (each a run of one code, with its count), leases and GitHub registrations; and a
+//! refusal the forge gate records on a runner outside any round.
 
 use super::round::{RefusalRun, upsert_refusals};
 use super::rows;
@@ -65,6 +65,7 @@ pub async fn of<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<RunnerHistory> 
             .collect::<StoreResult<_>>()?,
         refusals,
         leases: leases.iter().map(rows::lease).collect::<StoreResult<_>>()?,
+        github_registrations: super::github::of_runner(db, id).await?,
     })
 }
 

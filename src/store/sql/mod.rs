@@ -9,6 +9,7 @@
 //! - `round`: group commit's rounds (attestations and claims), planned and written;
 //! - `replay`: the recent jtis on a runner's row (rule 5);
 //! - `history`: what a runner's detail shows, and refusals outside a round;
+//! - `github`: the GitHub registrations leasegate minted, and their steps;
 //! - `sessions`: the page's sessions;
 //! - `operators`: operators' named tokens;
 //! - `audit`: the audit trail;
@@ -19,6 +20,7 @@
 //! Below, the builders of multi-row statements that several of them share.
 
 pub mod audit;
+pub mod github;
 pub mod history;
 pub mod jobs;
 pub mod leases;

@@ -90,8 +90,9 @@ async fn write<D: Db>(
                 expected_image_ids, \
              previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, \
              resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, \
-             created_at, updated_at) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16) \
+             created_at, updated_at, github) \
+             VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
+             $17) \
              ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
              image_policy = excluded.image_policy, image_source = excluded.image_source, \
              gate_mode = excluded.gate_mode, expected_image_ids = excluded.expected_image_ids, \
@@ -102,7 +103,8 @@ async fn write<D: Db>(
              excluded.resolution_failures, \
              resolved_digest = excluded.resolved_digest, resolved_image_id = \
              excluded.resolved_image_id, \
-             next_resolve_at = excluded.next_resolve_at, updated_at = excluded.updated_at",
+             next_resolve_at = excluded.next_resolve_at, updated_at = excluded.updated_at, \
+             github = excluded.github",
         )
         .bind(pool.name.as_str())
         .bind(pool.image_ref.as_deref())
@@ -119,7 +121,8 @@ async fn write<D: Db>(
         .bind(pool.resolved_image_id.as_ref().map(|d| d.to_string()))
         .bind(pool.next_resolve_at.map(|m| m.0))
         .bind(pool.created_at.0)
-        .bind(pool.updated_at.0),
+        .bind(pool.updated_at.0)
+        .bind(rows::github_pool_json(pool.github.as_ref())),
     )
     .await?;
     db.changed(Change::Pool(pool.name.clone())).await?;
@@ -227,6 +230,8 @@ pub async fn delete<D: Db>(
         "DELETE FROM leases WHERE job_id IN (SELECT id FROM jobs WHERE pool = $1)",
         "DELETE FROM jobs WHERE pool = $1",
         "DELETE FROM forge_runners WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM github_registrations WHERE runner_id IN \
+            (SELECT id FROM runners WHERE pool = $1)",
         "DELETE FROM attestation_history WHERE runner_id IN \
             (SELECT id FROM runners WHERE pool = $1)",
         "DELETE FROM refusals WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",

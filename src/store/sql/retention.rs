@@ -82,12 +82,12 @@ pub async fn jobs_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<P
 }
 
 /// One batch of history older than its horizon: refusal runs that ended before it,
-/// attestation samples, status changes and audit entries; and registration tokens used or
-/// expired before theirs.
+/// attestation samples, status changes, audit entries and GitHub registrations that ended
+/// before it; and registration tokens used or expired before theirs.
 pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<PruneReport> {
     let history = horizons.history.0;
     let mut report = PruneReport::default();
-    let deletes: [(&str, &'static str, i64); 6] = [
+    let deletes: [(&str, &'static str, i64); 7] = [
         (
             "refusals",
             "DELETE FROM refusals WHERE (runner_id, slot) IN (SELECT runner_id, slot FROM \
@@ -111,6 +111,7 @@ pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResul
             "DELETE FROM audit WHERE seq IN (SELECT seq FROM audit WHERE at < $1 LIMIT $2)",
             history,
         ),
+        ("github_registrations", super::github::PRUNE_SQL, history),
         (
             "pool_samples",
             "DELETE FROM pool_samples WHERE (pool, at) IN (SELECT pool, at FROM pool_samples \

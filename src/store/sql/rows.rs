@@ -7,7 +7,9 @@
 use crate::domain::attestation::{Probe, RunningImage};
 use crate::domain::digest::ImageDigest;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
-use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::github::registration::{Registration, State as RegistrationState};
+use crate::domain::github::{GithubPool, GithubScope};
+use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
@@ -37,6 +39,44 @@ pub fn digests(json: &str) -> StoreResult<Vec<ImageDigest>> {
 
 pub fn digests_json(list: &[ImageDigest]) -> String {
     serde_json::to_string(list).expect("digests serialize")
+}
+
+/// A pool's `github` object as its column holds it (JSON), or NULL.
+pub fn github_pool_json(github: Option<&GithubPool>) -> Option<String> {
+    github.map(|g| serde_json::to_string(&g.record()).expect("a github object serializes"))
+}
+
+fn github_pool(json: Option<String>) -> StoreResult<Option<GithubPool>> {
+    json.map(|j| {
+        serde_json::from_str(&j)
+            .map(GithubPool::from_record)
+            .map_err(|_| corrupt("github object", &j))
+    })
+    .transpose()
+}
+
+/// A GitHub registration.
+pub fn registration(row: &Row) -> StoreResult<Registration> {
+    let state = row.text("state")?;
+    Ok(Registration {
+        id: RegistrationId(row.text("id")?),
+        runner_id: RunnerId(row.text("runner_id")?),
+        pool: PoolName::from_trusted(row.text("pool")?),
+        scope: GithubScope::from_trusted(row.text("scope")?),
+        name: row.text("name")?,
+        github_runner_id: row.opt_int("github_runner_id")?,
+        state: RegistrationState::parse(&state)
+            .ok_or_else(|| corrupt("registration state", &state))?,
+        minted_at: millis(row, "minted_at")?,
+        expires_at: millis(row, "expires_at")?,
+        online_at: opt_millis(row, "online_at")?,
+        busy_at: opt_millis(row, "busy_at")?,
+        seen_at: opt_millis(row, "seen_at")?,
+        ended_at: opt_millis(row, "ended_at")?,
+        end_reason: row.opt_text("end_reason")?,
+        would_refuse: row.opt_text("would_refuse")?,
+        observed_code: row.opt_text("observed_code")?,
+    })
 }
 
 fn opt_digest(value: Option<String>) -> StoreResult<Option<ImageDigest>> {
@@ -78,6 +118,7 @@ pub fn pool(row: &Row) -> StoreResult<Pool> {
         resolved_digest: opt_digest(row.opt_text("resolved_digest")?)?,
         resolved_image_id: opt_digest(row.opt_text("resolved_image_id")?)?,
         next_resolve_at: opt_millis(row, "next_resolve_at")?,
+        github: github_pool(row.opt_text("github")?)?,
         created_at: millis(row, "created_at")?,
         updated_at: millis(row, "updated_at")?,
     })
