@@ -121,6 +121,8 @@ struct Inner {
     shutdown: CancellationToken,
     /// The gate in front of a forge's runner API, when a forge is set.
     forge_gate: Option<Arc<crate::forge_gate::ForgeGate>>,
+    /// GitHub Actions' side (the credential, the REST client), when a credential is set.
+    github: Option<Arc<crate::github::Github>>,
 }
 
 impl AppState {
@@ -130,6 +132,7 @@ impl AppState {
         secrets: Secrets,
         registry: Arc<Registry>,
         forge_gate: Option<Arc<crate::forge_gate::ForgeGate>>,
+        github: Option<Arc<crate::github::Github>>,
         shutdown: CancellationToken,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
@@ -145,6 +148,7 @@ impl AppState {
         );
         let inner = Inner {
             forge_gate,
+            github,
             throttle,
             store,
             settings,
@@ -217,6 +221,11 @@ impl AppState {
 
     pub fn forge_gate(&self) -> Option<&crate::forge_gate::ForgeGate> {
         self.inner.forge_gate.as_deref()
+    }
+
+    /// GitHub Actions' side; `None` when no GitHub credential is set (the feature is off).
+    pub fn github(&self) -> Option<&Arc<crate::github::Github>> {
+        self.inner.github.as_ref()
     }
 
     pub fn throttle(&self) -> &crate::http::throttle::AuthThrottle {

@@ -230,6 +230,50 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_FORGE_TIMEOUT_S", default_value_t = 120)]
     pub forge_timeout_s: u64,
 
+    /// GitHub's REST API: `https://api.github.com`, or GitHub Enterprise Server's
+    /// `https://HOST/api/v3`.
+    #[arg(
+        long,
+        env = "LEASEGATE_GITHUB_API_URL",
+        default_value = "https://api.github.com"
+    )]
+    pub github_api_url: String,
+
+    /// A GitHub App's id, to mint registrations for admitted runners with (with
+    /// `LEASEGATE_GITHUB_APP_KEY_FILE` and `LEASEGATE_GITHUB_INSTALLATION_ID`).
+    #[arg(long, env = "LEASEGATE_GITHUB_APP_ID")]
+    pub github_app_id: Option<u64>,
+
+    /// The GitHub App's private key (the PEM file GitHub downloads).
+    #[arg(long, env = "LEASEGATE_GITHUB_APP_KEY_FILE")]
+    pub github_app_key_file: Option<PathBuf>,
+
+    /// The id of the App's installation on the organization, repository or enterprise.
+    #[arg(long, env = "LEASEGATE_GITHUB_INSTALLATION_ID")]
+    pub github_installation_id: Option<u64>,
+
+    /// A GitHub token instead of an App (a fine-grained or classic personal access token).
+    #[arg(long, env = "LEASEGATE_GITHUB_TOKEN", hide_env_values = true)]
+    pub github_token: Option<String>,
+
+    /// A file holding the GitHub token.
+    #[arg(long, env = "LEASEGATE_GITHUB_TOKEN_FILE")]
+    pub github_token_file: Option<PathBuf>,
+
+    /// A PEM file of CA certificates to trust for GitHub's API, besides the built-in roots
+    /// (GitHub Enterprise Server behind a private CA).
+    #[arg(long, env = "LEASEGATE_GITHUB_CA_FILE")]
+    pub github_ca_file: Option<PathBuf>,
+
+    /// How often each scope's runners are listed to follow the registrations, in seconds.
+    #[arg(long, env = "LEASEGATE_GITHUB_POLL_S", default_value_t = 10)]
+    pub github_poll_s: u64,
+
+    /// How long a registration that never comes online is kept before it is withdrawn, in
+    /// seconds.
+    #[arg(long, env = "LEASEGATE_GITHUB_UNUSED_TTL_S", default_value_t = 300)]
+    pub github_unused_ttl_s: u64,
+
     /// PostgreSQL: the most connections this replica opens.
     #[arg(long, env = "LEASEGATE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -479,6 +523,7 @@ impl ServeArgs {
         self.registry_settings()?;
         self.listener_settings()?;
         self.forge_settings()?;
+        self.github_settings()?;
         Ok(())
     }
 

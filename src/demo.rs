@@ -56,7 +56,7 @@ struct SimRunner {
 
 pub async fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     // As `serve`: every setting checked and the addresses taken before anything is written.
-    args.validate()?;
+    args.validate().map_err(crate::usage::UsageError)?;
     let listeners = crate::startup::bind(&args).await?;
     let dir = tempfile_dir()?;
     args.database_url = format!("sqlite://{}", dir.join("demo.db").display());
@@ -103,6 +103,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         gate_mode: GateMode::Enforce,
         drift_grace_s: 40,
         resolve_interval_s: 300,
+        github: None,
     };
     // The demo's own changes are in the audit trail under its name, as an operator's would be.
     let audit = |action, target: &str| Entry {
@@ -139,6 +140,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         gate_mode: GateMode::Enforce,
         drift_grace_s: 900,
         resolve_interval_s: 300,
+        github: None,
     };
     store
         .put_pool(&arm, arm_spec, now, &audit(Action::PoolPut, arm.as_str()))

@@ -72,12 +72,14 @@ impl From<VerifyError> for AdmitError {
     }
 }
 
-/// What the attestation is presented for: only leases and gate checks record refusals.
+/// What the attestation is presented for: only leases, gate checks and GitHub registrations
+/// (a lease of GitHub's kind) record refusals.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Purpose {
     Heartbeat,
     Lease,
     GateCheck,
+    GithubRunner,
 }
 
 /// An admitted attestation and the verdict it earned.
@@ -165,7 +167,7 @@ impl Gate {
                 span.record("runner_id", tracing::field::display(&admitted.runner.id));
                 span.record("pool", tracing::field::display(&admitted.pool.name));
                 self.metrics.attestation("accepted");
-                if let (Err(refusal), Purpose::Lease | Purpose::GateCheck) =
+                if let (Err(refusal), Purpose::Lease | Purpose::GateCheck | Purpose::GithubRunner) =
                     (&admitted.verdict, purpose)
                 {
                     self.metrics
@@ -250,7 +252,7 @@ impl Gate {
             .err()
             .map_or(RunnerStatus::Healthy, Refusal::status);
         let refusal = match (&verdict, purpose) {
-            (Err(r), Purpose::Lease | Purpose::GateCheck) => {
+            (Err(r), Purpose::Lease | Purpose::GateCheck | Purpose::GithubRunner) => {
                 Some((r.code().to_string(), r.detail()))
             }
             _ => None,

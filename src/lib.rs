@@ -11,6 +11,8 @@
 //! - [`http`]: axum routers, one module per party, and the problem+json error.
 //! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
 //!   the background resolver.
+//! - [`github`]: GitHub Actions under the gate: single-use registrations minted only for
+//!   admitted runners, watched and withdrawn.
 //! - [`server`], [`sweeper`], [`retention`], [`timeline`]: starting, stopping, housekeeping,
 //!   pruning, and sampling pools for the page's timelines.
 //! - [`startup`], [`usage`], [`logging`]: what a start checks before it writes anything, and
@@ -27,6 +29,7 @@ pub mod demo;
 pub mod domain;
 pub mod forge_gate;
 pub mod gate;
+pub mod github;
 pub mod http;
 pub mod logging;
 pub mod metrics;

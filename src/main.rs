@@ -92,7 +92,11 @@ async fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("leasegate: {}", spelling.apply(&format!("{e:#}")));
-            ExitCode::FAILURE
+            if leasegate::usage::UsageError::is(&e) {
+                ExitCode::from(leasegate::agent::exit::USAGE)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -90,6 +90,14 @@ pub struct ForgeFetchLabels {
     pub code: &'static str,
 }
 
+/// A GitHub registration's step or a request's outcome, and its code (a refusal's, a reason
+/// it ended, or `none`): both from closed sets.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GithubLabels {
+    pub outcome: &'static str,
+    pub code: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: &'static str,
@@ -112,6 +120,8 @@ pub struct Metrics {
     pub auth_throttled: Family<CredentialLabel, Counter>,
     /// Job fetches of forge runners, by forge, outcome and refusal code.
     pub forge_fetches: Family<ForgeFetchLabels, Counter>,
+    /// GitHub registrations: requests' outcomes and the watcher's steps, by code.
+    pub github_registrations: Family<GithubLabels, Counter>,
     pub leases_granted: Family<PoolLabel, Counter>,
     /// Rows the pruner deleted past their retention, by kind (a closed set).
     pub pruned_rows: Family<KindLabel, Counter>,
@@ -141,6 +151,7 @@ impl Default for Metrics {
             auth_failures: Family::default(),
             auth_throttled: Family::default(),
             forge_fetches: Family::default(),
+            github_registrations: Family::default(),
             leases_granted: Family::default(),
             pruned_rows: Family::default(),
             lease_refusals: Family::default(),
@@ -226,6 +237,11 @@ impl Metrics {
             "forge_fetches",
             "Job fetches of forge runners through the forge gate, by forge, outcome (forwarded, refused, observed, unbound_passed) and code",
             self.forge_fetches.clone(),
+        );
+        r.register(
+            "github_registrations",
+            "GitHub registrations: requests (minted, observed, refused, outstanding, failed) and the watcher's steps (online, busy, done, deleted, kept, would_delete), by code",
+            self.github_registrations.clone(),
         );
         r.register(
             "auth_throttled",
@@ -321,6 +337,17 @@ impl Metrics {
                 forge,
                 outcome,
                 code,
+            })
+            .inc();
+    }
+
+    /// A GitHub registration's request outcome or step, with its code (`none` when there is
+    /// none).
+    pub fn github(&self, outcome: &'static str, code: &str) {
+        self.github_registrations
+            .get_or_create(&GithubLabels {
+                outcome,
+                code: code.to_string(),
             })
             .inc();
     }

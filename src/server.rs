@@ -1,5 +1,6 @@
 //! Starting and stopping the service: configuration to settings, secrets, store, listener,
-//! sweeper and registry resolver, and a graceful shutdown on SIGTERM or Ctrl-C.
+//! sweeper, registry resolver and GitHub watcher, and a graceful shutdown on SIGTERM or
+//! Ctrl-C.
 //!
 //! `serve` checks and binds first (`startup`), and only then writes: the secrets, the store.
 //! `prepare` and `run(listener, state)` take the listener and the shutdown signal from the
@@ -249,6 +250,22 @@ async fn open(
         }
         None => None,
     };
+    let github = match args.github_settings()? {
+        Some(settings) => {
+            let github = crate::github::Github::new(settings)?;
+            let s = github.settings();
+            tracing::info!(
+                api = %s.api_url,
+                credential = match s.credential {
+                    crate::github::settings::CredentialSettings::App { .. } => "app",
+                    crate::github::settings::CredentialSettings::Token(_) => "token",
+                },
+                "minting GitHub registrations for admitted runners"
+            );
+            Some(Arc::new(github))
+        }
+        None => None,
+    };
     let settings = Settings::from_args(args)?;
     let secrets = load_secrets(args)?;
     let store: DynStore = store::open(database_url, &args.pg_settings(), args.sqlite_synchronous)
@@ -261,6 +278,7 @@ async fn open(
         secrets,
         Arc::new(registry),
         forge_gate,
+        github,
         shutdown,
     ))
 }
@@ -296,6 +314,10 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         shutdown.clone(),
     ));
     let sampler = tokio::spawn(crate::timeline::run(state.clone()));
+    let github_watcher = state
+        .github()
+        .is_some()
+        .then(|| tokio::spawn(crate::github::watcher::run(state.clone())));
     let resolver = state.settings().background_resolver.then(|| {
         tokio::spawn(crate::registry::resolver::run(
             state.store().clone(),
@@ -328,6 +350,7 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         Some(sweeper),
         Some(pruner),
         Some(sampler),
+        github_watcher,
         resolver,
         metrics_server,
     ]

@@ -4,18 +4,20 @@
 //!
 //! A start that fails here leaves no file behind, and its error names the setting at fault
 //! (by its variable; `usage::Spelling` renames it to the flag when a flag set it) and what to
-//! do about it.
+//! do about it. A setting that is wrong in itself (the URL's scheme, `validate`) is a
+//! `UsageError`: exit status 64, as for a value that does not parse.
 
 use crate::config::ServeArgs;
 use crate::store::DatabaseUrl;
+use crate::usage::UsageError;
 use std::net::SocketAddr;
 use tokio::net::TcpListener;
 
 /// Every check that needs nothing written: the URL's scheme first, since what the other
 /// messages say depends on the engine it names.
 pub fn check(args: &ServeArgs) -> anyhow::Result<DatabaseUrl> {
-    let url = DatabaseUrl::parse(&args.database_url)?;
-    args.validate()?;
+    let url = DatabaseUrl::parse(&args.database_url).map_err(|e| UsageError(e.into()))?;
+    args.validate().map_err(UsageError)?;
     if let DatabaseUrl::Sqlite(path) = &url {
         crate::store::location::check(path)?;
     }

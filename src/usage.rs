@@ -38,6 +38,21 @@ pub fn env_error(cmd: &Command, err: &clap::Error, args: &[OsString]) -> Option<
     (reworded != text).then_some(reworded)
 }
 
+/// A setting that cannot be what it says: a value out of its range, settings that contradict
+/// each other, a file a setting names that cannot be read or is not what it should be. Like a
+/// value that does not parse, it stops the start with exit status 64 (`EX_USAGE`), on which
+/// the packaged units do not restart: trying again cannot mend it.
+#[derive(Debug, thiserror::Error)]
+#[error("{0:#}")]
+pub struct UsageError(pub anyhow::Error);
+
+impl UsageError {
+    /// Whether `e` is (or was caused by) a usage error.
+    pub fn is(e: &anyhow::Error) -> bool {
+        e.chain().any(|c| c.is::<UsageError>())
+    }
+}
+
 /// `LEASEGATE_*` names that are no setting but belong in a leasegate environment: the test
 /// suite's switches (`LEASEGATE_TEST_*`, `LEASEGATE_REQUIRE_*`, `LEASEGATE_BENCH_*`), the
 /// compose file's published address (`deploy/compose`) and the heartbeat unit's service to
