@@ -16,6 +16,7 @@ use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
 use crate::domain::fleet::{self, Filter};
+use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
@@ -91,6 +92,34 @@ struct PoolBody {
     /// 10 to 86400 seconds, default 300 (registry pools).
     #[serde(default, deserialize_with = "super::json::whole_number")]
     resolve_interval_s: Option<i64>,
+    /// Where the pool's runners register with GitHub Actions; null or omitted: they do not.
+    #[serde(default)]
+    github: Option<GithubBody>,
+}
+
+/// A pool's `github` object (`domain::github::GithubPool`); unknown fields are refused, so that
+/// a misspelt one is not silently its default.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct GithubBody {
+    scope: String,
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    runner_group_id: Option<i64>,
+    labels: Vec<String>,
+    #[serde(default)]
+    work_folder: Option<String>,
+}
+
+impl GithubBody {
+    fn checked(self) -> Result<GithubPool, ApiError> {
+        GithubPool::new(
+            &self.scope,
+            self.runner_group_id.unwrap_or(DEFAULT_RUNNER_GROUP_ID),
+            self.labels,
+            self.work_folder,
+        )
+        .map_err(|e| ApiError::bad_request(e.to_string()))
+    }
 }
 
 impl utoipa::PartialSchema for PoolBody {
@@ -135,6 +164,7 @@ fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
         resolve_interval_s: body
             .resolve_interval_s
             .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
+        github: body.github.map(GithubBody::checked).transpose()?,
     };
     if spec.image_source == ImageSource::Registry
         && let Some(r) = &spec.image_ref
@@ -174,6 +204,7 @@ fn put_body(pool: &Pool) -> Value {
         resolved_digest,
         resolved_image_id: _,
         next_resolve_at: _,
+        github,
         created_at: _,
         updated_at: _,
     } = pool;
@@ -186,6 +217,14 @@ fn put_body(pool: &Pool) -> Value {
     });
     if let Some(r) = image_ref {
         body["image_ref"] = json!(r);
+    }
+    if let Some(g) = github {
+        body["github"] = json!({
+            "scope": g.scope.as_str(),
+            "runner_group_id": g.runner_group_id,
+            "labels": g.labels,
+            "work_folder": g.work_folder,
+        });
     }
     // A registry pool's resolved set is the registry's, not part of its body: named in a PUT,
     // it would stand as the operator's own set until the next resolution.
@@ -200,11 +239,12 @@ fn put_body(pool: &Pool) -> Value {
 /// The audit detail of a pool write: its policy, in short.
 fn spec_detail(spec: &PoolSpec) -> String {
     format!(
-        "image_source {} image_policy {} gate_mode {} image_ref {}",
+        "image_source {} image_policy {} gate_mode {} image_ref {} github {}",
         spec.image_source.as_str(),
         spec.image_policy.as_str(),
         spec.gate_mode.as_str(),
         spec.image_ref.as_deref().unwrap_or("-"),
+        spec.github.as_ref().map_or("-", |g| g.scope.as_str()),
     )
 }
 
@@ -272,7 +312,7 @@ fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Milli
     responses(
         (status = 201, description = "Created.", body = PoolView),
         (status = 200, description = "Replaced.", body = PoolView),
-        (status = 400, description = "`bad_request`: a bad name, digest, reference or number.", body = Problem, content_type = "application/problem+json"),
+        (status = 400, description = "`bad_request`: a bad name, digest, reference or number, or a bad `github` object.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
         (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),

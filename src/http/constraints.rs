@@ -191,6 +191,7 @@ pub fn pool_body() -> Value {
                               "description": "0 to 2592000 seconds, default 900."},
             "resolve_interval_s": {"type": ["integer", "null"], "minimum": 10, "maximum": 86_400,
                                    "description": "10 to 86400 seconds, default 300 (registry pools)."},
+            "github": github_pool(),
         },
         "anyOf": [
             {"required": ["image_source", "image_ref"], "properties": {
@@ -207,5 +208,42 @@ pub fn pool_body() -> Value {
                 "expected_image_ids": {"minItems": 1, "items": ids["items"]},
             }},
         ],
+    })
+}
+
+/// A name in a GitHub scope (`domain::github::GithubScope`): 1-100 of `A-Z a-z 0-9 _ . -`, not
+/// `.` or `..`.
+fn github_name() -> &'static str {
+    r"(?:[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}|\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,98}|\.\.[A-Za-z0-9_.-]{1,98})"
+}
+
+/// A pool's `github` object (`admin::GithubBody`, `domain::github::GithubPool::new`).
+pub fn github_pool() -> Value {
+    let name = github_name();
+    let plain = format!("[^,{CONTROLS}{FORMATS}]");
+    let visible = format!("[^,{CONTROLS}{FORMATS}{SPACES}]");
+    let segment = "[A-Za-z0-9_-][A-Za-z0-9_.-]*";
+    json!({
+        "type": ["object", "null"],
+        "description": "Where the pool's runners register with GitHub Actions (docs/FORGES.md); null or omitted: they do not.",
+        "required": ["scope", "labels"],
+        "additionalProperties": false,
+        "properties": {
+            "scope": {"type": "string",
+                      "pattern": format!("^(?:(?:orgs|enterprises)/{name}|repos/{name}/{name})$"),
+                      "description": "`orgs/ORG`, `repos/OWNER/REPO` or `enterprises/ENTERPRISE`."},
+            "runner_group_id": {"type": ["integer", "null"], "minimum": 1,
+                                "maximum": crate::domain::github::MAX_RUNNER_GROUP_ID,
+                                "description": "The runner group registrations join; default 1, the default group."},
+            "labels": {"type": "array", "minItems": 1, "maxItems": crate::domain::github::MAX_LABELS,
+                       "items": {"type": "string", "minLength": 1,
+                                 "maxLength": crate::domain::github::MAX_LABEL_CHARS,
+                                 "pattern": format!("^{plain}*{visible}{plain}*$")},
+                       "description": "The labels every registration carries (`runs-on:` matches them): 1 to 100, each 1-100 characters, no comma."},
+            "work_folder": {"type": ["string", "null"], "minLength": 1,
+                            "maxLength": crate::domain::github::MAX_WORK_FOLDER_CHARS,
+                            "pattern": format!("^{segment}(?:/{segment})*$"),
+                            "description": "The runner's work folder, relative to its directory; default `_work`."},
+        },
     })
 }

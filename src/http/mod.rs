@@ -7,6 +7,7 @@ pub mod client;
 pub mod constraints;
 pub mod forge;
 pub mod forge_bindings;
+pub mod github;
 pub mod json;
 pub mod lease;
 pub mod listener;
@@ -43,6 +44,7 @@ pub fn router(state: AppState) -> Router {
             .merge(ops::router(metrics_here))
             .merge(runners::router())
             .merge(lease::router())
+            .merge(github::router())
             .merge(forge::router())
             .merge(admin::router())
             .merge(operators::router())

@@ -17,6 +17,9 @@ pub struct ApiError {
     pub code: &'static str,
     pub detail: String,
     pub retry_after_s: Option<i64>,
+    /// Members of the problem beyond the standard ones (RFC 9457 "extension members") that a
+    /// client acts on, such as the `github_runner_id` a runner already holds.
+    pub extensions: Vec<(&'static str, serde_json::Value)>,
 }
 
 #[derive(Serialize)]
@@ -27,6 +30,8 @@ struct Problem<'a> {
     status: u16,
     detail: &'a str,
     code: &'a str,
+    #[serde(flatten)]
+    extensions: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ApiError {
@@ -36,11 +41,18 @@ impl ApiError {
             code,
             detail: detail.into(),
             retry_after_s: None,
+            extensions: Vec::new(),
         }
     }
 
     pub fn retry_after(mut self, secs: i64) -> Self {
         self.retry_after_s = Some(secs.max(1));
+        self
+    }
+
+    /// The problem with the extension member `name`.
+    pub fn with(mut self, name: &'static str, value: impl Into<serde_json::Value>) -> Self {
+        self.extensions.push((name, value.into()));
         self
     }
 
@@ -112,6 +124,11 @@ impl IntoResponse for ApiError {
             status: self.status.as_u16(),
             detail: &self.detail,
             code: self.code,
+            extensions: self
+                .extensions
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect(),
         };
         let mut response = (self.status, axum::Json(body)).into_response();
         let headers = response.headers_mut();

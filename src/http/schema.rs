@@ -19,7 +19,7 @@ use utoipa::openapi::{
 };
 use utoipa::{Modify, OpenApi, ToSchema};
 
-use super::{admin, forge, lease, operators, ops, page, registry_events, runners};
+use super::{admin, forge, github, lease, operators, ops, page, registry_events, runners};
 
 /// An RFC 9457 problem, the body of every error (`application/problem+json`).
 #[derive(Serialize, ToSchema)]
@@ -51,7 +51,10 @@ pub struct AuditEntry {
     pub actor: String,
     /// `runner_cordon`, `runner_uncordon`, `runner_revoke`, `runner_forge_runners`,
     /// `pool_put`, `pool_patch`, `pool_delete`, `pool_resolve`, `registration_token_create`,
-    /// `operator_token_create`, `operator_token_revoke`, `page_login`, `page_logout`.
+    /// `operator_token_create`, `operator_token_revoke`, `page_login`, `page_logout`; and the
+    /// steps of GitHub registrations, whose actor is `leasegate`: `github_runner_minted`,
+    /// `github_runner_online`, `github_runner_busy`, `github_runner_done`,
+    /// `github_runner_deleted`.
     pub action: String,
     /// `runner`, `pool` or `operator`.
     pub target_kind: String,
@@ -115,6 +118,7 @@ pub struct OperatorTokenList {
         lease::extend,
         lease::complete,
         lease::abandon,
+        github::register,
         forge::enqueue,
         forge::read,
         forge::cancel,
@@ -152,7 +156,7 @@ pub struct OperatorTokenList {
     components(schemas(Problem)),
     modifiers(&SecuritySchemes, &CommonProblems, &OptionalBodies),
     tags(
-        (name = "runners", description = "Registration and the signed heartbeat."),
+        (name = "runners", description = "Registration, the signed heartbeat, and GitHub registrations."),
         (name = "leasing", description = "The gated lease and the lease-scoped calls."),
         (name = "forge", description = "Jobs and the gate check (forge token)."),
         (name = "admin", description = "Pools, registration tokens, runners, drift, operators' tokens and the audit trail (an operator's token: the admin token or a named one)."),

@@ -351,6 +351,9 @@ pub struct PoolView {
     #[schema(required = true, value_type = Option<String>)]
     pub next_resolve_at: Option<Millis>,
     pub roll_stalled: bool,
+    /// Where the pool's runners register with GitHub Actions; null when they do not.
+    #[schema(required = true)]
+    pub github: Option<GithubPoolView>,
     pub runners_by_status: BTreeMap<&'static str, i64>,
     pub queued_jobs: i64,
     #[schema(required = true, value_type = Option<String>)]
@@ -359,6 +362,18 @@ pub struct PoolView {
     pub created_at: Millis,
     #[schema(value_type = String)]
     pub updated_at: Millis,
+}
+
+/// A pool's `github` object: where its runners register with GitHub Actions.
+#[derive(Serialize, ToSchema)]
+pub struct GithubPoolView {
+    /// `orgs/ORG`, `repos/OWNER/REPO` or `enterprises/ENTERPRISE`.
+    pub scope: String,
+    pub runner_group_id: i64,
+    /// The labels every registration carries.
+    pub labels: Vec<String>,
+    /// The runner's work folder, relative to its directory.
+    pub work_folder: String,
 }
 
 /// `200` to `GET /api/v1/admin/pools`.
@@ -390,6 +405,12 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
         resolved_image_id: pool.resolved_image_id.clone(),
         next_resolve_at: pool.next_resolve_at,
         roll_stalled: standing.roll.roll_stalled,
+        github: pool.github.as_ref().map(|g| GithubPoolView {
+            scope: g.scope.as_str().to_string(),
+            runner_group_id: g.runner_group_id,
+            labels: g.labels.clone(),
+            work_folder: g.work_folder.clone(),
+        }),
         runners_by_status: standing.runners_by_status.clone(),
         queued_jobs: depth.queued,
         oldest_queued_at: depth.oldest_queued_at,
@@ -554,6 +575,69 @@ pub struct LeaseRecord {
     pub ended_at: Option<String>,
 }
 
+/// `201` to `POST /api/v1/github/runners`: a single-use GitHub registration.
+#[derive(Serialize, ToSchema)]
+pub struct GithubRegistrationGrant {
+    /// GitHub's id of the runner it registered.
+    pub github_runner_id: i64,
+    /// The name it is registered under: the runner's name, `-` and 8 hex digits.
+    pub name: String,
+    /// What GitHub's runner runs with: `./run.sh --jitconfig <this>`. A secret: it registers
+    /// the runner. leasegate keeps no copy.
+    pub encoded_jit_config: String,
+    /// When it is withdrawn if its runner has not come online by then.
+    pub expires_at: String,
+}
+
+/// One GitHub registration leasegate minted for a runner, with each step it went through.
+#[derive(Serialize, ToSchema)]
+pub struct GithubRegistrationRecord {
+    #[schema(required = true)]
+    pub github_runner_id: Option<i64>,
+    pub name: String,
+    /// `orgs/ORG`, `repos/OWNER/REPO` or `enterprises/ENTERPRISE`.
+    pub scope: String,
+    /// `minting`, `minted`, `online`, `busy`, `done` or `deleted`.
+    pub state: String,
+    pub minted_at: String,
+    /// When it is withdrawn if it never comes online.
+    pub expires_at: String,
+    #[schema(required = true)]
+    pub online_at: Option<String>,
+    #[schema(required = true)]
+    pub busy_at: Option<String>,
+    /// The last time it was in GitHub's list.
+    #[schema(required = true)]
+    pub seen_at: Option<String>,
+    #[schema(required = true)]
+    pub ended_at: Option<String>,
+    /// `done`, or why it was withdrawn: `unused`, `offline`, or the refusal's code.
+    #[schema(required = true)]
+    pub end_reason: Option<String>,
+    /// Minted in a pool that observes for a runner the gate would have refused: the code.
+    #[schema(required = true)]
+    pub would_refuse: Option<String>,
+}
+
+pub fn github_registration(
+    r: &crate::domain::github::registration::Registration,
+) -> GithubRegistrationRecord {
+    GithubRegistrationRecord {
+        github_runner_id: r.github_runner_id,
+        name: r.name.clone(),
+        scope: r.scope.as_str().to_string(),
+        state: r.state.as_str().to_string(),
+        minted_at: rfc3339(r.minted_at),
+        expires_at: rfc3339(r.expires_at),
+        online_at: r.online_at.map(rfc3339),
+        busy_at: r.busy_at.map(rfc3339),
+        seen_at: r.seen_at.map(rfc3339),
+        ended_at: r.ended_at.map(rfc3339),
+        end_reason: r.end_reason.clone(),
+        would_refuse: r.would_refuse.clone(),
+    }
+}
+
 /// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
 /// uncordon, revoke).
 #[derive(Serialize, ToSchema)]
@@ -564,6 +648,8 @@ pub struct RunnerDetail {
     pub status_changes: Vec<StatusChange>,
     pub refusals: Vec<RefusalRecord>,
     pub leases: Vec<LeaseRecord>,
+    /// Its GitHub registrations, newest first (at most 20).
+    pub github_registrations: Vec<GithubRegistrationRecord>,
     /// What operators did to this runner, newest first (at most 50).
     pub audit: Vec<AuditEntry>,
 }
@@ -684,6 +770,11 @@ pub fn runner_detail(
                 expires_at: rfc3339(l.expires_at),
                 ended_at: l.ended_at.map(rfc3339),
             })
+            .collect(),
+        github_registrations: history
+            .github_registrations
+            .iter()
+            .map(github_registration)
             .collect(),
         audit,
     }

@@ -452,6 +452,7 @@ struct RunnerPage {
     changes: Vec<(String, String, String, String)>,
     attestations: Vec<AttestationLine>,
     leases: Vec<(String, String, i64, &'static str)>,
+    github: Vec<views::GithubLine>,
 }
 
 /// An operator's change to the runner, as its page shows it.
@@ -601,6 +602,11 @@ async fn runner_page(
                     l.state.as_str(),
                 )
             })
+            .collect(),
+        github: history
+            .github_registrations
+            .iter()
+            .map(views::github_line)
             .collect(),
         row,
     };

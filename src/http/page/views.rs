@@ -3,6 +3,7 @@
 
 use crate::domain::digest::ImageDigest;
 use crate::domain::fleet::PoolTally;
+use crate::domain::github::registration::{Registration, State};
 use crate::domain::pool::Pool;
 use crate::domain::runner::Observed;
 use crate::domain::runner::Runner;
@@ -23,6 +24,59 @@ impl From<&ImageDigest> for DigestView {
             short: d.short().to_string(),
             full: d.to_string(),
         }
+    }
+}
+
+/// A GitHub registration as the runner's page shows it: each step's time, and how it ended.
+#[derive(Clone, Debug)]
+pub struct GithubLine {
+    pub id: String,
+    pub name: String,
+    pub scope: String,
+    pub state: &'static str,
+    /// `ok` while it is in use or ended after its job, `bad` when it was withdrawn for a
+    /// refusal, `warn` for the rest.
+    pub class: &'static str,
+    pub minted: String,
+    pub online: String,
+    pub busy: String,
+    pub ended: String,
+    /// How it ended, in words (empty while it has not).
+    pub why: String,
+}
+
+pub fn github_line(r: &Registration) -> GithubLine {
+    let at = |m: Option<Millis>| m.map(Millis::rfc3339).unwrap_or_default();
+    let reason = r.end_reason.as_deref().unwrap_or("");
+    let why = match reason {
+        "" => String::new(),
+        "done" => "after its job".into(),
+        "unused" => "withdrawn: never came online".into(),
+        "offline" => "withdrawn: its listener went away".into(),
+        code => format!("withdrawn: runner refused ({code})"),
+    };
+    let class = match (r.state, reason) {
+        (State::Deleted, "unused" | "offline") => "warn",
+        (State::Deleted, _) => "bad",
+        _ => "ok",
+    };
+    let mut why = why;
+    if let Some(code) = &r.would_refuse {
+        why = format!("minted while the pool observes (would refuse {code}) {why}");
+    }
+    GithubLine {
+        id: r
+            .github_runner_id
+            .map_or_else(|| "-".to_string(), |id| id.to_string()),
+        name: r.name.clone(),
+        scope: r.scope.as_str().to_string(),
+        state: r.state.as_str(),
+        class,
+        minted: r.minted_at.rfc3339(),
+        online: at(r.online_at),
+        busy: at(r.busy_at),
+        ended: at(r.ended_at),
+        why: why.trim().to_string(),
     }
 }
 
