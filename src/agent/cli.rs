@@ -40,6 +40,9 @@ pub enum RunnerCommand {
     Complete(CompleteArgs),
     /// Give a job back before it started, without using an attempt.
     Abandon(AbandonArgs),
+    /// Run GitHub's runner under the gate: probe, get a single-use GitHub registration, run
+    /// `DIR/run.sh --jitconfig …` until it exits (one job), and again; heartbeats meanwhile.
+    Github(GithubArgs),
 }
 
 #[derive(Args, Debug, Clone)]
@@ -251,4 +254,18 @@ pub struct AbandonArgs {
     /// A short message for the job's story.
     #[arg(long)]
     pub message: Option<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct GithubArgs {
+    #[command(flatten)]
+    pub probe: ProbeArgs,
+
+    #[command(flatten)]
+    pub conn: ConnArgs,
+
+    /// The directory of GitHub's runner (actions/runner, unpacked; `run.sh` is in it). Not
+    /// configured with `config.sh`: each registration comes from leasegate.
+    #[arg(long, env = "LEASEGATE_GITHUB_RUNNER_DIR")]
+    pub runner_dir: PathBuf,
 }

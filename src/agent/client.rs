@@ -1,5 +1,5 @@
 //! `AgentClient`: the runner's side of the HTTP API (register, heartbeat, lease and the lease
-//! calls) with typed answers, for the `leasegate runner` commands and for Rust runners that
+//! calls, GitHub registrations) with typed answers, for the `leasegate runner` commands and for Rust runners that
 //! embed the gate.
 //!
 //! Every answer keeps the server's JSON as it came (`raw`), because the shell commands print it
@@ -195,6 +195,34 @@ pub struct LeaseView {
     pub raw: Value,
 }
 
+/// A GitHub runner's just-in-time configuration: it registers the runner, so `Debug` shows
+/// none of it and nothing here logs it.
+#[derive(Clone, PartialEq, Eq, Deserialize)]
+#[serde(transparent)]
+pub struct JitConfig(String);
+
+impl JitConfig {
+    pub fn expose(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for JitConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JitConfig(<redacted>)")
+    }
+}
+
+/// `POST /api/v1/github/runners` answer: a single-use GitHub registration. Its JSON is not
+/// kept (it holds the JIT config).
+#[derive(Clone, Debug, Deserialize)]
+pub struct GithubRegistration {
+    pub github_runner_id: i64,
+    pub name: String,
+    pub encoded_jit_config: JitConfig,
+    pub expires_at: String,
+}
+
 /// How a started job ended.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Outcome {
@@ -229,6 +257,11 @@ macro_rules! with_raw {
     )*};
 }
 with_raw!(Registration, HeartbeatAnswer, Lease, LeaseView);
+
+impl WithRaw for GithubRegistration {
+    /// Not kept: the JSON carries the JIT config.
+    fn set_raw(&mut self, _raw: Value) {}
+}
 
 impl AgentClient {
     /// A client of the service at `server` (`http://` or `https://`, no path needed).
@@ -338,6 +371,18 @@ impl AgentClient {
             return Ok(None);
         }
         self.typed(r).await.map(Some)
+    }
+
+    /// Asks for a single-use GitHub registration with a signed attestation.
+    pub async fn github_runner(
+        &self,
+        attestation: &str,
+    ) -> Result<GithubRegistration, ClientError> {
+        let body = json!({"attestation": attestation});
+        let r = self
+            .post("/api/v1/github/runners", None, Some(body), None)
+            .await?;
+        self.typed(r).await
     }
 
     /// The first step is about to run: this is where the job's attempt is used.

@@ -49,6 +49,7 @@ pub async fn run(args: RunnerArgs) -> Exit {
             })
             .await
         }
+        RunnerCommand::Github(a) => github(a).await,
         RunnerCommand::Abandon(a) => {
             let (reason, message) = (a.reason, a.message);
             lease_call(&a.lease, |c, id, t| async move {
@@ -206,6 +207,21 @@ async fn heartbeat(a: HeartbeatArgs) -> Outcome {
     tokio::spawn(cancel_on_signal(stop.clone()));
     let mut recycler = super::recycle::Recycler::beside(&a.conn.state.state);
     Ok(heartbeat::run(&client, &key, &state, &spec, &mut recycler, a.once, stop).await)
+}
+
+async fn github(a: GithubArgs) -> Outcome {
+    let spec = probe_spec(&a.probe)?;
+    let (key, state, client) = identity(&a.conn)?;
+    let stop = CancellationToken::new();
+    tokio::spawn(cancel_on_signal(stop.clone()));
+    let runner = super::github_runner::GithubRunner {
+        client: &client,
+        key: &key,
+        state: &state,
+        spec: &spec,
+        runner_dir: a.runner_dir,
+    };
+    Ok(runner.run(stop).await)
 }
 
 /// Cancels `stop` on SIGTERM or Ctrl-C, so that `systemctl stop` ends the loop cleanly.

@@ -8,6 +8,8 @@
 //!   could not be reached; [`clock`]: this machine's clock against the service's.
 //! - [`heartbeat`]: the heartbeat loop and its backoff; [`recycle`]: asking for a recycle
 //!   once per expected image set, remembered beside the state file.
+//! - [`github_runner`]: GitHub's runner, one single-use registration (one job) at a time,
+//!   only while the gate admits this machine.
 //! - [`keys`], [`key_file`], [`state`]: the runner's key and what registration told it;
 //!   [`file_access`]: why one of them may not be read, for the user the agent runs as.
 //! - [`cli`], [`commands`], [`exit`]: the command line, what each command does, its statuses;
@@ -21,6 +23,7 @@ pub mod commands;
 pub mod exit;
 pub mod file_access;
 pub mod forge_runners;
+pub mod github_runner;
 pub mod heartbeat;
 pub mod journal;
 pub mod key_file;
