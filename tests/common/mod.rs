@@ -6,6 +6,7 @@
 pub mod agent;
 pub mod binary;
 pub mod forges;
+pub mod github;
 pub mod oci;
 pub mod pg;
 pub mod proxy;
@@ -152,6 +153,15 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         forge_unbound: leasegate::config::ForgeUnbound::Refuse,
         forge_hold_s: 30,
         forge_timeout_s: 120,
+        github_api_url: "https://api.github.com".into(),
+        github_app_id: None,
+        github_app_key_file: None,
+        github_installation_id: None,
+        github_token: None,
+        github_token_file: None,
+        github_ca_file: None,
+        github_poll_s: 10,
+        github_unused_ttl_s: 300,
         db_max_connections: 8,
         db_acquire_timeout_ms: 3000,
         db_statement_timeout_ms: 5000,
