@@ -207,6 +207,7 @@ fn systemd_analyze_verifies_the_unit_and_rates_its_sandbox() {
 const HEARTBEAT_ROOT: &str = "deploy/systemd/leasegate-heartbeat@.service";
 const HEARTBEAT_ROOTLESS: &str = "deploy/systemd/leasegate-heartbeat-rootless@.service";
 const PREFLIGHT_DROP_IN: &str = "deploy/systemd/runner-preflight.conf";
+const GITHUB_RUNNER: &str = "deploy/systemd/leasegate-github-runner@.service";
 
 /// The values of `[Service] key=` in `entries`.
 fn service_values(entries: &[(String, String, String)], key: &str) -> Vec<String> {
@@ -405,6 +406,48 @@ fn the_heartbeat_units_restart_the_runner_on_recycle_alone() {
 }
 
 #[test]
+fn the_github_runner_unit_runs_the_loop_as_its_user_and_stops_it_through_leasegate() {
+    let entries = unit_entries(&read(GITHUB_RUNNER));
+    let service = |key: &str| service_values(&entries, key);
+    let user = service("User");
+    assert!(
+        user.len() == 1 && !user[0].is_empty() && user[0] != "root" && user[0] != "0",
+        "GitHub's runner refuses root: User={user:?}"
+    );
+    for (key, value) in [
+        ("ExecStart", "/usr/local/bin/leasegate runner github"),
+        ("EnvironmentFile", "/etc/leasegate/runner-%i.env"),
+        ("StateDirectory", "leasegate-runner/%i"),
+        ("StateDirectoryMode", "0700"),
+        ("Restart", "on-failure"),
+        ("RestartPreventExitStatus", "4 64"),
+        // SIGTERM to leasegate alone, which hands it on and waits for GitHub's runner.
+        ("KillMode", "mixed"),
+        ("KillSignal", "SIGTERM"),
+    ] {
+        assert_eq!(service(key), [value], "[Service] {key}");
+    }
+    let text = read(GITHUB_RUNNER);
+    for said in [
+        "LEASEGATE_GITHUB_RUNNER_DIR=",
+        "LEASEGATE_SERVER=",
+        "LEASEGATE_RUNNER_KEY=",
+        "LEASEGATE_RUNTIME=",
+    ] {
+        assert!(
+            text.contains(said),
+            "the unit's example environment sets {said}"
+        );
+    }
+    let doc = read("docs/RUNNERS.md");
+    assert!(
+        doc.contains(&format!("../{GITHUB_RUNNER}")),
+        "RUNNERS.md links {GITHUB_RUNNER}"
+    );
+    assert!(read("docs/FORGES.md").contains(&format!("../{GITHUB_RUNNER}")));
+}
+
+#[test]
 fn runners_doc_says_which_heartbeat_unit_to_choose_and_who_owns_the_key() {
     let doc = read("docs/RUNNERS.md");
     for file in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS, PREFLIGHT_DROP_IN] {
@@ -452,10 +495,10 @@ fn exposure(analyze: &Path, path: &Path) -> Option<f64> {
 }
 
 #[test]
-fn systemd_analyze_verifies_the_heartbeat_units_and_the_preflight_drop_in() {
+fn systemd_analyze_verifies_the_runner_units_and_the_preflight_drop_in() {
     let Some(analyze) = tool(
         "systemd-analyze",
-        "systemd-analyze verify of the heartbeat units and the preflight drop-in",
+        "systemd-analyze verify of the runner units and the preflight drop-in",
     ) else {
         return;
     };
@@ -478,7 +521,7 @@ fn systemd_analyze_verifies_the_heartbeat_units_and_the_preflight_drop_in() {
         );
     };
     let mut placed = Vec::new();
-    for unit in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS] {
+    for unit in [HEARTBEAT_ROOT, HEARTBEAT_ROOTLESS, GITHUB_RUNNER] {
         let text = read(unit).replace("/usr/local/bin/leasegate ", &format!("{binary} "));
         assert!(text.contains(binary), "{unit}: ExecStart was not rewritten");
         let name = Path::new(unit).file_name().unwrap();
