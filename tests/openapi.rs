@@ -27,6 +27,8 @@ const ROUTES: &[(&str, &str)] = &[
     ("post", "/api/v1/leases/{id}/extend"),
     ("post", "/api/v1/leases/{id}/complete"),
     ("post", "/api/v1/leases/{id}/abandon"),
+    // github
+    ("post", "/api/v1/github/runners"),
     // forge
     ("post", "/api/v1/jobs"),
     ("get", "/api/v1/jobs/{id}"),
@@ -558,4 +560,66 @@ async fn real_answers_match_the_documented_schemas() {
         check(&doc, "get", "/api/v1/admin/runners/{id}", 200, j, &without)
     });
     assert!(wrong.is_err(), "a runner without current_lease validated");
+}
+
+/// GitHub's side of the document: a pool with its `github` object, a minted registration, the
+/// problem of an outstanding one (with its extension member), the runner's registrations.
+#[tokio::test]
+async fn github_answers_match_the_documented_schemas() {
+    let github = common::github::FakeGithub::start(common::github::Auth::Token("pat".into())).await;
+    let url = github.url.clone();
+    let app = spawn_app_with(move |a| {
+        a.github_api_url = url;
+        a.github_token = Some("pat".into());
+    })
+    .await;
+    let doc = document(&app).await;
+    let (j, pj) = ("application/json", "application/problem+json");
+    let (_, pool) = json_of(
+        app.admin_put(
+            "/api/v1/admin/pools/gh",
+            json!({"expected_image_ids": [IMAGE_A], "github": {"scope": "orgs/acme", "labels": ["linux"]}}),
+        )
+        .await,
+        StatusCode::CREATED,
+    )
+    .await;
+    check(&doc, "put", "/api/v1/admin/pools/{name}", 201, j, &pool);
+    let runner = app.register("gh", "r1").await;
+    let ask = || {
+        app.post(
+            "/api/v1/github/runners",
+            json!({"attestation": runner.healthy()}),
+        )
+    };
+    let (_, minted) = json_of(ask().await, StatusCode::CREATED).await;
+    check(&doc, "post", "/api/v1/github/runners", 201, j, &minted);
+    let (_, outstanding) = json_of(ask().await, StatusCode::CONFLICT).await;
+    assert_eq!(outstanding["github_runner_id"], minted["github_runner_id"]);
+    check(
+        &doc,
+        "post",
+        "/api/v1/github/runners",
+        409,
+        pj,
+        &outstanding,
+    );
+    let (_, detail) = json_of(
+        app.admin_get(&format!("/api/v1/admin/runners/{}", runner.id))
+            .await,
+        StatusCode::OK,
+    )
+    .await;
+    assert_eq!(detail["github_registrations"][0]["state"], "minted");
+    check(&doc, "get", "/api/v1/admin/runners/{id}", 200, j, &detail);
+    github.assert_clean();
+
+    let off = spawn_app().await;
+    let (_, not_found) = json_of(
+        off.post("/api/v1/github/runners", json!({"attestation": "a.b.c"}))
+            .await,
+        StatusCode::NOT_FOUND,
+    )
+    .await;
+    check(&doc, "post", "/api/v1/github/runners", 404, pj, &not_found);
 }

@@ -470,3 +470,76 @@ async fn a_misspelt_variable_is_refused_and_any_other_stray_one_is_warned_of() {
     assert_eq!(warned.len(), 1, "{log}");
     assert!(warned[0].contains("LEASEGATE_DASHBOARD_THEME"), "{log}");
 }
+
+#[tokio::test]
+async fn a_github_credential_that_is_not_whole_stops_the_start_with_status_64() {
+    let keys = tempfile::tempdir().unwrap();
+    let ed25519 = keys.path().join("ed25519.pem");
+    std::fs::write(
+        &ed25519,
+        leasegate::agent::keys::RunnerKey::generate().to_pkcs8_pem(),
+    )
+    .unwrap();
+    let (ed25519, missing) = (
+        ed25519.to_str().unwrap().to_string(),
+        keys.path().join("none.pem").to_str().unwrap().to_string(),
+    );
+    let app = |key: &str| {
+        vec![
+            ("LEASEGATE_GITHUB_APP_ID", "123".to_string()),
+            ("LEASEGATE_GITHUB_APP_KEY_FILE", key.to_string()),
+            ("LEASEGATE_GITHUB_INSTALLATION_ID", "456".to_string()),
+        ]
+    };
+    let token = |extra: &[(&'static str, &str)]| {
+        let mut env = vec![("LEASEGATE_GITHUB_TOKEN", "github_pat_x".to_string())];
+        env.extend(extra.iter().map(|(k, v)| (*k, v.to_string())));
+        env
+    };
+    let cases: Vec<(Vec<(&str, String)>, String)> = vec![
+        (
+            app(&missing),
+            format!("LEASEGATE_GITHUB_APP_KEY_FILE {missing}: cannot read it"),
+        ),
+        (
+            app(&ed25519),
+            format!("LEASEGATE_GITHUB_APP_KEY_FILE {ed25519}: not an RSA private key"),
+        ),
+        (
+            vec![("LEASEGATE_GITHUB_APP_ID", "123".into())],
+            "LEASEGATE_GITHUB_APP_KEY_FILE and LEASEGATE_GITHUB_INSTALLATION_ID not set".into(),
+        ),
+        (
+            [app(&ed25519), token(&[])].concat(),
+            "are both set: leasegate holds one GitHub credential".into(),
+        ),
+        (
+            token(&[("LEASEGATE_GITHUB_API_URL", "http://github.example")]),
+            "LEASEGATE_GITHUB_API_URL: `http://github.example` must be an https:// URL".into(),
+        ),
+        (
+            token(&[("LEASEGATE_GITHUB_POLL_S", "0")]),
+            "LEASEGATE_GITHUB_POLL_S must be positive".into(),
+        ),
+    ];
+    for (env, expected) in cases {
+        let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        let (out, dir) = refused(&env, &[]).await;
+        let stderr = stderr(&out);
+        assert_eq!(out.status.code(), Some(64), "{env:?}: {stderr}");
+        assert!(stderr.contains(&expected), "{env:?}: {stderr}");
+        assert!(
+            !stderr.contains("github_pat_x"),
+            "the token is never shown: {stderr}"
+        );
+        assert_nothing_written(dir.path(), &expected);
+    }
+    // Typed as a flag, the flag is named.
+    let (out, _) = refused(&[], &["--github-app-id", "1"]).await;
+    assert_eq!(out.status.code(), Some(64));
+    assert!(
+        stderr(&out).contains("a GitHub App needs --github-app-id, LEASEGATE_GITHUB_APP_KEY_FILE"),
+        "{}",
+        stderr(&out)
+    );
+}
