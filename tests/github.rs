@@ -765,6 +765,30 @@ async fn the_pools_github_object_is_checked_shown_and_required(engine: Engine) {
     assert_eq!(view["github"]["runner_group_id"], 1);
     assert_eq!(view["github"]["work_folder"], "_work");
 
+    // A PATCH that does not name it keeps it; one that names it null removes it.
+    let patch = |body: Value| {
+        s.app
+            .client
+            .patch(s.app.url("/api/v1/admin/pools/repo"))
+            .bearer_auth(ADMIN)
+            .json(&body)
+            .send()
+    };
+    let kept: Value = patch(json!({"gate_mode": "observe"}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(kept["github"], view["github"], "{kept}");
+    let removed: Value = patch(json!({"github": null}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(removed["github"], Value::Null, "{removed}");
+
     // A pool without one: refused before GitHub is asked.
     s.app.pool("plain", &[IMAGE_A]).await;
     let runner = s.app.register("plain", "nowhere").await;

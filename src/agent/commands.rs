@@ -221,7 +221,8 @@ async fn github(a: GithubArgs) -> Outcome {
         spec: &spec,
         runner_dir: a.runner_dir,
     };
-    Ok(runner.run(stop).await)
+    let mut recycler = super::recycle::Recycler::beside(&a.conn.state.state);
+    Ok(runner.run(&mut recycler, stop).await)
 }
 
 /// Cancels `stop` on SIGTERM or Ctrl-C, so that `systemctl stop` ends the loop cleanly.

@@ -10,16 +10,18 @@
 //!
 //! SIGTERM is handed to GitHub's runner (with `RUNNER_MANUALLY_TRAP_SIG=1`, its `run.sh`
 //! passes it on to the listener, which ends its session), and the loop waits for it to exit,
-//! then exits 0. A `recycle` or a revocation heard while a job runs never stops it: the loop
-//! exits (3, 4) once GitHub's runner has.
+//! then exits 0. A `recycle` (once per expected image set, remembered beside the state file as
+//! the heartbeat remembers it, `recycle`) or a revocation heard while a job runs never stops
+//! it: the loop exits (3, 4) once GitHub's runner has.
 
 use super::attestation;
-use super::client::{Action, AgentClient, ClientError, GithubRegistration, Problem};
+use super::client::{AgentClient, ClientError, GithubRegistration, Problem};
 use super::clock;
 use super::exit::Exit;
 use super::heartbeat::{self, Backoff};
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeSpec};
+use super::recycle::Recycler;
 use super::state::RunnerState;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
@@ -122,9 +124,9 @@ async fn pause(d: Duration, stop: &CancellationToken) -> bool {
 }
 
 impl GithubRunner<'_> {
-    /// Runs the loop until told to stop (0), revoked (4), recycled (3), or an error that
-    /// asking again cannot mend (5).
-    pub async fn run(&self, stop: CancellationToken) -> Exit {
+    /// Runs the loop until told to stop (0), revoked (4), recycled (3, once per expected image
+    /// set, as the heartbeat: `recycler`), or an error that asking again cannot mend (5).
+    pub async fn run(&self, recycler: &mut Recycler, stop: CancellationToken) -> Exit {
         let run_sh = self.runner_dir.join("run.sh");
         if let Err(why) = runnable(&run_sh) {
             tracing::error!("{why}; exiting with status {}", Exit::Error as u8);
@@ -144,7 +146,7 @@ impl GithubRunner<'_> {
             let wait = match asked {
                 Ok(registration) => {
                     backoff.reset();
-                    let after = self.run_once(&run_sh, &registration, &stop).await;
+                    let after = self.run_once(&run_sh, &registration, recycler, &stop).await;
                     if stop.is_cancelled() {
                         return Exit::Ok;
                     }
@@ -171,6 +173,7 @@ impl GithubRunner<'_> {
         &self,
         run_sh: &Path,
         registration: &GithubRegistration,
+        recycler: &mut Recycler,
         stop: &CancellationToken,
     ) -> Option<Exit> {
         tracing::info!(
@@ -208,7 +211,7 @@ impl GithubRunner<'_> {
                     terminate(&child);
                 }
                 () = tokio::time::sleep(interval), if !signalled => {
-                    let (next, heard) = self.beat().await;
+                    let (next, heard) = self.beat(recycler).await;
                     interval = next;
                     after = after.or(heard);
                 }
@@ -220,21 +223,21 @@ impl GithubRunner<'_> {
 
     /// One heartbeat while GitHub's runner waits or works: how long until the next, and what
     /// it said to do once the runner has exited.
-    async fn beat(&self) -> (Duration, Option<Exit>) {
+    async fn beat(&self, recycler: &mut Recycler) -> (Duration, Option<Exit>) {
         let report = probe::run(self.spec).await;
         let interval = Duration::from_secs(self.state.heartbeat_interval_s.max(1));
         match heartbeat::post(self.client, self.key, self.state, &report).await {
             Ok(answer) => {
                 heartbeat::log_answer(&report, &answer);
                 let next = Duration::from_secs(answer.next_heartbeat_s.max(1));
-                if answer.action == Action::Recycle {
+                let running = report.image.as_ref().and_then(|i| i.id.as_deref());
+                let heard = recycler.after(&answer, running);
+                if heard.is_some() {
                     tracing::warn!(
-                        "the service asks to recycle this runner onto its pool's current image: no more GitHub registrations once GitHub's runner exits (status {})",
-                        Exit::Recycle as u8
+                        "no more GitHub registrations once GitHub's runner exits: its job, if it has one, runs to its end"
                     );
-                    return (next, Some(Exit::Recycle));
                 }
-                (next, None)
+                (next, heard)
             }
             Err(e) if e.is_code("runner_revoked") => {
                 tracing::error!(
