@@ -781,6 +781,23 @@ async fn the_pools_github_object_is_checked_shown_and_required(engine: Engine) {
         .await
         .unwrap();
     assert_eq!(kept["github"], view["github"], "{kept}");
+    // A patch of the object merges into it (RFC 7396), as the documented patch schema says:
+    // `{}` changes nothing, a label list alone keeps the scope.
+    let same: Value = patch(json!({"github": {}}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(same["github"], view["github"], "{same}");
+    let relabelled: Value = patch(json!({"github": {"labels": ["y"]}}))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(relabelled["github"]["scope"], "repos/acme/.github");
+    assert_eq!(relabelled["github"]["labels"], json!(["y"]));
     let removed: Value = patch(json!({"github": null}))
         .await
         .unwrap()
@@ -788,6 +805,16 @@ async fn the_pools_github_object_is_checked_shown_and_required(engine: Engine) {
         .await
         .unwrap();
     assert_eq!(removed["github"], Value::Null, "{removed}");
+    // Onto none, a partial object is a partial PUT body: refused, nothing changed.
+    let r = patch(json!({"github": {"labels": ["y"]}})).await.unwrap();
+    let body = expect_problem(
+        r,
+        "partial github onto none",
+        StatusCode::BAD_REQUEST,
+        "bad_request",
+    )
+    .await;
+    assert!(body["detail"].as_str().unwrap().contains("scope"), "{body}");
 
     // A pool without one: refused before GitHub is asked.
     s.app.pool("plain", &[IMAGE_A]).await;

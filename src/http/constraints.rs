@@ -146,13 +146,28 @@ fn image_ref_pattern() -> String {
 /// member is the field's own schema or `null` (back to the default); whether the patched pool
 /// is valid depends on the pool, so `pool_body`'s `anyOf` is not said here.
 pub fn pool_patch() -> Value {
-    let body = pool_body();
-    let properties: serde_json::Map<String, Value> = body["properties"]
-        .as_object()
-        .expect("pool_body has properties")
+    let mut patch = merge_patch_of(&pool_body());
+    patch["description"] = json!(
+        "A JSON merge patch (RFC 7396) of the pool's `PUT` body: a member sets that field, `null` returns it to its default, a field not named keeps the pool's value."
+    );
+    patch
+}
+
+/// The schema of a JSON merge patch (RFC 7396) of a document `schema` describes.
+///
+/// A patch of an object names any of its members, none required, each also `null` (remove);
+/// a member that is itself an object is patched the same way, recursively, because a merge
+/// patch merges into it rather than replacing it (`{"github": {"labels": [..]}}` keeps the
+/// scope). What holds of the whole document (`anyOf`, `required`) is not a patch's to meet:
+/// the patched pool is read as a PUT body and answered as one.
+fn merge_patch_of(schema: &Value) -> Value {
+    let Some(properties) = schema.get("properties").and_then(Value::as_object) else {
+        return schema.clone();
+    };
+    let properties: serde_json::Map<String, Value> = properties
         .iter()
-        .map(|(name, schema)| {
-            let mut field = schema.clone();
+        .map(|(name, member)| {
+            let mut field = merge_patch_of(member);
             let description = field.as_object_mut().and_then(|f| f.remove("description"));
             let mut either = json!({"anyOf": [field, {"type": "null"}]});
             if let Some(d) = description {
@@ -161,11 +176,14 @@ pub fn pool_patch() -> Value {
             (name.clone(), either)
         })
         .collect();
-    json!({
-        "type": "object",
-        "description": "A JSON merge patch (RFC 7396) of the pool's `PUT` body: a member sets that field, `null` returns it to its default, a field not named keeps the pool's value.",
-        "properties": properties,
-    })
+    let mut patch = json!({"type": "object", "properties": properties});
+    if let Some(extra) = schema.get("additionalProperties") {
+        patch["additionalProperties"] = extra.clone();
+    }
+    if let Some(d) = schema.get("description") {
+        patch["description"] = d.clone();
+    }
+    patch
 }
 
 /// The body of `PUT /api/v1/admin/pools/{name}` (`admin::PoolBody`), with `PoolSpec::validate`'s
@@ -246,4 +264,44 @@ pub fn github_pool() -> Value {
                             "description": "The runner's work folder, relative to its directory; default `_work`."},
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn admits(schema: &Value, doc: Value) -> bool {
+        jsonschema::validator_for(schema)
+            .expect("the schema compiles")
+            .is_valid(&doc)
+    }
+
+    /// A merge patch merges into a nested object, so the patch schema must not ask a nested
+    /// object for the members a PUT requires; what it must not admit stays refused.
+    #[test]
+    fn a_pool_patch_may_name_part_of_the_github_object() {
+        let patch = pool_patch();
+        for ok in [
+            json!({}),
+            json!({"github": {}}),
+            json!({"github": {"labels": ["gpu"]}}),
+            json!({"github": {"work_folder": null}}),
+            json!({"github": null, "drift_grace_s": null}),
+        ] {
+            assert!(admits(&patch, ok.clone()), "{ok}");
+        }
+        for refused in [
+            json!({"github": 5}),
+            json!({"github": {"runners_group_id": 2}}),
+            json!({"github": {"labels": []}}),
+            json!({"drift_grace_s": -1}),
+        ] {
+            assert!(!admits(&patch, refused.clone()), "{refused}");
+        }
+        // The PUT body still requires the whole object.
+        assert!(!admits(
+            &pool_body(),
+            json!({"image_policy": "off", "github": {"labels": ["gpu"]}})
+        ));
+    }
 }
