@@ -502,7 +502,7 @@ impl AgentClient {
         let unexpected = |text: &str| ClientError::Unexpected {
             url: url.clone(),
             status: status.as_u16(),
-            body: text.chars().take(512).collect(),
+            body: shown_body(status, text),
         };
         let raw: Value = serde_json::from_str(&text).map_err(|_| unexpected(&text))?;
         if status.is_success() {
@@ -525,6 +525,21 @@ impl AgentClient {
             })),
             None => Err(unexpected(&text)),
         }
+    }
+}
+
+/// What an error may quote of an answer that is not what was expected. A success is never
+/// quoted: it may carry a credential (a GitHub JIT config, a registration's token) even when
+/// it does not parse, and the error reaches the journal. A failure is quoted in part: it is
+/// a proxy's page or a problem, which says what went wrong.
+fn shown_body(status: reqwest::StatusCode, text: &str) -> String {
+    if status.is_success() {
+        format!(
+            "a {}-byte body that is not the expected JSON (not shown: a success may carry a credential)",
+            text.len()
+        )
+    } else {
+        text.chars().take(512).collect()
     }
 }
 
@@ -555,5 +570,15 @@ mod tests {
         assert_eq!(a, Action::Unknown);
         let a: Action = serde_json::from_value(json!("recycle")).unwrap();
         assert_eq!(a, Action::Recycle);
+    }
+
+    #[test]
+    fn a_success_that_does_not_parse_is_not_quoted() {
+        let jit = r#"{"encoded_jit_config": "c2VjcmV0", "github_runner_id": "not a number"}"#;
+        let shown = shown_body(reqwest::StatusCode::CREATED, jit);
+        assert!(!shown.contains("c2VjcmV0"), "{shown}");
+        assert!(shown.contains(&jit.len().to_string()), "{shown}");
+        let page = "<html>502 Bad Gateway</html>";
+        assert_eq!(shown_body(reqwest::StatusCode::BAD_GATEWAY, page), page);
     }
 }
