@@ -104,6 +104,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         drift_grace_s: 40,
         resolve_interval_s: 300,
         github: None,
+        disk_warning: None,
     };
     // The demo's own changes are in the audit trail under its name, as an operator's would be.
     let audit = |action, target: &str| Entry {
@@ -141,6 +142,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         drift_grace_s: 900,
         resolve_interval_s: 300,
         github: None,
+        disk_warning: None,
     };
     store
         .put_pool(&arm, arm_spec, now, &audit(Action::PoolPut, arm.as_str()))

@@ -133,6 +133,8 @@ pub struct Metrics {
     pub queue_depth: Family<PoolLabel, Gauge>,
     pub oldest_queued_age: Family<PoolLabel, Gauge<f64, AtomicU64>>,
     pub runners: Family<PoolStatusLabels, Gauge>,
+    /// Live runners under their pool's disk warning line (`Pool::disk_warning`).
+    pub runners_disk_warned: Family<PoolLabel, Gauge>,
     pub requests: Family<RouteLabels, Histogram>,
 }
 
@@ -162,6 +164,7 @@ impl Default for Metrics {
             queue_depth: Family::default(),
             oldest_queued_age: Family::default(),
             runners: Family::default(),
+            runners_disk_warned: Family::default(),
             requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
         };
         m.registered()
@@ -218,6 +221,11 @@ impl Metrics {
             self.oldest_queued_age.clone(),
         );
         r.register("runners", "Runners by status", self.runners.clone());
+        r.register(
+            "runners_disk_warned",
+            "Runners whose attested disk is under their pool's warning line",
+            self.runners_disk_warned.clone(),
+        );
         r.register(
             "open_connections",
             "HTTP connections open now",

@@ -174,6 +174,8 @@ fn runner(base: &str) -> Runner {
             image: None,
             depth: Depth::Info,
             timeout: Duration::from_secs(10),
+            work_dir: None,
+            disk: Default::default(),
         },
         _dir: dir,
     }

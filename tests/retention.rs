@@ -63,6 +63,7 @@ fn attestation(runner: &RunnerId, at: Millis, ok: bool) -> AttestationRecord {
                 checked_at: at,
                 error: (!ok).then(|| "default OCI runtime \"crun\" not found".into()),
                 exit_code: (!ok).then_some(125),
+                disk: Vec::new(),
             },
             image: RunningImage::default(),
         },

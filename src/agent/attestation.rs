@@ -26,6 +26,23 @@ pub fn claims(state: &RunnerState, report: &ProbeReport, now_s: i64) -> Value {
         "checked_at".into(),
         json!(report.checked_at_ms as f64 / 1000.0),
     );
+    if !report.disk.is_empty() {
+        let disk: Vec<Value> = report
+            .disk
+            .iter()
+            .map(|d| {
+                json!({
+                    "path": d.path,
+                    "role": d.role.as_str(),
+                    "free_bytes": d.free_bytes,
+                    "total_bytes": d.total_bytes,
+                    "free_inodes": d.free_inodes,
+                    "total_inodes": d.total_inodes,
+                })
+            })
+            .collect();
+        probe.insert("disk".into(), Value::Array(disk));
+    }
     if let Err(failure) = &report.outcome {
         probe.insert("error".into(), json!(failure.message));
         if let Some(code) = failure.exit_code {
@@ -82,6 +99,7 @@ pub fn hostname() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::agent::disk::{DiskFigures, Role};
     use crate::agent::probe::{Depth, ImageFacts, ProbeFailure};
 
     fn state() -> RunnerState {
@@ -110,6 +128,7 @@ mod tests {
             }),
             image: None,
             depth: Depth::Info,
+            disk: Vec::new(),
         };
         let c = claims(&state(), &report, 1_700_000_001);
         assert_eq!(c["iss"], "0190-runner");
@@ -137,11 +156,28 @@ mod tests {
                 digest: None,
             }),
             depth: Depth::Info,
+            disk: Vec::new(),
         };
         let c = claims(&state(), &report, 1_700_000_000);
         assert_eq!(c["probe"]["ok"], true);
         assert!(c["probe"].get("error").is_none());
         assert_eq!(c["image"], json!({"id": id, "ref": "ci/runner:1"}));
+        assert!(c["probe"].get("disk").is_none());
+        let mut measured = report.clone();
+        measured.disk = vec![DiskFigures {
+            path: "/var/lib/containers/storage".into(),
+            role: Role::Storage,
+            free_bytes: 7 << 30,
+            total_bytes: 100 << 30,
+            free_inodes: 900,
+            total_inodes: 1000,
+        }];
+        assert_eq!(
+            claims(&state(), &measured, 1_700_000_000)["probe"]["disk"],
+            json!([{"path": "/var/lib/containers/storage", "role": "storage",
+                    "free_bytes": 7u64 << 30, "total_bytes": 100u64 << 30,
+                    "free_inodes": 900, "total_inodes": 1000}])
+        );
         assert_ne!(
             claims(&state(), &report, 1)["jti"],
             claims(&state(), &report, 1)["jti"]

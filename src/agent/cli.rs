@@ -5,6 +5,7 @@
 //! than as flags, which other users can see in `ps`.
 
 use super::client::Outcome;
+use super::disk::{Size, parse_percent};
 use super::probe::{Depth, Runtime};
 use crate::config::LogFormat;
 use clap::{Args, Subcommand};
@@ -130,6 +131,19 @@ pub struct ProbeArgs {
     #[arg(long, env = "LEASEGATE_PROBE_TIMEOUT_S", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=600))]
     pub timeout_s: u64,
+
+    /// The directory jobs run in: its disk is measured beside the runtime's storage.
+    #[arg(long, env = "LEASEGATE_WORK_DIR")]
+    pub work_dir: Option<PathBuf>,
+
+    /// The probe fails when less than this is free to the runner's user on the runtime's
+    /// storage or the work directory: `5GiB`, `500MB`, or a number of bytes; 0 never fails.
+    #[arg(long, env = "LEASEGATE_MIN_FREE_DISK", default_value = "5GiB")]
+    pub min_free_disk: Size,
+
+    /// The probe fails when less than this percentage of either filesystem's inodes is free.
+    #[arg(long, env = "LEASEGATE_MIN_FREE_INODES", default_value = "5", value_parser = parse_percent)]
+    pub min_free_inodes: u8,
 }
 
 #[derive(Args, Debug)]

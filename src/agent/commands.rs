@@ -13,6 +13,7 @@
 
 use super::cli::*;
 use super::client::{AgentClient, ClientError, LeaseToken, LeaseView};
+use super::disk::Thresholds;
 use super::exit::Exit;
 use super::journal::{self, Priority};
 use super::keys::RunnerKey;
@@ -141,6 +142,11 @@ fn probe_spec(p: &ProbeArgs) -> Result<ProbeSpec, String> {
         image: p.image.clone(),
         depth: p.depth,
         timeout: Duration::from_secs(p.timeout_s),
+        work_dir: p.work_dir.clone(),
+        disk: Thresholds {
+            min_free: p.min_free_disk.clone(),
+            min_free_inodes_percent: p.min_free_inodes,
+        },
     })
 }
 

@@ -1,7 +1,8 @@
 //! The runner side of the protocol: the reference runner agent behind `leasegate runner …`, and
 //! a library for Rust runners that want the gate without writing a client.
 //!
-//! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs.
+//! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs;
+//!   [`disk`]: the free space and inodes it measures, and the thresholds that fail it.
 //! - [`attestation`]: a probe report as signed claims.
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
@@ -20,6 +21,7 @@ pub mod cli;
 pub mod client;
 pub mod clock;
 pub mod commands;
+pub mod disk;
 pub mod exit;
 pub mod file_access;
 pub mod forge_runners;

@@ -8,10 +8,11 @@
 //! `runtime_message`), because that is what an operator can act on, and every command is
 //! bounded by a timeout because a hung runtime must not hang the runner's start-up.
 
+use super::disk::{self, DiskFigures, Role, Thresholds};
 pub use super::runtime_message::last_error_line;
 use crate::domain::digest::ImageDigest;
 use std::ffi::OsString;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{ExitStatus, Stdio};
 use std::time::Duration;
 use tokio::process::Command;
@@ -75,10 +76,13 @@ impl Runtime {
         self.program.components().count() > 1
     }
 
-    fn version_template(&self) -> &'static str {
+    /// `info`'s template: the version, a tab, and where the runtime keeps its images and
+    /// containers (the directory whose disk fills up). A tab, because a path may hold spaces
+    /// and a version does not.
+    fn info_template(&self) -> &'static str {
         match self.flavour {
-            Flavour::Podman => "{{.Version.Version}}",
-            Flavour::Docker => "{{.ServerVersion}}",
+            Flavour::Podman => "{{.Version.Version}}\t{{.Store.GraphRoot}}",
+            Flavour::Docker => "{{.ServerVersion}}\t{{.DockerRootDir}}",
         }
     }
 }
@@ -102,6 +106,10 @@ pub struct ProbeSpec {
     pub depth: Depth,
     /// The bound on each runtime command.
     pub timeout: Duration,
+    /// The runner's work directory, whose disk is measured beside the runtime's storage.
+    pub work_dir: Option<PathBuf>,
+    /// Below these the probe fails.
+    pub disk: Thresholds,
 }
 
 /// Why the runtime cannot run a container, in words fit for `cannot run a container with
@@ -135,6 +143,9 @@ pub struct ProbeReport {
     pub outcome: Result<(), ProbeFailure>,
     pub image: Option<ImageFacts>,
     pub depth: Depth,
+    /// The runtime's storage and the work directory, as measured (the attestation's
+    /// `probe.disk`); empty when neither was.
+    pub disk: Vec<DiskFigures>,
 }
 
 impl ProbeReport {
@@ -161,6 +172,13 @@ impl ProbeReport {
                 if let Some(id) = self.image.as_ref().and_then(|i| i.id.as_deref()) {
                     line.push_str("; image ");
                     line.push_str(id);
+                }
+                for d in &self.disk {
+                    line.push_str(&format!(
+                        "; {} free on {}",
+                        disk::human_bytes(d.free_bytes),
+                        d.path
+                    ));
                 }
                 line
             }
@@ -189,6 +207,7 @@ pub async fn run(spec: &ProbeSpec) -> ProbeReport {
             digest: None,
         }),
         depth: spec.depth,
+        disk: Vec::new(),
     };
     report.outcome = probe_steps(spec, &mut report).await;
     report
@@ -196,8 +215,16 @@ pub async fn run(spec: &ProbeSpec) -> ProbeReport {
 
 async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), ProbeFailure> {
     let rt = &spec.runtime;
-    let out = invoke(spec, "info", &["info", "--format", rt.version_template()]).await?;
-    report.runtime_version = first_line(&out.stdout).map(str::to_string);
+    let out = invoke(spec, "info", &["info", "--format", rt.info_template()]).await?;
+    let (version, storage) = parse_info(&out.stdout);
+    report.runtime_version = version;
+    report.disk = measure_disks(storage.as_deref(), spec.work_dir.as_deref())?;
+    if let Some(message) = report.disk.iter().find_map(|d| spec.disk.shortfall(d)) {
+        return Err(ProbeFailure {
+            message,
+            exit_code: None,
+        });
+    }
 
     let Some(image_ref) = spec.image.as_deref() else {
         return Ok(());
@@ -361,6 +388,42 @@ fn runtime_failure(rt: &Runtime, step: &str, out: &Output) -> ProbeFailure {
     }
 }
 
+/// `info`'s `<version>\t<storage>` line. An older runtime, or a wrapper, may print the
+/// version alone: the storage is then unknown and not measured.
+fn parse_info(stdout: &str) -> (Option<String>, Option<PathBuf>) {
+    let Some(line) = first_line(stdout) else {
+        return (None, None);
+    };
+    let (version, storage) = match line.split_once('\t') {
+        Some((v, s)) => (v.trim(), Some(s.trim())),
+        None => (line, None),
+    };
+    let storage = storage.filter(|s| s.starts_with('/')).map(PathBuf::from);
+    let version = (!version.is_empty()).then(|| version.to_string());
+    (version, storage)
+}
+
+/// The runtime's storage and the work directory, measured. Storage that is not on this
+/// machine (a docker daemon reached over `DOCKER_HOST`) is left out; a work directory the
+/// operator named must be measurable.
+fn measure_disks(
+    storage: Option<&Path>,
+    work_dir: Option<&Path>,
+) -> Result<Vec<DiskFigures>, ProbeFailure> {
+    let fail = |message| ProbeFailure {
+        message,
+        exit_code: None,
+    };
+    let mut figures = Vec::new();
+    if let Some(path) = storage.filter(|p| p.exists()) {
+        figures.push(disk::measure(path, Role::Storage).map_err(fail)?);
+    }
+    if let Some(path) = work_dir {
+        figures.push(disk::measure(path, Role::WorkDir).map_err(fail)?);
+    }
+    Ok(figures)
+}
+
 fn is_image_missing(stderr: &str) -> bool {
     let s = stderr.to_ascii_lowercase();
     s.contains("image not known") || s.contains("no such image")
@@ -494,6 +557,31 @@ mod tests {
         assert_eq!(repository_of(&format!("alpine@{DIGEST}")), "alpine");
         assert!(repo_matches("docker.io/library/alpine", "alpine"));
         assert!(!repo_matches("docker.io/library/xalpine", "alpine"));
+    }
+
+    #[test]
+    fn info_gives_the_version_and_where_the_storage_is() {
+        assert_eq!(
+            parse_info("5.4.2\t/var/lib/containers/storage\n"),
+            (
+                Some("5.4.2".into()),
+                Some(PathBuf::from("/var/lib/containers/storage"))
+            )
+        );
+        assert_eq!(
+            parse_info("27.3.1\t/srv/docker root\n"),
+            (
+                Some("27.3.1".into()),
+                Some(PathBuf::from("/srv/docker root"))
+            )
+        );
+        // A wrapper that prints the version alone, or a path that is not one.
+        assert_eq!(
+            parse_info("9.9.9-fake\n"),
+            (Some("9.9.9-fake".into()), None)
+        );
+        assert_eq!(parse_info("1.0\t<no value>\n"), (Some("1.0".into()), None));
+        assert_eq!(parse_info(""), (None, None));
     }
 
     #[test]

@@ -47,6 +47,7 @@ impl SimRunner {
                 digest: None,
             }),
             depth: Depth::Info,
+            disk: Vec::new(),
         };
         attestation::sign(&self.key, &self.state, &report)
     }

@@ -6,6 +6,7 @@
 //! is this a well-formed, fresh attestation from this runner?
 
 use super::digest::{ImageDigest, NotADigest};
+use super::disk::{DiskFigure, MAX_DISKS};
 use super::ids::RunnerId;
 use super::json_object::{ObjectOnly, parse_object};
 use super::text::{PROBE_ERROR_MAX_BYTES, sanitize, without_controls};
@@ -62,6 +63,19 @@ struct RawProbe {
     error: Option<String>,
     #[serde(default)]
     exit_code: Option<i64>,
+    #[serde(default)]
+    disk: Option<Vec<ObjectOnly<RawDisk>>>,
+}
+
+#[derive(Deserialize)]
+struct RawDisk {
+    path: String,
+    #[serde(default)]
+    role: Option<String>,
+    free_bytes: u64,
+    total_bytes: u64,
+    free_inodes: u64,
+    total_inodes: u64,
 }
 
 #[derive(Deserialize, Default)]
@@ -104,6 +118,8 @@ pub struct Probe {
     /// The runtime's own words, cleaned (see `domain::text`); present when `ok` is false.
     pub error: Option<String>,
     pub exit_code: Option<i64>,
+    /// The filesystems it measured (`probe.disk`), as sent but cleaned; empty when none.
+    pub disk: Vec<DiskFigure>,
 }
 
 /// The image a runner says it runs, before the digests are checked.
@@ -235,6 +251,11 @@ pub fn check_claims(
     if !probe.ok && probe.error.as_deref().is_none_or(|e| e.trim().is_empty()) {
         return invalid("probe.error is required when probe.ok is false");
     }
+    if probe.disk.as_ref().is_some_and(|d| d.len() > MAX_DISKS) {
+        return Err(ClaimsError::Invalid(format!(
+            "probe.disk holds at most {MAX_DISKS} filesystems"
+        )));
+    }
 
     // Rule 4: time. A fresh attestation from a runner whose clock is off looks like an old
     // one or one from the future: say which clock is off, and by how much, before "expired".
@@ -281,6 +302,22 @@ pub fn check_claims(
             checked_at,
             error: probe.error.map(|e| sanitize(&e, PROBE_ERROR_MAX_BYTES)),
             exit_code: probe.exit_code,
+            disk: probe
+                .disk
+                .unwrap_or_default()
+                .into_iter()
+                .map(|d| {
+                    let d = d.0;
+                    DiskFigure {
+                        path: sanitize(&d.path, 512),
+                        role: d.role.map(|r| sanitize(&r, 32)),
+                        free_bytes: d.free_bytes,
+                        total_bytes: d.total_bytes,
+                        free_inodes: d.free_inodes,
+                        total_inodes: d.total_inodes,
+                    }
+                })
+                .collect(),
         },
         image: ReportedImage {
             id: image.id,
@@ -502,6 +539,45 @@ mod tests {
         // nbf in the future beyond the leeway.
         assert!(is_expired(check(with(&["nbf"], json!(NOW_S + 31)))));
         assert!(check(with(&["nbf"], json!(NOW_S + 29))).is_ok());
+    }
+
+    #[test]
+    fn disk_figures_are_numbers_and_few() {
+        let one = json!({"path": "/var/lib/containers\u{7}", "role": "storage",
+                         "free_bytes": 3_330_000_000u64, "total_bytes": 100u64 << 30,
+                         "free_inodes": 9, "total_inodes": 10});
+        let a = check(with(&["probe", "disk"], json!([one.clone()]))).unwrap();
+        assert_eq!(
+            a.probe.disk,
+            vec![DiskFigure {
+                path: "/var/lib/containers".into(),
+                role: Some("storage".into()),
+                free_bytes: 3_330_000_000,
+                total_bytes: 100 << 30,
+                free_inodes: 9,
+                total_inodes: 10,
+            }]
+        );
+        assert!(check(claims()).unwrap().probe.disk.is_empty());
+        let mut as_text = one.clone();
+        as_text["free_bytes"] = json!("3 GiB");
+        assert!(is_invalid(check(with(
+            &["probe", "disk"],
+            json!([as_text])
+        ))));
+        let mut negative = one.clone();
+        negative["free_inodes"] = json!(-1);
+        assert!(is_invalid(check(with(
+            &["probe", "disk"],
+            json!([negative])
+        ))));
+        assert!(is_invalid(check(with(&["probe", "disk"], json!([1])))));
+        assert!(is_invalid(check(with(
+            &["probe", "disk"],
+            json!(one.clone())
+        ))));
+        let nine = vec![one; MAX_DISKS + 1];
+        assert!(is_invalid(check(with(&["probe", "disk"], json!(nine)))));
     }
 
     #[test]

@@ -25,6 +25,7 @@ pub fn attested(at: Millis, probe_ok: bool, image: Option<char>) -> LatestAttest
                 checked_at: at,
                 error: (!probe_ok).then(|| "crun not found".into()),
                 exit_code: None,
+                disk: Vec::new(),
             },
             image: RunningImage {
                 id: image.map(digest),

@@ -128,6 +128,8 @@ pub struct PoolTally {
     /// Live runners that report an image, and how many of them run a current one.
     pub reporting: usize,
     pub on_current: usize,
+    /// Runners under the pool's disk warning line, whatever their status.
+    pub disk_warned: usize,
 }
 
 impl PoolTally {
@@ -145,6 +147,7 @@ pub fn tally(judged: &[Judged]) -> BTreeMap<PoolName, PoolTally> {
     for j in judged {
         let t = tallies.entry(j.runner.pool.clone()).or_default();
         *t.by_status.entry(j.status()).or_default() += 1;
+        t.disk_warned += usize::from(j.observed.disk_warning.is_some());
         if let Some(current) = j.observed.image_current.filter(|_| !j.runner.is_revoked()) {
             t.reporting += 1;
             t.on_current += usize::from(current);
@@ -197,6 +200,7 @@ pub(crate) mod fixtures {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         };
         let pool = Pool::apply(
             PoolName::parse("linux").unwrap(),

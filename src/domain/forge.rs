@@ -248,6 +248,7 @@ mod tests {
             drift_grace_s: 0,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
             last_resolution: None,
             resolution_failures: 0,
             resolved_digest: None,
@@ -278,6 +279,7 @@ mod tests {
                         checked_at: NOW.minus_secs(s),
                         error: (!ok).then(|| "crun not found".into()),
                         exit_code: None,
+                        disk: Vec::new(),
                     },
                     image: RunningImage {
                         id: Some(image()),

@@ -7,6 +7,7 @@
 pub mod attestation;
 pub mod audit;
 pub mod digest;
+pub mod disk;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod fleet;

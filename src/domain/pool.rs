@@ -4,6 +4,7 @@
 //! *previous* set until `previous_valid_until` so that a fleet can roll without stalling.
 
 use super::digest::ImageDigest;
+use super::disk::DiskWarning;
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -158,6 +159,8 @@ pub struct PoolSpec {
     pub resolve_interval_s: i64,
     /// Where its runners register with GitHub Actions, if they do.
     pub github: Option<super::github::GithubPool>,
+    /// Below what disk figures its runners are shown and counted as warned.
+    pub disk_warning: Option<DiskWarning>,
 }
 
 /// Why a pool spec cannot be accepted.
@@ -187,6 +190,9 @@ impl PoolSpec {
             return Err(PoolSpecError::OutOfRange(
                 "resolve_interval_s must be between 10 and 86400".into(),
             ));
+        }
+        if let Some(w) = &self.disk_warning {
+            w.check().map_err(PoolSpecError::OutOfRange)?;
         }
         if self.image_source == ImageSource::Registry && self.image_ref.is_none() {
             return Err(PoolSpecError::OutOfRange(
@@ -269,6 +275,8 @@ pub struct Pool {
     pub next_resolve_at: Option<Millis>,
     /// Where its runners register with GitHub Actions, if they do.
     pub github: Option<super::github::GithubPool>,
+    /// Below what disk figures its runners are shown and counted as warned.
+    pub disk_warning: Option<DiskWarning>,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -363,6 +371,7 @@ impl Pool {
             resolved_image_id,
             next_resolve_at,
             github: spec.github,
+            disk_warning: spec.disk_warning,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
         }
@@ -497,6 +506,7 @@ mod tests {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         }
     }
 
@@ -561,6 +571,7 @@ mod tests {
             drift_grace_s: grace,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         }
     }
 

@@ -93,6 +93,7 @@ mod tests {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         };
         Pool::apply(
             PoolName::parse(name).unwrap(),
@@ -183,6 +184,7 @@ mod tests {
                 drift_grace_s: 900,
                 resolve_interval_s: 300,
                 github: None,
+                disk_warning: None,
             },
             NOW.minus_secs(1),
         );

@@ -165,6 +165,9 @@ pub struct Observed {
     pub status: RunnerStatus,
     pub refusal: Option<Refusal>,
     pub image_current: Option<bool>,
+    /// Why its disk is under its pool's warning line (`Pool::disk_warning`), for a runner
+    /// whose latest attestation is live; a warning changes no status.
+    pub disk_warning: Option<String>,
 }
 
 impl Runner {
@@ -214,6 +217,7 @@ fn observe(
         status,
         refusal: None,
         image_current: image_now,
+        disk_warning: None,
     };
     if revoked {
         return plain(RunnerStatus::Revoked);
@@ -224,12 +228,19 @@ fn observe(
     if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
         return plain(RunnerStatus::Stale);
     }
+    let disk_warning = pool
+        .disk_warning
+        .and_then(|w| w.judge(&latest.state.probe.disk));
     match judge(&latest.state, gate, pool, now, rules.probe_max_age_s) {
-        Ok(()) => plain(RunnerStatus::Healthy),
+        Ok(()) => Observed {
+            disk_warning,
+            ..plain(RunnerStatus::Healthy)
+        },
         Err(refusal) => Observed {
             status: refusal.status(),
             refusal: Some(refusal),
             image_current: image_now,
+            disk_warning,
         },
     }
 }
@@ -316,6 +327,7 @@ mod tests {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),

@@ -254,6 +254,7 @@ mod tests {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),
@@ -272,6 +273,7 @@ mod tests {
                 checked_at: NOW.minus_secs(10),
                 error: None,
                 exit_code: None,
+                disk: Vec::new(),
             },
             image: RunningImage {
                 id: Some(digest('a')),
@@ -402,6 +404,7 @@ mod tests {
             drift_grace_s: 900,
             resolve_interval_s: 300,
             github: None,
+            disk_warning: None,
         };
         let rolled = Pool::apply(first.name.clone(), Some(&first), spec, NOW);
         let on_a = healthy();

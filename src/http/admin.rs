@@ -15,6 +15,7 @@ use super::views::{
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
+use crate::domain::disk::DiskWarning;
 use crate::domain::fleet::{self, Filter};
 use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
@@ -95,6 +96,9 @@ struct PoolBody {
     /// Where the pool's runners register with GitHub Actions; null or omitted: they do not.
     #[serde(default)]
     github: Option<GithubBody>,
+    /// Below what disk figures its runners are warned of; null or omitted: never.
+    #[serde(default)]
+    disk_warning: Option<DiskWarning>,
 }
 
 /// A pool's `github` object (`domain::github::GithubPool`); unknown fields are refused, so that
@@ -165,6 +169,7 @@ fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
             .resolve_interval_s
             .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
         github: body.github.map(GithubBody::checked).transpose()?,
+        disk_warning: body.disk_warning,
     };
     if spec.image_source == ImageSource::Registry
         && let Some(r) = &spec.image_ref
@@ -205,6 +210,7 @@ fn put_body(pool: &Pool) -> Value {
         resolved_image_id: _,
         next_resolve_at: _,
         github,
+        disk_warning,
         created_at: _,
         updated_at: _,
     } = pool;
@@ -225,6 +231,9 @@ fn put_body(pool: &Pool) -> Value {
             "labels": g.labels,
             "work_folder": g.work_folder,
         });
+    }
+    if let Some(w) = disk_warning {
+        body["disk_warning"] = json!(w);
     }
     // A registry pool's resolved set is the registry's, not part of its body: named in a PUT,
     // it would stand as the operator's own set until the next resolution.
@@ -283,17 +292,15 @@ async fn pool_view(state: &AppState, pool: &Pool, now: Millis) -> Result<PoolVie
 fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Millis) -> PoolStanding {
     let settings = state.settings();
     let mut counts = BTreeMap::new();
+    let mut disk_warned = 0;
     for r in runners.iter().filter(|r| r.pool == pool.name) {
-        *counts
-            .entry(
-                r.observe(pool, now, settings.status_rules())
-                    .status
-                    .as_str(),
-            )
-            .or_insert(0) += 1;
+        let observed = r.observe(pool, now, settings.status_rules());
+        *counts.entry(observed.status.as_str()).or_insert(0) += 1;
+        disk_warned += i64::from(observed.disk_warning.is_some());
     }
     PoolStanding {
         runners_by_status: counts,
+        disk_warned,
         roll: roll_health(
             pool,
             runners,

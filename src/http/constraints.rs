@@ -210,6 +210,7 @@ pub fn pool_body() -> Value {
             "resolve_interval_s": {"type": ["integer", "null"], "minimum": 10, "maximum": 86_400,
                                    "description": "10 to 86400 seconds, default 300 (registry pools)."},
             "github": github_pool(),
+            "disk_warning": disk_warning(),
         },
         "anyOf": [
             {"required": ["image_source", "image_ref"], "properties": {
@@ -226,6 +227,19 @@ pub fn pool_body() -> Value {
                 "expected_image_ids": {"minItems": 1, "items": ids["items"]},
             }},
         ],
+    })
+}
+
+/// A pool's `disk_warning` (`domain::disk::DiskWarning`): unknown fields are refused.
+pub fn disk_warning() -> Value {
+    json!({
+        "type": ["object", "null"],
+        "description": "Runners whose attested disk figures (`probe.disk`) fall below either line are shown and counted as warned; their status is unchanged.",
+        "additionalProperties": false,
+        "properties": {
+            "min_free_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": i64::MAX},
+            "min_free_inodes_percent": {"type": ["integer", "null"], "minimum": 0, "maximum": 100},
+        },
     })
 }
 

@@ -91,6 +91,7 @@ async fn metrics(
     m.queue_depth.clear();
     m.oldest_queued_age.clear();
     m.runners.clear();
+    m.runners_disk_warned.clear();
     for pool in &pools {
         let label = Metrics::pool(pool.name.as_str());
         let depth = depths.get(&pool.name).copied().unwrap_or_default();
@@ -101,15 +102,13 @@ async fn metrics(
         m.oldest_queued_age.get_or_create(&label).set(age);
         let mut counts: BTreeMap<&'static str, i64> =
             RunnerStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect();
+        let mut disk_warned = 0;
         for r in runners.iter().filter(|r| r.pool == pool.name) {
-            *counts
-                .entry(
-                    r.observe(pool, now, state.settings().status_rules())
-                        .status
-                        .as_str(),
-                )
-                .or_default() += 1;
+            let observed = r.observe(pool, now, state.settings().status_rules());
+            *counts.entry(observed.status.as_str()).or_default() += 1;
+            disk_warned += i64::from(observed.disk_warning.is_some());
         }
+        m.runners_disk_warned.get_or_create(&label).set(disk_warned);
         for (status, n) in counts {
             let labels = PoolStatusLabels {
                 pool: pool.name.to_string(),

@@ -7,6 +7,7 @@
 use super::schema::AuditEntry;
 use crate::app::Settings;
 use crate::domain::digest::ImageDigest;
+use crate::domain::disk::{DiskFigure, DiskWarning};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{Job, JobEvent as StoredJobEvent};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, ResolverStatus};
@@ -306,6 +307,8 @@ pub struct DriftReport {
 /// resolver's status under the configured threshold.
 pub struct PoolStanding {
     pub runners_by_status: BTreeMap<&'static str, i64>,
+    /// Runners under the pool's disk warning line.
+    pub disk_warned: i64,
     pub roll: RollHealth,
     pub resolver_status: Option<ResolverStatus>,
 }
@@ -354,6 +357,11 @@ pub struct PoolView {
     /// Where the pool's runners register with GitHub Actions; null when they do not.
     #[schema(required = true)]
     pub github: Option<GithubPoolView>,
+    /// Below what disk figures its runners are warned of; null when never.
+    #[schema(required = true)]
+    pub disk_warning: Option<DiskWarning>,
+    /// Its live runners whose disk is under that line, whatever their status.
+    pub runners_disk_warned: i64,
     pub runners_by_status: BTreeMap<&'static str, i64>,
     pub queued_jobs: i64,
     #[schema(required = true, value_type = Option<String>)]
@@ -411,6 +419,8 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
             labels: g.labels.clone(),
             work_folder: g.work_folder.clone(),
         }),
+        disk_warning: pool.disk_warning,
+        runners_disk_warned: standing.disk_warned,
         runners_by_status: standing.runners_by_status.clone(),
         queued_jobs: depth.queued,
         oldest_queued_at: depth.oldest_queued_at,
@@ -482,6 +492,12 @@ pub struct RunnerView {
     /// The agent's version its latest attestation named (`agent.version`); null when none.
     #[schema(required = true)]
     pub agent_version: Option<String>,
+    /// The filesystems its latest probe measured (`probe.disk`); empty when none were.
+    pub disk: Vec<DiskFigure>,
+    /// Why its disk is under its pool's `disk_warning` line; null when it is not (or the
+    /// pool draws none). The status is unchanged by it.
+    #[schema(required = true)]
+    pub disk_warning: Option<String>,
 }
 
 /// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
@@ -708,6 +724,8 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
         }),
         host: runner.agent.host.clone(),
         agent_version: runner.agent.version.clone(),
+        disk: probe.map(|p| p.disk.clone()).unwrap_or_default(),
+        disk_warning: observed.disk_warning,
     }
 }
 

@@ -166,6 +166,7 @@ mod tests {
                 drift_grace_s: 900,
                 resolve_interval_s: 300,
                 github: None,
+                disk_warning: None,
             },
             Millis(0),
         );

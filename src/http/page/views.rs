@@ -2,6 +2,7 @@
 //! templates only lay out and never decide.
 
 use crate::domain::digest::ImageDigest;
+use crate::domain::disk::{DiskFigure, human_bytes};
 use crate::domain::fleet::PoolTally;
 use crate::domain::github::registration::{Registration, State};
 use crate::domain::pool::Pool;
@@ -156,6 +157,8 @@ pub struct PoolCard {
     pub stuck: bool,
     /// The last hour and the last day, drawn.
     pub timelines: Vec<super::timeline::Timeline>,
+    /// Runners under the pool's disk warning line.
+    pub disk_warned: usize,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -191,6 +194,10 @@ pub struct RunnerRow {
     pub also: Option<&'static str>,
     /// Since when its probe has been failing, when it is.
     pub failing_since: Option<String>,
+    /// Each filesystem its latest probe measured, in one line.
+    pub disk: Vec<String>,
+    /// Why its disk is under its pool's warning line, when it is.
+    pub disk_warning: Option<String>,
 }
 
 pub fn is_simulated(runner: &Runner) -> bool {
@@ -243,7 +250,26 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
             .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
             .map(|_| "probe failed"),
         failing_since: None,
+        disk: probe.map_or_else(Vec::new, |p| p.disk.iter().map(disk_line).collect()),
+        disk_warning: observed.disk_warning.clone(),
     }
+}
+
+/// `71.3 GiB free of 250 GiB on /var/lib/containers/storage (storage), 97% of inodes free`.
+fn disk_line(d: &DiskFigure) -> String {
+    let mut line = format!(
+        "{} free of {} on {}",
+        human_bytes(d.free_bytes),
+        human_bytes(d.total_bytes),
+        d.path
+    );
+    if let Some(role) = &d.role {
+        line.push_str(&format!(" ({role})"));
+    }
+    if let Some(p) = d.free_inodes_percent() {
+        line.push_str(&format!(", {p}% of inodes free"));
+    }
+    line
 }
 
 /// A refusal as the table says it: digests short (the running image's cell and the pool's
@@ -356,6 +382,7 @@ pub fn pool_card(
             .as_ref()
             .filter(|r| !r.ok)
             .and_then(|r| r.error.clone()),
+        disk_warned: tally.disk_warned,
     }
 }
 
@@ -403,6 +430,7 @@ mod tests {
                         checked_at: now.minus_secs(400),
                         error: None,
                         exit_code: None,
+                        disk: Vec::new(),
                     },
                     image: RunningImage {
                         id: None,

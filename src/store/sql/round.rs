@@ -18,6 +18,7 @@
 //! order, unit-tested here; `write` runs the round's named steps over any engine.
 
 use super::replay::{self, RecentJtis, jti_key};
+use super::rows;
 use super::{chunks, param_list, queue, write_rows};
 use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
@@ -463,15 +464,16 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
     let sql = |values: &str| {
         format!(
             "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
-             probe_checked_at, probe_error, probe_exit_code, image_id, image_digest, image_ref, \
-             agent, last_status, attestation_seq, quarantined_at, recent_jtis, \
+             probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
+             image_ref, agent, last_status, attestation_seq, quarantined_at, recent_jtis, \
              jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
              refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at) \
              AS (VALUES {values}) \
              UPDATE runners SET attested_at = v.attested_at, probe_ok = v.probe_ok, \
              probe_runtime = v.probe_runtime, probe_runtime_version = v.probe_runtime_version, \
              probe_checked_at = v.probe_checked_at, probe_error = v.probe_error, \
-             probe_exit_code = v.probe_exit_code, image_id = v.image_id, \
+             probe_exit_code = v.probe_exit_code, probe_disk = v.probe_disk, \
+             image_id = v.image_id, \
              image_digest = v.image_digest, image_ref = v.image_ref, agent = v.agent, \
              last_status = v.last_status, attestation_seq = v.attestation_seq, \
              quarantined_at = v.quarantined_at, recent_jtis = v.recent_jtis, \
@@ -483,7 +485,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              FROM v WHERE runners.id = v.id"
         )
     };
-    write_rows(db, updates, 25, sql, |u| {
+    write_rows(db, updates, 26, sql, |u| {
         let rec = u.latest;
         let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
         vec![
@@ -495,6 +497,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
             Param::Int(probe.checked_at.0),
             Param::OptText(probe.error.as_deref()),
             Param::OptInt(probe.exit_code),
+            Param::Owned(rows::probe_disk_json(&probe.disk)),
             Param::OptText(image.id.as_ref().map(|d| d.as_str())),
             Param::OptText(image.digest.as_ref().map(|d| d.as_str())),
             Param::OptText(image.image_ref.as_deref()),
@@ -783,6 +786,7 @@ mod tests {
                     checked_at: Millis(at),
                     error: (!ok).then(|| "crun not found".into()),
                     exit_code: None,
+                    disk: Vec::new(),
                 },
                 image: RunningImage::default(),
             },

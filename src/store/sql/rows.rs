@@ -6,6 +6,7 @@
 
 use crate::domain::attestation::{Probe, RunningImage};
 use crate::domain::digest::ImageDigest;
+use crate::domain::disk::{DiskFigure, DiskWarning};
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
 use crate::domain::github::registration::{Registration, State as RegistrationState};
 use crate::domain::github::{GithubPool, GithubScope};
@@ -39,6 +40,28 @@ pub fn digests(json: &str) -> StoreResult<Vec<ImageDigest>> {
 
 pub fn digests_json(list: &[ImageDigest]) -> String {
     serde_json::to_string(list).expect("digests serialize")
+}
+
+/// A probe's disk figures as the `probe_disk` column holds them (JSON), or NULL when none.
+pub fn probe_disk_json(disk: &[DiskFigure]) -> Option<String> {
+    (!disk.is_empty()).then(|| serde_json::to_string(disk).expect("disk figures serialize"))
+}
+
+fn probe_disk(json: Option<String>) -> StoreResult<Vec<DiskFigure>> {
+    match json {
+        None => Ok(Vec::new()),
+        Some(j) => serde_json::from_str(&j).map_err(|_| corrupt("disk figures", &j)),
+    }
+}
+
+/// A pool's disk warning as its column holds it (JSON), or NULL.
+pub fn disk_warning_json(warning: Option<&DiskWarning>) -> Option<String> {
+    warning.map(|w| serde_json::to_string(w).expect("a disk warning serializes"))
+}
+
+fn disk_warning(json: Option<String>) -> StoreResult<Option<DiskWarning>> {
+    json.map(|j| serde_json::from_str(&j).map_err(|_| corrupt("disk warning", &j)))
+        .transpose()
 }
 
 /// A pool's `github` object as its column holds it (JSON), or NULL.
@@ -119,6 +142,7 @@ pub fn pool(row: &Row) -> StoreResult<Pool> {
         resolved_image_id: opt_digest(row.opt_text("resolved_image_id")?)?,
         next_resolve_at: opt_millis(row, "next_resolve_at")?,
         github: github_pool(row.opt_text("github")?)?,
+        disk_warning: disk_warning(row.opt_text("disk_warning")?)?,
         created_at: millis(row, "created_at")?,
         updated_at: millis(row, "updated_at")?,
     })
@@ -137,6 +161,7 @@ fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
                     checked_at: opt_millis(row, "probe_checked_at")?.unwrap_or_default(),
                     error: row.opt_text("probe_error")?,
                     exit_code: row.opt_int("probe_exit_code")?,
+                    disk: probe_disk(row.opt_text("probe_disk")?)?,
                 },
                 image: RunningImage {
                     id: opt_digest(row.opt_text("image_id")?)?,
@@ -151,7 +176,7 @@ fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
 
 /// The columns `runner_summary` reads: what judging a runner needs.
 pub const SUMMARY_COLUMNS: &str = "id, name, pool, cordoned, quarantined_at, revoked_at, \
-     attested_at, probe_ok, probe_checked_at, image_id, image_digest";
+     attested_at, probe_ok, probe_checked_at, probe_disk, image_id, image_digest";
 
 /// And what the operators' search needs besides.
 pub const SEARCH_COLUMNS: &str = "labels, agent";
@@ -169,6 +194,7 @@ pub fn runner_summary(row: &Row, with_search: bool) -> StoreResult<RunnerSummary
                     runtime_version: None,
                     error: None,
                     exit_code: None,
+                    disk: probe_disk(row.opt_text("probe_disk")?)?,
                 },
                 image: RunningImage {
                     id: opt_digest(row.opt_text("image_id")?)?,
