@@ -10,16 +10,22 @@
 //! The runner is known by its `x-runner-uuid`; a spoofed uuid gains nothing, since the forge
 //! still checks the `x-runner-token` of every call the gate forwards.
 
+use super::canonical::is_call;
 use super::decide::{self, Verdict};
-use super::{ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, count, peer_of};
+use super::{
+    ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, canonical_path, count, peer_of, set_path,
+};
 use crate::app::AppState;
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
 use crate::domain::time::Millis;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
+
+/// The paths the gate serves for a Forgejo or a Gitea.
+pub const PREFIXES: [&str; 3] = ["/api/actions", "/api/actions_pipeline", "/twirp"];
 
 /// The one call the gate answers itself.
 pub const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
@@ -58,13 +64,23 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
         .forgejo
         .clone()
         .expect("routed only with a forgejo upstream");
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let path = match canonical_path(&parts, &PREFIXES) {
+        Ok(path) => path,
+        Err(refused) => return refused,
+    };
     let peer = peer_of(&state, &parts);
-    let request = Request::from_parts(parts, body);
-    if request.method() == Method::POST && request.uri().path() == FETCH_TASK {
+    // Any method: what a forge would do with another one is the forge's business, not a way
+    // around the gate.
+    if is_call(&path, FETCH_TASK, false) {
+        set_path(&mut parts, FETCH_TASK);
+        let request = Request::from_parts(parts, body);
         return fetch_task(&state, gate, request, peer, &upstream).await;
     }
-    gate.forwarder.forward(&upstream, request, peer).await
+    set_path(&mut parts, &path);
+    gate.forwarder
+        .forward(&upstream, Request::from_parts(parts, body), peer)
+        .await
 }
 
 async fn fetch_task(

@@ -1,10 +1,15 @@
 //! GitLab's runner API (`/api/v4/…`).
 //!
 //! A runner asks for work with `POST /api/v4/jobs/request`, its authentication token in the
-//! JSON body (`token`, also sent as `RUNNER-TOKEN`). GitLab answers `201` with a job, or `204`
-//! with `X-GitLab-Last-Update` when there is none, which is what a paused runner gets too. The
-//! gate never answers `403`: gitlab-runner counts it against the runner's health and stops
-//! asking for an hour.
+//! JSON body (`token`, also sent as `RUNNER-TOKEN`), read as GitLab reads it
+//! (`gitlab_params.rs`). GitLab answers `201` with a job, or `204` with `X-GitLab-Last-Update`
+//! when there is none, which is what a paused runner gets too. The gate never answers `403`:
+//! gitlab-runner counts it against the runner's health and stops asking for an hour.
+//!
+//! With its Job Router (`FF_USE_JOB_ROUTER`) gitlab-runner first asks
+//! `GET /api/v4/runners/router/discovery` and then takes its jobs from the router, past the
+//! gate. The gate answers discovery itself as a GitLab without a router does (`501`,
+//! "not available"), so gitlab-runner falls back to `jobs/request`.
 //!
 //! A refused runner's request is held, as GitLab holds it when it long-polls, so a refused
 //! runner does not ask in a tight loop: up to `LEASEGATE_FORGE_HOLD_S` (30 s), then `204`
@@ -12,36 +17,41 @@
 //! forwarded at once when the runner may have work. The runner is known by the SHA-256 of its
 //! token; the token itself is only ever forwarded to GitLab.
 
+use super::canonical::is_call;
 use super::decide::{self, Verdict};
-use super::{ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, count, peer_of};
+use super::gitlab_params::{self, JobRequestParams};
+use super::{
+    ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, canonical_path, count, peer_of, set_path,
+};
 use crate::app::AppState;
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
 use crate::domain::time::Millis;
 use crate::http::problem::ApiError;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode};
+use axum::http::header::CONTENT_TYPE;
+use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde::Deserialize;
 use std::time::Duration;
 
-/// The one call the gate answers itself.
+/// The paths the gate serves for a GitLab.
+pub const PREFIX: &str = "/api/v4";
+
+/// The call the gate judges.
 pub const JOBS_REQUEST: &str = "/api/v4/jobs/request";
+
+/// The Job Router's discovery, which the gate answers "not available".
+pub const ROUTER_DISCOVERY: &str = "/api/v4/runners/router/discovery";
+
+/// GitLab's own answer when its Job Router is not available.
+const NO_ROUTER: &str =
+    r#"{"message":"Job Router is not available. Please contact your administrator."}"#;
 
 /// The largest job request read (gitlab-runner sends a few KB of `info`).
 const MAX_REQUEST_BYTES: usize = 256 * 1024;
 
 /// How often a held request is judged again.
 const RECHECK: Duration = Duration::from_secs(1);
-
-/// What the gate reads of a job request; the rest goes to GitLab as it came.
-#[derive(Deserialize, Default)]
-struct JobRequest {
-    #[serde(default)]
-    token: Option<String>,
-    #[serde(default)]
-    last_update: Option<String>,
-}
 
 pub async fn handle(State(state): State<AppState>, request: Request) -> Response {
     let gate = state.forge_gate().expect("routed only with a forge gate");
@@ -50,9 +60,18 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
         .gitlab
         .clone()
         .expect("routed only with a gitlab upstream");
-    let (parts, body) = request.into_parts();
+    let (mut parts, body) = request.into_parts();
+    let path = match canonical_path(&parts, &[PREFIX]) {
+        Ok(path) => path,
+        Err(refused) => return refused,
+    };
     let peer = peer_of(&state, &parts);
-    if parts.method == Method::POST && parts.uri.path() == JOBS_REQUEST {
+    if is_call(&path, ROUTER_DISCOVERY, true) {
+        return no_router();
+    }
+    // Any method: see forgejo.rs.
+    if is_call(&path, JOBS_REQUEST, true) {
+        set_path(&mut parts, JOBS_REQUEST);
         let bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
             Ok(b) => b,
             Err(e) if crate::http::listener::body::is_body_timeout(&e) => {
@@ -67,8 +86,20 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
                 .into_response();
             }
         };
-        return jobs_request(&state, gate, parts, bytes, peer, &upstream).await;
+        let asked = match gitlab_params::read(&parts.headers, parts.uri.query(), &bytes) {
+            Ok(asked) => asked,
+            Err(why) => {
+                return ApiError::new(
+                    StatusCode::BAD_REQUEST,
+                    "unreadable_fetch",
+                    format!("the job request does not name one runner: {why}"),
+                )
+                .into_response();
+            }
+        };
+        return jobs_request(&state, gate, parts, bytes, asked, peer, &upstream).await;
     }
+    set_path(&mut parts, &path);
     gate.forwarder
         .forward(&upstream, Request::from_parts(parts, body), peer)
         .await
@@ -79,18 +110,11 @@ async fn jobs_request(
     gate: &ForgeGate,
     parts: axum::http::request::Parts,
     bytes: Bytes,
+    asked: JobRequestParams,
     peer: super::upstream::Peer,
     upstream: &super::Upstream,
 ) -> Response {
-    let asked: JobRequest = serde_json::from_slice(&bytes).unwrap_or_default();
-    let token = asked.token.clone().or_else(|| {
-        parts
-            .headers
-            .get("runner-token")
-            .and_then(|v| v.to_str().ok())
-            .map(String::from)
-    });
-    let identity = token.as_deref().map(ForgeIdentity::gitlab_token);
+    let identity = asked.token.as_deref().map(ForgeIdentity::gitlab_token);
     let deadline = tokio::time::Instant::now() + gate.settings.hold;
     let mut recorded = false;
     let refusal = loop {
@@ -149,6 +173,14 @@ async fn jobs_request(
     };
     state.metrics().forge_fetch("gitlab", "refused", refusal);
     no_job(asked.last_update.as_deref(), refusal)
+}
+
+/// GitLab's answer to discovery without a Job Router.
+fn no_router() -> Response {
+    let mut r = (StatusCode::NOT_IMPLEMENTED, NO_ROUTER).into_response();
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
 }
 
 /// GitLab's "no job": `204`, `X-GitLab-Last-Update` echoing the runner's own.

@@ -1,33 +1,45 @@
 //! The forge gate: leasegate in front of a Forgejo/Gitea or a GitLab, gating unmodified
 //! runners on unmodified forges.
 //!
-//! Every request under the forge's runner API is forwarded to the forge untouched
-//! (`upstream.rs`) except the one call with which a runner asks for work: Forgejo's
-//! `FetchTask` (`forgejo.rs`) and GitLab's `POST /api/v4/jobs/request` (`gitlab.rs`). That call
-//! is judged (`decide.rs`: the lease's rules over the bound runner's latest attestation) and,
-//! for a runner the gate refuses, answered "no work" by leasegate itself: the forge never sees
-//! it, so it claims no job and counts nothing. Every other call (updates, logs, traces,
-//! artifacts) is forwarded even for a refused runner, so a job already running can finish.
+//! Every request under the forge's runner API is forwarded to the forge (`upstream.rs`) except
+//! the one call with which a runner asks for work: Forgejo's `FetchTask` (`forgejo.rs`) and
+//! GitLab's `POST /api/v4/jobs/request` (`gitlab.rs`). That call is judged (`decide.rs`: the
+//! lease's rules over the bound runner's latest attestation) and, for a runner the gate
+//! refuses, answered "no work" by leasegate itself: the forge never sees it, so it claims no
+//! job and counts nothing. Every other call (updates, logs, traces, artifacts) is forwarded
+//! even for a refused runner, so a job already running can finish.
+//!
+//! What is judged and forwarded is the path in its canonical form (`canonical.rs`), so that
+//! the forge routes exactly what the gate judged; a path without one is refused 400
+//! `ambiguous_path`. A GitLab job request's token is read as GitLab reads it
+//! (`gitlab_params.rs`).
 //!
 //! The routes live outside the API's layers: no 64 KiB body limit (`LEASEGATE_FORGE_MAX_BODY_BYTES`
 //! instead), no security headers or problem rewriting of the forge's answers.
 
+mod canonical;
 mod connections;
 mod decide;
 mod forgejo;
 mod gitlab;
+mod gitlab_params;
 mod upstream;
 
 pub use connections::ForwardCaps;
 pub use decide::Verdict;
+pub use gitlab_params::JobRequestParams;
 pub use upstream::Upstream;
 
 use crate::app::AppState;
 use crate::domain::forge::ForgeKind;
 use crate::http::client::{Client, client_of};
+use crate::http::problem::ApiError;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
+use axum::http::uri::PathAndQuery;
+use axum::http::{StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
@@ -88,14 +100,49 @@ pub fn router(state: &AppState) -> Option<Router<AppState>> {
     let gate = state.forge_gate()?;
     let mut router = Router::new();
     if gate.settings.forgejo.is_some() {
-        for prefix in ["/api/actions", "/api/actions_pipeline", "/twirp"] {
+        for prefix in forgejo::PREFIXES {
             router = router.route(&format!("{prefix}/{{*rest}}"), any(forgejo::handle));
         }
     }
     if gate.settings.gitlab.is_some() {
-        router = router.route("/api/v4/{*rest}", any(gitlab::handle));
+        router = router.route(
+            &format!("{}/{{*rest}}", gitlab::PREFIX),
+            any(gitlab::handle),
+        );
     }
     Some(router)
+}
+
+/// The canonical path of a request routed by one of `prefixes`, or the 400 that refuses it.
+#[allow(clippy::result_large_err)]
+fn canonical_path(parts: &Parts, prefixes: &[&str]) -> Result<String, Response> {
+    let raw = parts.uri.path();
+    let prefix = prefixes
+        .iter()
+        .find(|p| raw.strip_prefix(**p).is_some_and(|r| r.starts_with('/')))
+        .copied()
+        .unwrap_or("/");
+    canonical::canonical(raw, prefix).map_err(|why| {
+        tracing::debug!(
+            path = raw,
+            why = why.detail(),
+            "a forge path without one canonical form"
+        );
+        ApiError::new(StatusCode::BAD_REQUEST, "ambiguous_path", why.detail()).into_response()
+    })
+}
+
+/// `parts` with its path replaced by `path` (canonical, so valid), its query kept as it came.
+fn set_path(parts: &mut Parts, path: &str) {
+    let path_and_query = match parts.uri.query() {
+        Some(q) => format!("{path}?{q}"),
+        None => path.to_string(),
+    };
+    let mut uri = parts.uri.clone().into_parts();
+    uri.path_and_query = Some(
+        PathAndQuery::try_from(path_and_query).expect("a canonical path and a query as it came"),
+    );
+    parts.uri = Uri::from_parts(uri).expect("the same URI with another path");
 }
 
 /// Who sent a request, as the client (for logs) and as the peer (for the forge's headers).

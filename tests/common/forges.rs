@@ -10,6 +10,13 @@
 //! long poll does. Both serve the other calls a runner makes (updates, logs, traces,
 //! artifacts): a streamed upload is counted and hashed, a download is gzipped, and `/slow/{s}`
 //! answers after `s` seconds.
+//!
+//! Both route like the most lenient forge there is (`lenient`): they decode the path (again and
+//! again, as a proxy and a forge each might), read a backslash as a slash, drop empty and dot
+//! segments, ignore the case of the calls that hand out work, stop a segment at a NUL, and the
+//! GitLab drops a format suffix (`request.json`) as Grape does. Its job request reads the token
+//! where Grape reads params (JSON body, form body, query, the `RUNNER-TOKEN` header). So any
+//! spelling of a fetch the gate lets through is served, and counted.
 
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -70,7 +77,10 @@ pub mod runner_v1 {
 #[derive(Clone, Debug)]
 pub struct Call {
     pub method: String,
+    /// The path as the forge routed it.
     pub path: String,
+    /// The path as it came on the request line.
+    pub raw_path: String,
     pub headers: HeaderMap,
     pub body_len: usize,
 }
@@ -162,13 +172,84 @@ impl TestForge {
     }
 }
 
-async fn serve(router: Router) -> SocketAddr {
+/// The path as it came, kept beside the one the forge routes.
+#[derive(Clone)]
+struct RawPath(String);
+
+/// `router` on 127.0.0.1, routing each path as `lenient` reads it.
+async fn serve(router: Router, gitlab: bool) -> SocketAddr {
+    use axum::ServiceExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let app = tower::ServiceBuilder::new()
+        .map_request(move |mut req: Request| {
+            let raw = req.uri().path().to_string();
+            let routed = lenient(&raw, gitlab);
+            let pq = match req.uri().query() {
+                Some(q) => format!("{routed}?{q}"),
+                None => routed,
+            };
+            *req.uri_mut() = pq.parse().unwrap();
+            req.extensions_mut().insert(RawPath(raw));
+            req
+        })
+        .service(router);
     tokio::spawn(async move {
-        axum::serve(listener, router).await.ok();
+        axum::serve(listener, app.into_make_service()).await.ok();
     });
     addr
+}
+
+/// A path as the most lenient of Gitea, Forgejo, GitLab and a normalizing proxy would route it
+/// (see the module's header), written back as a valid path.
+pub fn lenient(path: &str, gitlab: bool) -> String {
+    use percent_encoding::{AsciiSet, CONTROLS, percent_decode_str, utf8_percent_encode};
+    const WRITE: &AsciiSet = &CONTROLS
+        .add(b' ')
+        .add(b'"')
+        .add(b'#')
+        .add(b'%')
+        .add(b'<')
+        .add(b'>')
+        .add(b'?')
+        .add(b'`')
+        .add(b'{')
+        .add(b'}');
+    let mut decoded = path.to_string();
+    loop {
+        let again = percent_decode_str(&decoded)
+            .decode_utf8_lossy()
+            .into_owned();
+        if again == decoded {
+            break;
+        }
+        decoded = again;
+    }
+    let decoded = decoded.replace('\\', "/");
+    let mut segments: Vec<String> = Vec::new();
+    for segment in decoded.split('/') {
+        let segment = segment.split('\0').next().unwrap_or("");
+        match segment {
+            "" | "." => {}
+            ".." => {
+                segments.pop();
+            }
+            s => segments.push(s.to_string()),
+        }
+    }
+    if gitlab
+        && let Some(last) = segments.last_mut()
+        && let Some((stem, _)) = last.split_once('.')
+    {
+        *last = stem.to_string();
+    }
+    let routed = format!("/{}", segments.join("/"));
+    for call in [FETCH_TASK, JOBS_REQUEST, ROUTER_DISCOVERY] {
+        if routed.eq_ignore_ascii_case(call) {
+            return call.to_string();
+        }
+    }
+    utf8_percent_encode(&routed, WRITE).to_string()
 }
 
 /// Records every call (method, path, headers, body length), then passes the request on with
@@ -188,9 +269,14 @@ async fn record(
         let len = bytes.len();
         (Body::from(bytes), len)
     };
+    let raw_path = parts
+        .extensions
+        .get::<RawPath>()
+        .map_or_else(|| parts.uri.path().to_string(), |r| r.0.clone());
     forge.shared.lock().unwrap().calls.push(Call {
         method: parts.method.to_string(),
         path: parts.uri.path().to_string(),
+        raw_path,
         headers: parts.headers.clone(),
         body_len: len,
     });
@@ -285,7 +371,7 @@ pub async fn forgejo() -> TestForge {
         .merge(common_routes("/api/actions"))
         .layer(axum::middleware::from_fn_with_state(forge.clone(), record))
         .with_state(forge.clone());
-    let addr = serve(router).await;
+    let addr = serve(router, false).await;
     TestForge {
         base: format!("http://{addr}"),
         ..forge
@@ -387,6 +473,7 @@ async fn update_log(body: Bytes) -> Response {
 // ---- GitLab ----------------------------------------------------------------------------------
 
 pub const JOBS_REQUEST: &str = "/api/v4/jobs/request";
+pub const ROUTER_DISCOVERY: &str = "/api/v4/runners/router/discovery";
 
 /// A GitLab serving its runners' API on 127.0.0.1; a job request naming the current
 /// `last_update` is held up to `long_poll_s`.
@@ -398,13 +485,14 @@ pub async fn gitlab(long_poll_s: u64) -> TestForge {
     let router = Router::new()
         .route(
             JOBS_REQUEST,
-            post(move |s, b| jobs_request(s, b, long_poll_s)),
+            any(move |s, r| jobs_request(s, r, long_poll_s)),
         )
         .route("/api/v4/runners/verify", post(verify))
+        .route(ROUTER_DISCOVERY, any(discovery))
         .merge(common_routes("/api/v4"))
         .layer(axum::middleware::from_fn_with_state(forge.clone(), record))
         .with_state(forge.clone());
-    let addr = serve(router).await;
+    let addr = serve(router, true).await;
     TestForge {
         base: format!("http://{addr}"),
         ..forge
@@ -425,8 +513,50 @@ async fn verify(State(forge): State<TestForge>, body: Bytes) -> Response {
     }
 }
 
-async fn jobs_request(State(forge): State<TestForge>, body: Bytes, long_poll_s: u64) -> Response {
-    let v: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+/// A GitLab with a Job Router: a runner that asks is sent past the gate.
+async fn discovery() -> Response {
+    axum::Json(json!({"server_url": "grpc://router.gitlab.test:8080"})).into_response()
+}
+
+/// A job request's params as Grape merges them: the JSON or form body over the query (each
+/// the last of a name, as Rack keeps it), and the `RUNNER-TOKEN` header when no param names
+/// the token.
+fn grape_params(req_headers: &HeaderMap, query: Option<&str>, body: &Bytes) -> Value {
+    let mut params = serde_json::Map::new();
+    let form = |s: &[u8], params: &mut serde_json::Map<String, Value>| {
+        for part in s.split(|b| *b == b';') {
+            for (k, v) in form_urlencoded::parse(part) {
+                params.insert(k.into_owned(), json!(v.into_owned()));
+            }
+        }
+    };
+    if let Some(q) = query {
+        form(q.as_bytes(), &mut params);
+    }
+    let body = body.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(body);
+    let content_type = req_headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    if content_type.starts_with("application/x-www-form-urlencoded") {
+        form(body, &mut params);
+    } else if let Ok(Value::Object(o)) = serde_json::from_slice::<Value>(body) {
+        params.extend(o);
+    }
+    if !params.contains_key("token")
+        && let Some(t) = req_headers
+            .get("runner-token")
+            .and_then(|v| v.to_str().ok())
+    {
+        params.insert("token".into(), json!(t));
+    }
+    Value::Object(params)
+}
+
+async fn jobs_request(State(forge): State<TestForge>, req: Request, long_poll_s: u64) -> Response {
+    let (parts, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let v = grape_params(&parts.headers, parts.uri.query(), &body);
     let token = token_of(&v).to_string();
     if !forge.knows(&token, &token) {
         return StatusCode::FORBIDDEN.into_response();
