@@ -20,6 +20,7 @@
 use super::canonical::is_call;
 use super::decide::{self, Verdict};
 use super::gitlab_params::{self, JobRequestParams};
+use super::upstream::{ClientBodyError, is_length_limit};
 use super::{
     ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, canonical_path, count, peer_of, set_path,
 };
@@ -74,10 +75,7 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
         set_path(&mut parts, JOBS_REQUEST);
         let bytes = match axum::body::to_bytes(body, MAX_REQUEST_BYTES).await {
             Ok(b) => b,
-            Err(e) if crate::http::listener::body::is_body_timeout(&e) => {
-                return ApiError::request_timeout().into_response();
-            }
-            Err(_) => {
+            Err(e) if is_length_limit(&e) => {
                 return ApiError::new(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "payload_too_large",
@@ -85,6 +83,7 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
                 )
                 .into_response();
             }
+            Err(e) => return ClientBodyError::from(e).problem().into_response(),
         };
         let asked = match gitlab_params::read(&parts.headers, parts.uri.query(), &bytes) {
             Ok(asked) => asked,

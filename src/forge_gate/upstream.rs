@@ -7,10 +7,18 @@
 //! job request for up to ~50 s) and may pause no longer than that within it; an unreachable
 //! forge is 502 `forge_unreachable`, a silent one 504 `forge_timeout`. How many requests and
 //! sockets the forwarder may hold, and per address, is `connections.rs`'s.
+//!
+//! Each side is blamed for its own failures. The client's body is marked (`ClientBodyError`)
+//! on its way to the forge, so that a body the client stalled (the listener's pace) is 408
+//! `request_timeout` and one it broke off or mangled is 400 `malformed_body`, logged as the
+//! client's at info, and only what the forge did is 502 and the WARN "cannot reach the forge"
+//! that operators alert on. Forwarding headers a client wrote itself (`Forwarded`,
+//! `X-Real-IP`, `X-Forwarded-Host`, `X-Original-URL`, …) are dropped unless the peer is a
+//! trusted proxy: a forge behind leasegate would otherwise believe them.
 
 use super::connections::{ForgeConnections, ForwardCaps, Holding, is_no_socket, turned_away};
 use crate::http::client::Client;
-use crate::http::listener::body::{BodyPace, PacedBody};
+use crate::http::listener::body::{BodyPace, PacedBody, is_body_timeout};
 use crate::http::problem::ApiError;
 use axum::body::Body;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
@@ -213,6 +221,7 @@ impl Forwarder {
             HeaderValue::from_str(upstream.host()).expect("an authority is a header value"),
         );
         parts.uri = uri;
+        let body = body.map_err(ClientBodyError::from);
         let limited = Limited::new(body, self.max_body_bytes as usize);
         let outgoing = Request::from_parts(parts, Body::new(limited.map_err(axum::Error::new)));
         let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
@@ -228,7 +237,7 @@ impl Forwarder {
                 )
                 .into_response_body();
             }
-            Ok(Err(e)) => return self.failed(upstream, &e),
+            Ok(Err(e)) => return self.failed(upstream, &e, peer),
             Ok(Ok(answer)) => answer,
         };
         let (mut parts, body) = answer.into_parts();
@@ -242,10 +251,19 @@ impl Forwarder {
         Response::from_parts(parts, Body::new(body))
     }
 
-    fn failed(&self, upstream: &Upstream, e: &hyper_util::client::legacy::Error) -> Response<Body> {
+    fn failed(
+        &self,
+        upstream: &Upstream,
+        e: &hyper_util::client::legacy::Error,
+        peer: Peer,
+    ) -> Response<Body> {
         // The request body was over the limit: the client's fault, not the forge's.
         if std::error::Error::source(e).is_some_and(is_length_limit) {
             return too_large(self.max_body_bytes).into_response_body();
+        }
+        if let Some(client) = find::<ClientBodyError>(e) {
+            tracing::info!(client = %peer.ip, forge = upstream.host(), error = %client, "a client's request body failed on its way to the forge");
+            return client.problem().into_response_body();
         }
         if std::error::Error::source(e).is_some_and(is_no_socket) {
             return turned_away(format!(
@@ -272,7 +290,54 @@ fn too_large(max: u64) -> ApiError {
     )
 }
 
-fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
+/// A failure of the client's request body, as opposed to the forge's.
+#[derive(Debug, thiserror::Error)]
+#[error("{source}")]
+pub struct ClientBodyError {
+    source: axum::Error,
+    timed_out: bool,
+}
+
+impl From<axum::Error> for ClientBodyError {
+    fn from(source: axum::Error) -> Self {
+        let timed_out = is_body_timeout(&source);
+        ClientBodyError { source, timed_out }
+    }
+}
+
+impl ClientBodyError {
+    /// The client's problem: 408 for a body that arrived too slowly, else 400.
+    pub fn problem(&self) -> ApiError {
+        if self.timed_out {
+            ApiError::request_timeout()
+        } else {
+            ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "malformed_body",
+                format!(
+                    "the request body broke off or was malformed: {}",
+                    self.source
+                ),
+            )
+        }
+    }
+}
+
+/// The first error of type `E` in `e`'s chain of causes.
+fn find<'a, E: std::error::Error + 'static>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> Option<&'a E> {
+    let mut current = Some(e);
+    while let Some(e) = current {
+        if let Some(found) = e.downcast_ref::<E>() {
+            return Some(found);
+        }
+        current = e.source();
+    }
+    None
+}
+
+pub fn is_length_limit(mut e: &(dyn std::error::Error + 'static)) -> bool {
     loop {
         if e.is::<http_body_util::LengthLimitError>() {
             return true;
@@ -313,10 +378,40 @@ impl Peer {
     }
 }
 
+/// Headers with which a proxy tells the server who asked, how and for what: believed by
+/// forges (and the proxies in front of them) from a proxy, written by a client to pass for
+/// another address, host, scheme or path. Only a trusted proxy's are forwarded.
+const PROXY_WRITTEN: [&str; 18] = [
+    "forwarded",
+    "x-real-ip",
+    "true-client-ip",
+    "client-ip",
+    "x-client-ip",
+    "x-cluster-client-ip",
+    "x-forwarded",
+    "x-forwarded-host",
+    "x-forwarded-port",
+    "x-forwarded-prefix",
+    "x-forwarded-server",
+    "x-forwarded-ssl",
+    "x-forwarded-scheme",
+    "x-url-scheme",
+    "front-end-https",
+    "x-original-url",
+    "x-rewrite-url",
+    "x-original-host",
+];
+
 /// `X-Forwarded-For` and `X-Forwarded-Proto` as the forge should see them: a trusted proxy's
 /// chain with its address added, as every proxy does; anyone else's replaced by their address
-/// (what a client writes there proves nothing).
+/// (what a client writes there proves nothing), and the client's other forwarding headers
+/// dropped.
 fn forwarded_for(headers: &mut HeaderMap, peer: Peer) {
+    if !peer.trusted {
+        for name in PROXY_WRITTEN {
+            headers.remove(name);
+        }
+    }
     let chain = headers
         .get("x-forwarded-for")
         .and_then(|v| v.to_str().ok())
@@ -393,5 +488,32 @@ mod tests {
         forwarded_for(&mut h, peer(true));
         assert_eq!(h["x-forwarded-for"], "1.2.3.4, 10.0.0.9");
         assert_eq!(h["x-forwarded-proto"], "https");
+    }
+
+    #[test]
+    fn a_clients_forwarding_headers_stay_behind_a_proxys_go() {
+        let written = || {
+            let mut h = HeaderMap::new();
+            for name in PROXY_WRITTEN {
+                h.insert(name, HeaderValue::from_static("203.0.113.7"));
+            }
+            h.insert("x-runner-uuid", HeaderValue::from_static("u"));
+            h
+        };
+        let peer = |trusted| Peer {
+            ip: "10.0.0.9".parse().unwrap(),
+            trusted,
+            https: false,
+        };
+        let mut h = written();
+        forwarded_for(&mut h, peer(false));
+        assert!(PROXY_WRITTEN.iter().all(|n| !h.contains_key(*n)), "{h:?}");
+        assert_eq!(h["x-runner-uuid"], "u");
+        let mut h = written();
+        forwarded_for(&mut h, peer(true));
+        assert!(
+            PROXY_WRITTEN.iter().all(|n| h[*n] == "203.0.113.7"),
+            "{h:?}"
+        );
     }
 }
