@@ -4,7 +4,7 @@
 //! (`401 attestation_invalid`, `probe.checked_at is in the future`). The loop must keep going,
 //! log the offset at WARN, wait as told, and stop for a refusal about the key only.
 
-mod common;
+use crate::common;
 
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};

@@ -2,7 +2,7 @@
 //! as the runner, and, when podman is here, the real podman with a real local image (built
 //! without network); otherwise a fake runtime printing a fixed image ID.
 
-mod common;
+use crate::common;
 
 use common::agent::*;
 use common::*;

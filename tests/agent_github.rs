@@ -5,7 +5,7 @@
 //! nothing while its runtime is broken (and loses the idle registration it held when the
 //! runtime broke), and hands SIGTERM on to GitHub's runner.
 
-mod common;
+use crate::common;
 
 use common::agent::*;
 use common::binary::sigterm;

@@ -5,7 +5,7 @@
 //! Skipped, with a printed reason, when podman is not installed; failed instead when
 //! `LEASEGATE_REQUIRE_PODMAN=1` (as `.ci/run` sets).
 
-mod common;
+use crate::common;
 
 use common::agent::*;
 use std::time::{Duration, Instant};

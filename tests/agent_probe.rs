@@ -3,7 +3,7 @@
 //! stderr, lack the image or refuse to start a container; and the real docker client with no
 //! daemon, and a runtime that is not installed at all.
 
-mod common;
+use crate::common;
 
 use common::agent::*;
 use std::os::unix::fs::PermissionsExt;

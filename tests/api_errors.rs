@@ -3,7 +3,7 @@
 //! lease refusals of rules 7–12 with their `Retry-After`, and what the heartbeat, `gate/check`,
 //! the drift report and the pool grace answer.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::{Response, StatusCode};

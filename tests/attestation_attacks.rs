@@ -3,7 +3,7 @@
 //! that PROTOCOL.md ("The attestation", rules 1–6) gives it, and proof that a rejected
 //! attestation writes nothing.
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

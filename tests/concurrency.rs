@@ -1,7 +1,7 @@
 //! Many runners leasing from one pool at once: no job is ever held by two live leases, every
 //! job finishes exactly once, and the attempts used equal the starts made.
 
-mod common;
+use crate::common;
 
 use common::*;
 use leasegate::domain::time::Millis;

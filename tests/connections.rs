@@ -3,7 +3,7 @@
 //! away) within its limit while a normal request is served, and a waiting long poll, which
 //! sends nothing for its whole wait, is never taken for idle.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

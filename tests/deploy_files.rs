@@ -6,7 +6,7 @@
 //! exports. External tools (systemd-analyze, kubectl, haproxy, promtool, docker compose) are
 //! used where they are installed; a check that needs a missing one is skipped with a reason.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -4,7 +4,7 @@
 //! Without Python or the package the test says so and skips; `LEASEGATE_REQUIRE_GITLAB_RUNNER_API=1`
 //! (set by `.ci/run`, which installs it) makes that a failure.
 
-mod common;
+use crate::common;
 
 use common::forges;
 use common::*;

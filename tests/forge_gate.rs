@@ -6,7 +6,7 @@
 //! a pool that observes forwards and records; and a job offered only to broken runners stays
 //! queued, unclaimed, until a healthy runner takes it.
 
-mod common;
+use crate::common;
 
 use common::forges::{self, FETCH_TASK, JOBS_REQUEST, TestForge, runner_v1};
 use common::*;

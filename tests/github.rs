@@ -12,7 +12,7 @@
 //!   answers PROTOCOL.md gives;
 //! - every step is in the runner's detail, the audit trail, the page and the metrics.
 
-mod common;
+use crate::common;
 
 use common::github::{Auth, Failure, FakeGithub, app_keys};
 use common::*;

@@ -2,7 +2,7 @@
 //! entry with its count (and the page counts them whole), a steady heartbeat adds nothing to
 //! the attestation history while a change does, and status changes follow the status.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -1,7 +1,7 @@
 //! Every lease transition over a real listener, and the attempt accounting across refusal,
 //! abandon, expiry before and after start, and `errored` retries.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -1,7 +1,7 @@
 //! `/metrics` changes as expected across a grant, a refusal of each kind, an abandon, an
 //! expiry before and after start, and rejected attestations; state gauges reflect the fleet.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

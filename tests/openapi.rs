@@ -2,7 +2,7 @@
 //! (and each of them is routed), every `$ref` resolves, and real answers of a running service
 //! validate against the schemas the document gives for them.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

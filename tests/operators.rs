@@ -6,7 +6,7 @@
 //! removed, a revoked runner's name can be registered again, and a pool with nothing live can
 //! be deleted.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -2,7 +2,7 @@
 //! `/readyz` and writes answer 503 `unavailable` with `Retry-After` within a bounded time, and
 //! the service recovers by itself when the file is writable again.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

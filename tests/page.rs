@@ -1,7 +1,7 @@
 //! The runner-health page over a real listener: login and session, CSRF, escaping of
 //! everything a runner sends, and the fleet, runner and job views.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -5,7 +5,7 @@
 //! Needs Debian's `chromium` and `chromium-driver`; without them the test says so and skips,
 //! unless `LEASEGATE_REQUIRE_CHROMIUM=1` (set by `.ci/run`).
 
-mod common;
+use crate::common;
 
 use common::*;
 use fantoccini::{ClientBuilder, Locator};

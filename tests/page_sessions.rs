@@ -3,7 +3,7 @@
 //! behind a TLS proxy (and only when a trusted proxy says so), every answer carries the
 //! security headers, and runner names that could pass for another are refused or marked.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -3,7 +3,7 @@
 //! exactly as a `PUT` body (the same answers), it is audited, and concurrent patches of
 //! different fields lose none of them.
 
-mod common;
+use crate::common;
 
 use common::oci::*;
 use common::*;

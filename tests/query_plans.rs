@@ -6,7 +6,7 @@
 //! `seq` alone, the claim then walked the primary key past every finished job, 95 ms per claim
 //! after 100k of a million).
 
-mod common;
+use crate::common;
 
 use common::*;
 use leasegate::store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};

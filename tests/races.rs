@@ -4,7 +4,7 @@
 //! takes the job's row lock before the lease's, so the two never wait on each other in a
 //! cycle (`deadlock detected`), and a conflict the database reports anyway is retried.
 
-mod common;
+use crate::common;
 
 use common::*;
 use leasegate::domain::time::Millis;

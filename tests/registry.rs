@@ -7,7 +7,7 @@
 //! PostgreSQL; the registry is started before the service, so that the service can be told to
 //! reach it over plain HTTP (`LEASEGATE_INSECURE_REGISTRIES`).
 
-mod common;
+use crate::common;
 
 use common::oci::*;
 use common::*;

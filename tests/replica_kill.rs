@@ -3,7 +3,7 @@
 //! succeeded exactly once, no job was ever held by two live leases, and the attempts used
 //! equal the starts made. Skipped (with the reason printed) without a PostgreSQL to use.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

@@ -1,7 +1,7 @@
 //! PostgreSQL with more than one replica on one database: wake-ups, replay protection and the
 //! sweeper across replicas. Skipped (with the reason printed) without a PostgreSQL to use.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

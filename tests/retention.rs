@@ -7,7 +7,7 @@
 //! rows and bytes per day scaled to 1,000 runners (OPERATIONS.md quotes them). On PostgreSQL
 //! the test vacuums after each day, as autovacuum would within the minute.
 
-mod common;
+use crate::common;
 
 use common::*;
 use leasegate::domain::attestation::{Probe, RunningImage};

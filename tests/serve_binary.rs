@@ -1,6 +1,6 @@
 //! `leasegate serve` as an operator runs it: a fresh directory, no configuration, SIGTERM.
 
-mod common;
+use crate::common;
 
 use common::binary::*;
 use common::*;

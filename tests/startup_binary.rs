@@ -2,7 +2,7 @@
 //! stops the real binary with an error that names the setting as it was set (variable or
 //! flag), the cause and what to do, and leaves nothing behind (no token, no database).
 
-mod common;
+use crate::common;
 
 use common::binary::*;
 use std::path::{Path, PathBuf};

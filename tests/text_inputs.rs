@@ -2,7 +2,7 @@
 //! looks up is a 400 on both engines, before any query; and no string a client can send, in
 //! any field, is answered with a 5xx (a sampled property over every string input).
 
-mod common;
+use crate::common;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;

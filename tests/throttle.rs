@@ -3,7 +3,7 @@
 //! and its correct credentials, goes on as before. `X-Forwarded-For` names the client only
 //! when a trusted proxy sends it.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;

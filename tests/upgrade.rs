@@ -4,7 +4,7 @@
 //! records them), starts the service on it, and finds every row, every reference intact, and
 //! a revoked runner's name free.
 
-mod common;
+use crate::common;
 
 use common::*;
 use reqwest::StatusCode;
