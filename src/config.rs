@@ -225,8 +225,9 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_FORGE_HOLD_S", default_value_t = 30)]
     pub forge_hold_s: u64,
 
-    /// How long a forge may take to begin its answer (and pause within it), in seconds; then
-    /// 504. GitLab holds a runner's job request up to about 50 s.
+    /// How long a forge may take to begin its answer once it has the request's body (and to
+    /// read the body, and pause within its answer), in seconds; then 504. GitLab holds a
+    /// runner's job request up to about 50 s.
     #[arg(long, env = "LEASEGATE_FORGE_TIMEOUT_S", default_value_t = 120)]
     pub forge_timeout_s: u64,
 

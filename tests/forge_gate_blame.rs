@@ -1,7 +1,9 @@
 //! The forge gate blames the right side: a client's upload that stalls is 408, one that breaks
 //! off or is malformed 400, and neither is answered or logged as the forge's failure (502
 //! `forge_unreachable`, "cannot reach the forge"), while a forge that is down still is. And the
-//! forwarding headers a client writes itself reach the forge only through a trusted proxy.
+//! forwarding headers a client writes itself reach the forge only through a trusted proxy. An
+//! upload that takes longer than the forge's timeout, at a pace the client may keep, is not
+//! the forge's timeout.
 //!
 //! The cases run on one thread, so that the log of the service they start is theirs to read.
 
@@ -217,4 +219,51 @@ async fn a_clients_forwarding_headers_reach_the_forge_only_through_a_trusted_pro
         };
         assert_eq!(headers["x-forwarded-for"], chain);
     }
+}
+
+#[tokio::test]
+async fn a_slow_upload_is_not_counted_against_the_forge() {
+    let forgejo = forges::forgejo().await;
+    let base = forgejo.base.clone();
+    let app = spawn_app_with(move |a| {
+        a.forgejo_upstream = Some(base);
+        a.forge_timeout_s = 1;
+        a.body_timeout_s = 2;
+        a.body_min_rate = 1;
+    })
+    .await;
+    // Six chunks 600 ms apart: 3 s of upload, within the client's pace, past the forge's 1 s.
+    let chunks = futures_util::stream::unfold(0u8, |i| async move {
+        if i == 6 {
+            return None;
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        Some((Ok::<_, std::io::Error>(vec![b'a' + i; 5]), i + 1))
+    });
+    let started = std::time::Instant::now();
+    let r = app
+        .client
+        .post(app.url("/api/actions_pipeline/upload"))
+        .body(reqwest::Body::wrap_stream(chunks))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), reqwest::StatusCode::OK);
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    let got: Value = r.json().await.unwrap();
+    assert_eq!(got["bytes"], 30);
+    // The forge's own silence is still its own.
+    let r = app
+        .client
+        .get(app.url("/api/actions_pipeline/slow/3"))
+        .send()
+        .await
+        .unwrap();
+    expect_problem(
+        r,
+        "a forge that says nothing",
+        reqwest::StatusCode::GATEWAY_TIMEOUT,
+        "forge_timeout",
+    )
+    .await;
 }

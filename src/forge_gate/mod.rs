@@ -23,6 +23,7 @@ mod decide;
 mod forgejo;
 mod gitlab;
 mod gitlab_params;
+mod upload;
 mod upstream;
 
 pub use connections::ForwardCaps;

@@ -4,7 +4,8 @@
 //! and `X-Forwarded-For`/`-Proto` say who asked. Bodies stream both ways and are never
 //! decoded (a gzipped answer stays gzipped), so artifacts of hundreds of MB pass through
 //! without being held. The forge has `timeout` to begin its answer (GitLab holds a runner's
-//! job request for up to ~50 s) and may pause no longer than that within it; an unreachable
+//! job request for up to ~50 s), counted while it is the forge's turn (`upload.rs`: not while
+//! the client is still sending its body), and may pause no longer than that within it; an unreachable
 //! forge is 502 `forge_unreachable`, a silent one 504 `forge_timeout`. How many requests and
 //! sockets the forwarder may hold, and per address, is `connections.rs`'s.
 //!
@@ -17,6 +18,7 @@
 //! trusted proxy: a forge behind leasegate would otherwise believe them.
 
 use super::connections::{ForgeConnections, ForwardCaps, Holding, is_no_socket, turned_away};
+use super::upload::{Turn, Watched};
 use crate::http::client::Client;
 use crate::http::listener::body::{BodyPace, PacedBody, is_body_timeout};
 use crate::http::problem::ApiError;
@@ -223,22 +225,27 @@ impl Forwarder {
         parts.uri = uri;
         let body = body.map_err(ClientBodyError::from);
         let limited = Limited::new(body, self.max_body_bytes as usize);
-        let outgoing = Request::from_parts(parts, Body::new(limited.map_err(axum::Error::new)));
-        let answer = match tokio::time::timeout(self.timeout, self.client.request(outgoing)).await {
-            Err(_) => {
+        let turn = Turn::new();
+        let body = Watched::new(limited.map_err(axum::Error::new), turn.clone());
+        let outgoing = Request::from_parts(parts, Body::new(body));
+        let answer = match self
+            .on_the_forges_time(&turn, self.client.request(outgoing))
+            .await
+        {
+            None => {
                 return ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
                     "forge_timeout",
                     format!(
-                        "the forge at {} did not answer in {} s",
+                        "the forge at {} did not take the request or begin its answer in {} s",
                         upstream.host(),
                         self.timeout.as_secs()
                     ),
                 )
                 .into_response_body();
             }
-            Ok(Err(e)) => return self.failed(upstream, &e, peer),
-            Ok(Ok(answer)) => answer,
+            Some(Err(e)) => return self.failed(upstream, &e, peer),
+            Some(Ok(answer)) => answer,
         };
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
@@ -249,6 +256,33 @@ impl Forwarder {
         };
         let body = Holding::new(PacedBody::new(body, pace), place);
         Response::from_parts(parts, Body::new(body))
+    }
+
+    /// `request`'s outcome, or `None` once the forge has had its turn (`upload::Turn`) for
+    /// longer than the timeout.
+    async fn on_the_forges_time<T>(
+        &self,
+        turn: &Turn,
+        request: impl Future<Output = T>,
+    ) -> Option<T> {
+        tokio::pin!(request);
+        loop {
+            // On the client's turn, look again within a second: its turn may end any time.
+            let check = turn
+                .forge_deadline(self.timeout)
+                .unwrap_or_else(|| tokio::time::Instant::now() + Duration::from_secs(1));
+            tokio::select! {
+                outcome = &mut request => return Some(outcome),
+                _ = tokio::time::sleep_until(check) => {
+                    if turn
+                        .forge_deadline(self.timeout)
+                        .is_some_and(|d| d <= tokio::time::Instant::now())
+                    {
+                        return None;
+                    }
+                }
+            }
+        }
     }
 
     fn failed(
