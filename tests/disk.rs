@@ -4,7 +4,7 @@
 //! `probe.disk` to the runner view and the page, and a pool's `disk_warning` warns (shown and
 //! counted) while the status stays healthy.
 
-mod common;
+use crate::common;
 
 use common::agent::*;
 use common::*;

@@ -7,7 +7,7 @@
 //!
 //! The cases run on one thread, so that the log of the service they start is theirs to read.
 
-mod common;
+use crate::common;
 
 use common::forges;
 use common::*;

@@ -9,7 +9,7 @@
 //! Requests go over a raw socket: an HTTP client library would normalize the very spellings
 //! under test (dot segments, backslashes) before sending them.
 
-mod common;
+use crate::common;
 
 use common::forges::{self, FETCH_TASK, JOBS_REQUEST, ROUTER_DISCOVERY, TestForge, runner_v1};
 use common::*;
