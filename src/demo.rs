@@ -105,6 +105,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         resolve_interval_s: 300,
         github: None,
         disk_warning: None,
+        ejection: Default::default(),
     };
     // The demo's own changes are in the audit trail under its name, as an operator's would be.
     let audit = |action, target: &str| Entry {
@@ -143,6 +144,7 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         resolve_interval_s: 300,
         github: None,
         disk_warning: None,
+        ejection: Default::default(),
     };
     store
         .put_pool(&arm, arm_spec, now, &audit(Action::PoolPut, arm.as_str()))
@@ -300,11 +302,18 @@ async fn run_one_job(state: &AppState, runner: &SimRunner, pool: PoolName) {
 async fn call(state: &AppState, lease: &crate::store::Lease, hash: &str, call: LeaseCall) -> bool {
     match state
         .store()
-        .lease_call(&lease.id, hash, &call, Millis::now())
+        .lease_call(
+            &lease.id,
+            hash,
+            &call,
+            Millis::now(),
+            state.settings().status_rules(),
+        )
         .await
     {
-        Ok((lease, job)) => {
-            state.lease_called(&call, &lease, &job);
+        Ok(done) => {
+            state.lease_called(&call, &done.lease, &done.job);
+            state.job_ended(&done.lease.runner_id, &done.lease.pool, &done.ejection);
             true
         }
         Err(_) => false,

@@ -135,6 +135,12 @@ pub struct Metrics {
     pub runners: Family<PoolStatusLabels, Gauge>,
     /// Live runners under their pool's disk warning line (`Pool::disk_warning`).
     pub runners_disk_warned: Family<PoolLabel, Gauge>,
+    /// Runners ejected, by pool and the reason most of their failures had.
+    pub ejections: Family<PoolReasonLabels, Counter>,
+    /// Ejections the rule called for and did not make, by pool and why not.
+    pub ejections_withheld: Family<PoolReasonLabels, Counter>,
+    /// Runners ejected now, by pool (from the store on each scrape).
+    pub ejected_runners: Family<PoolLabel, Gauge>,
     pub requests: Family<RouteLabels, Histogram>,
 }
 
@@ -165,6 +171,9 @@ impl Default for Metrics {
             oldest_queued_age: Family::default(),
             runners: Family::default(),
             runners_disk_warned: Family::default(),
+            ejections: Family::default(),
+            ejections_withheld: Family::default(),
+            ejected_runners: Family::default(),
             requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
         };
         m.registered()
@@ -225,6 +234,21 @@ impl Metrics {
             "runners_disk_warned",
             "Runners whose attested disk is under their pool's warning line",
             self.runners_disk_warned.clone(),
+        );
+        r.register(
+            "ejections",
+            "Runners ejected for infrastructure failures in a row, by pool and main reason",
+            self.ejections.clone(),
+        );
+        r.register(
+            "ejections_withheld",
+            "Ejections called for and not made, by pool and reason (observe, max_share, last_admitted)",
+            self.ejections_withheld.clone(),
+        );
+        r.register(
+            "ejected_runners",
+            "Runners ejected now, by pool",
+            self.ejected_runners.clone(),
         );
         r.register(
             "open_connections",
@@ -298,6 +322,22 @@ impl Metrics {
             reason: reason.to_string(),
         };
         self.jobs_returned.get_or_create(&labels).inc();
+    }
+
+    pub fn ejected(&self, pool: &str, reason: &str) {
+        let labels = PoolReasonLabels {
+            pool: pool.to_string(),
+            reason: reason.to_string(),
+        };
+        self.ejections.get_or_create(&labels).inc();
+    }
+
+    pub fn ejection_withheld(&self, pool: &str, why: &str) {
+        let labels = PoolReasonLabels {
+            pool: pool.to_string(),
+            reason: why.to_string(),
+        };
+        self.ejections_withheld.get_or_create(&labels).inc();
     }
 
     pub fn attempt_used(&self, pool: &str) {

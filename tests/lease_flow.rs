@@ -158,7 +158,8 @@ async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(app) {
     let now = Millis::now();
     let (lease, _) = store.claim_job(&claim(now)).await.unwrap().expect("the job");
     let abandon = LeaseCall::Abandon { reason: None, message: None };
-    store.lease_call(&lease.id, &"h".repeat(64), &abandon, now).await.unwrap();
+    let rules = app.state.settings().status_rules();
+    store.lease_call(&lease.id, &"h".repeat(64), &abandon, now, rules).await.unwrap();
     // A second job behind it: the runner takes that one instead.
     let second = app.enqueue("linux").await;
     let (_, got) = store.claim_job(&claim(now)).await.unwrap().expect("the next job");

@@ -21,6 +21,7 @@ mod connections;
 mod demo_binary;
 mod deploy_files;
 mod disk;
+mod ejection;
 mod forge_clients;
 mod forge_gate;
 mod forge_gate_blame;

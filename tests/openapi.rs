@@ -46,6 +46,7 @@ const ROUTES: &[(&str, &str)] = &[
     ("get", "/api/v1/admin/runners/{id}"),
     ("post", "/api/v1/admin/runners/{id}/cordon"),
     ("post", "/api/v1/admin/runners/{id}/uncordon"),
+    ("post", "/api/v1/admin/runners/{id}/reinstate"),
     ("post", "/api/v1/admin/runners/{id}/revoke"),
     ("put", "/api/v1/admin/runners/{id}/forge-runners"),
     ("get", "/api/v1/admin/drift"),

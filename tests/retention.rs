@@ -19,6 +19,12 @@ use leasegate::domain::retention::Retention;
 use leasegate::domain::time::Millis;
 use leasegate::domain::verdict::{AttestedState, RunnerStatus};
 use leasegate::store::{AttestationRecord, Claim, DynStore, NewJob, NewRunner, RoundItem};
+
+/// The status rules the store judges a pool by when a job's end may eject (the defaults).
+const RULES: leasegate::domain::runner::StatusRules = leasegate::domain::runner::StatusRules {
+    probe_max_age_s: 300,
+    heartbeat_interval_s: 15,
+};
 use std::collections::BTreeMap;
 
 const RUNNERS: usize = 5;
@@ -103,7 +109,7 @@ async fn run_job(store: &DynStore, pool: &PoolName, runner: &RunnerId, at: Milli
         .expect("a job to claim");
     let start = LeaseCall::Start { ttl_s: 300 };
     store
-        .lease_call(&lease.id, &hash, &start, at)
+        .lease_call(&lease.id, &hash, &start, at, RULES)
         .await
         .unwrap();
     let done = LeaseCall::Complete {
@@ -113,7 +119,7 @@ async fn run_job(store: &DynStore, pool: &PoolName, runner: &RunnerId, at: Milli
     };
     let later = Millis(at.0 + 60_000);
     store
-        .lease_call(&lease.id, &hash, &done, later)
+        .lease_call(&lease.id, &hash, &done, later, RULES)
         .await
         .unwrap();
 }
@@ -262,7 +268,7 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     // Alive past the run's real end, however slow the machine: the service's own sweeper, on
     // the real clock, would otherwise give the job back and a simulated day would run it.
     let alive = LeaseCall::Start { ttl_s: 100 * 86_400 };
-    store.lease_call(&held.id, &hash, &alive, base).await.unwrap();
+    store.lease_call(&held.id, &hash, &alive, base, RULES).await.unwrap();
 
     let mut at_day = BTreeMap::new();
     let mut pruned_total = 0u64;

@@ -32,6 +32,11 @@ pub enum Action {
     GithubRunnerBusy,
     GithubRunnerDone,
     GithubRunnerDeleted,
+    /// Outlier ejection (the service's own doing, from a job's end), and an operator's
+    /// reinstatement.
+    RunnerEject,
+    RunnerWouldEject,
+    RunnerReinstate,
 }
 
 /// What kind of thing an action is done to.
@@ -54,7 +59,7 @@ impl TargetKind {
 }
 
 impl Action {
-    pub const ALL: [Action; 18] = [
+    pub const ALL: [Action; 21] = [
         Action::RunnerCordon,
         Action::RunnerUncordon,
         Action::RunnerRevoke,
@@ -73,6 +78,9 @@ impl Action {
         Action::GithubRunnerBusy,
         Action::GithubRunnerDone,
         Action::GithubRunnerDeleted,
+        Action::RunnerEject,
+        Action::RunnerWouldEject,
+        Action::RunnerReinstate,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -95,6 +103,9 @@ impl Action {
             Action::GithubRunnerBusy => "github_runner_busy",
             Action::GithubRunnerDone => "github_runner_done",
             Action::GithubRunnerDeleted => "github_runner_deleted",
+            Action::RunnerEject => "runner_eject",
+            Action::RunnerWouldEject => "runner_would_eject",
+            Action::RunnerReinstate => "runner_reinstate",
         }
     }
 
@@ -113,7 +124,10 @@ impl Action {
             | Action::GithubRunnerOnline
             | Action::GithubRunnerBusy
             | Action::GithubRunnerDone
-            | Action::GithubRunnerDeleted => TargetKind::Runner,
+            | Action::GithubRunnerDeleted
+            | Action::RunnerEject
+            | Action::RunnerWouldEject
+            | Action::RunnerReinstate => TargetKind::Runner,
             Action::PoolPut
             | Action::PoolPatch
             | Action::PoolDelete

@@ -201,6 +201,7 @@ pub(crate) mod fixtures {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         };
         let pool = Pool::apply(
             PoolName::parse("linux").unwrap(),

@@ -249,6 +249,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
             last_resolution: None,
             resolution_failures: 0,
             resolved_digest: None,
@@ -291,6 +292,7 @@ mod tests {
             forge_runners: vec![],
             last_rejection: None,
             agent: Default::default(),
+            ejection: Default::default(),
         }
     }
 

@@ -5,6 +5,7 @@
 //! to do, and writes the result fenced by the lease id and its prior state, so that a late call
 //! from an expired lease can never complete or extend a job that moved on.
 
+use super::ejection::{FailureReason, JobEnd};
 use super::ids::{JobId, LeaseId, RunnerId};
 use super::job::{EventKind, JobState};
 use super::pool::PoolName;
@@ -144,6 +145,21 @@ impl LeaseCall {
     /// that the store takes the runner's row lock first, in the one lock order.
     pub fn may_quarantine(&self) -> bool {
         matches!(self, LeaseCall::Abandon { .. })
+    }
+
+    /// What the call says of its runner's machine, if it ends the job there
+    /// (`domain::ejection`): `errored` and an abandon are its failures; `succeeded` and
+    /// `failed` mean it ran the job to its end.
+    pub fn job_end(&self) -> Option<JobEnd> {
+        match self {
+            LeaseCall::Complete {
+                outcome: Outcome::Errored,
+                ..
+            } => Some(JobEnd::Infrastructure(FailureReason::Errored)),
+            LeaseCall::Complete { .. } => Some(JobEnd::RanToEnd),
+            LeaseCall::Abandon { .. } => Some(JobEnd::Infrastructure(FailureReason::Abandoned)),
+            LeaseCall::Start { .. } | LeaseCall::Extend { .. } => None,
+        }
     }
 }
 

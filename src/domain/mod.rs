@@ -8,6 +8,7 @@ pub mod attestation;
 pub mod audit;
 pub mod digest;
 pub mod disk;
+pub mod ejection;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod fleet;

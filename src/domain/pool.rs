@@ -161,6 +161,8 @@ pub struct PoolSpec {
     pub github: Option<super::github::GithubPool>,
     /// Below what disk figures its runners are shown and counted as warned.
     pub disk_warning: Option<DiskWarning>,
+    /// When its runners are ejected for infrastructure failures in a row.
+    pub ejection: super::ejection::EjectionPolicy,
 }
 
 /// Why a pool spec cannot be accepted.
@@ -199,6 +201,9 @@ impl PoolSpec {
                 "a registry pool needs an image_ref to resolve".into(),
             ));
         }
+        self.ejection
+            .validate()
+            .map_err(PoolSpecError::OutOfRange)?;
         Ok(())
     }
 }
@@ -277,6 +282,8 @@ pub struct Pool {
     pub github: Option<super::github::GithubPool>,
     /// Below what disk figures its runners are shown and counted as warned.
     pub disk_warning: Option<DiskWarning>,
+    /// When its runners are ejected for infrastructure failures in a row.
+    pub ejection: super::ejection::EjectionPolicy,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -372,6 +379,7 @@ impl Pool {
             next_resolve_at,
             github: spec.github,
             disk_warning: spec.disk_warning,
+            ejection: spec.ejection,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
         }
@@ -507,6 +515,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         }
     }
 
@@ -572,6 +581,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         }
     }
 

@@ -94,6 +94,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         };
         Pool::apply(
             PoolName::parse(name).unwrap(),
@@ -185,6 +186,7 @@ mod tests {
                 resolve_interval_s: 300,
                 github: None,
                 disk_warning: None,
+                ejection: Default::default(),
             },
             NOW.minus_secs(1),
         );

@@ -33,6 +33,9 @@ pub struct Runner {
     pub last_rejection: Option<Rejection>,
     /// What its latest attestation says of the machine and the agent.
     pub agent: AgentInfo,
+    /// Its infrastructure failures in a row, ejections and the ejection in force (the one in
+    /// force is `gate.ejection` too).
+    pub ejection: super::ejection::EjectionRecord,
 }
 
 /// Whether a runner matches the operators' search `q` (already lowercase): a part of its name,
@@ -328,6 +331,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),
@@ -342,6 +346,7 @@ mod tests {
             forge_runners: vec![],
             last_rejection: None,
             agent: Default::default(),
+            ejection: Default::default(),
             id: RunnerId("r".into()),
             name: "r".into(),
             pool: PoolName::parse("p").unwrap(),

@@ -1,4 +1,4 @@
-//! Rules 7–13 of PROTOCOL.md: may this runner lease now?
+//! Rules 7–14 of PROTOCOL.md: may this runner lease now?
 //!
 //! `judge` is a pure function of what the runner attested, the runner's gate state, its pool and
 //! `now`. The lease, the heartbeat, `gate/check` and the admin views all call it, so a runner's
@@ -6,6 +6,7 @@
 
 use super::attestation::{Probe, RunningImage};
 use super::digest::ImageDigest;
+use super::ejection::Ejection;
 use super::pool::{ImagePolicy, Pool};
 use super::time::Millis;
 
@@ -22,6 +23,9 @@ pub struct GateState {
     pub cordoned: bool,
     /// Set by an abandoned lease; lifted by a passing probe checked after it.
     pub quarantined_at: Option<Millis>,
+    /// Set by infrastructure failures in a row (`domain::ejection`); lifted once its time has
+    /// passed by a passing probe checked after it, or by an operator.
+    pub ejection: Option<Ejection>,
 }
 
 /// Why a runner may not lease now. Each maps to one stable `code`.
@@ -45,6 +49,7 @@ pub enum Refusal {
         expected: Vec<ImageDigest>,
     },
     Quarantined,
+    Ejected(Ejection),
 }
 
 impl Refusal {
@@ -57,6 +62,7 @@ impl Refusal {
             Refusal::ImageUnreported => "image_unreported",
             Refusal::ImageDrift { .. } => "image_drift",
             Refusal::Quarantined => "runner_quarantined",
+            Refusal::Ejected(_) => "runner_ejected",
         }
     }
 
@@ -87,6 +93,7 @@ impl Refusal {
                 "the runner abandoned a lease and must post a passing probe newer than the abandon"
                     .into()
             }
+            Refusal::Ejected(e) => e.detail(),
         }
     }
 
@@ -100,6 +107,7 @@ impl Refusal {
             Refusal::ImageUnreported => RunnerStatus::ImageUnreported,
             Refusal::ImageDrift { .. } => RunnerStatus::Drifted,
             Refusal::Quarantined => RunnerStatus::Quarantined,
+            Refusal::Ejected(_) => RunnerStatus::Ejected,
         }
     }
 
@@ -115,6 +123,7 @@ impl Refusal {
 /// A runner's health, as the heartbeat and the admin views name it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum RunnerStatus {
+    Ejected,
     ProbeFailed,
     Drifted,
     ImageUnreported,
@@ -130,7 +139,7 @@ pub enum RunnerStatus {
 }
 
 impl RunnerStatus {
-    pub const ALL: [RunnerStatus; 11] = [
+    pub const ALL: [RunnerStatus; 12] = [
         RunnerStatus::Healthy,
         RunnerStatus::ProbeFailed,
         RunnerStatus::ProbeStale,
@@ -139,6 +148,7 @@ impl RunnerStatus {
         RunnerStatus::Drifted,
         RunnerStatus::Cordoned,
         RunnerStatus::Quarantined,
+        RunnerStatus::Ejected,
         RunnerStatus::Revoked,
         RunnerStatus::Stale,
         RunnerStatus::Unknown,
@@ -154,6 +164,7 @@ impl RunnerStatus {
             RunnerStatus::Drifted => "drifted",
             RunnerStatus::Cordoned => "cordoned",
             RunnerStatus::Quarantined => "quarantined",
+            RunnerStatus::Ejected => "ejected",
             RunnerStatus::Revoked => "revoked",
             RunnerStatus::Stale => "stale",
             RunnerStatus::Unknown => "unknown",
@@ -165,7 +176,7 @@ impl RunnerStatus {
     }
 }
 
-/// Rules 7–13, in order; the first that applies decides.
+/// Rules 7–14, in order; the first that applies decides.
 pub fn judge(
     attested: &AttestedState,
     gate: GateState,
@@ -217,6 +228,11 @@ pub fn judge(
     {
         return Err(Refusal::Quarantined);
     }
+    if let Some(e) = gate.ejection
+        && e.refuses(probe.checked_at, now)
+    {
+        return Err(Refusal::Ejected(e));
+    }
     Ok(())
 }
 
@@ -255,6 +271,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),
@@ -304,7 +321,7 @@ mod tests {
         a.probe.error = Some("x".into());
         let gate = GateState {
             cordoned: true,
-            quarantined_at: None,
+            ..GateState::default()
         };
         assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "runner_cordoned");
     }
@@ -405,6 +422,7 @@ mod tests {
             resolve_interval_s: 300,
             github: None,
             disk_warning: None,
+            ejection: Default::default(),
         };
         let rolled = Pool::apply(first.name.clone(), Some(&first), spec, NOW);
         let on_a = healthy();
@@ -440,11 +458,13 @@ mod tests {
         let before = GateState {
             cordoned: false,
             quarantined_at: Some(a.probe.checked_at),
+            ejection: None,
         };
         assert_eq!(code(judge(&a, before, &p, NOW, 300)), "runner_quarantined");
         let after = GateState {
             cordoned: false,
             quarantined_at: Some(a.probe.checked_at.minus_secs(1)),
+            ejection: None,
         };
         assert_eq!(code(judge(&a, after, &p, NOW, 300)), "ok");
     }
@@ -457,8 +477,42 @@ mod tests {
         let gate = GateState {
             cordoned: false,
             quarantined_at: Some(NOW),
+            ejection: None,
         };
         assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "image_drift");
+    }
+
+    #[test]
+    fn an_ejected_runner_is_refused_until_its_time_and_a_newer_passing_probe() {
+        let p = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let mut failures = crate::domain::ejection::Tally::default();
+        failures.add(crate::domain::ejection::FailureReason::Errored);
+        let gate = GateState {
+            ejection: Some(Ejection {
+                at: NOW.minus_secs(400),
+                until: NOW.minus_secs(100),
+                failures,
+                nth: 1,
+            }),
+            ..GateState::default()
+        };
+        let mut a = healthy();
+        a.probe.checked_at = NOW.minus_secs(101);
+        let refusal = judge(&a, gate, &p, NOW, 300).unwrap_err();
+        assert_eq!(refusal.code(), "runner_ejected");
+        assert_eq!(refusal.status(), RunnerStatus::Ejected);
+        assert!(
+            refusal.detail().contains("errored ×1"),
+            "{}",
+            refusal.detail()
+        );
+        a.probe.checked_at = NOW.minus_secs(99);
+        assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "ok");
+        assert_eq!(
+            code(judge(&a, gate, &p, NOW.minus_secs(200), 300)),
+            "runner_ejected",
+            "the time has not passed"
+        );
     }
 
     #[test]

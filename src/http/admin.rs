@@ -16,6 +16,7 @@ use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
 use crate::domain::disk::DiskWarning;
+use crate::domain::ejection::EjectionPolicy;
 use crate::domain::fleet::{self, Filter};
 use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
@@ -56,6 +57,7 @@ pub fn router() -> Router<AppState> {
         .route("/api/v1/admin/runners/{id}", get(get_runner))
         .route("/api/v1/admin/runners/{id}/cordon", post(cordon))
         .route("/api/v1/admin/runners/{id}/uncordon", post(uncordon))
+        .route("/api/v1/admin/runners/{id}/reinstate", post(reinstate))
         .route("/api/v1/admin/runners/{id}/revoke", post(revoke))
         .route(
             "/api/v1/admin/runners/{id}/forge-runners",
@@ -99,6 +101,33 @@ struct PoolBody {
     /// Below what disk figures its runners are warned of; null or omitted: never.
     #[serde(default)]
     disk_warning: Option<DiskWarning>,
+    /// When the pool's runners are ejected; null or omitted: the defaults.
+    #[serde(default)]
+    ejection: Option<EjectionBody>,
+}
+
+/// A pool's `ejection` object; a field left out (or null) takes its default, and unknown
+/// fields are refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EjectionBody {
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    consecutive_failures: Option<i64>,
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    base_s: Option<i64>,
+    #[serde(default)]
+    max_share: Option<f64>,
+}
+
+impl EjectionBody {
+    fn policy(self) -> EjectionPolicy {
+        let d = EjectionPolicy::default();
+        EjectionPolicy {
+            consecutive_failures: self.consecutive_failures.unwrap_or(d.consecutive_failures),
+            base_s: self.base_s.unwrap_or(d.base_s),
+            max_share: self.max_share.unwrap_or(d.max_share),
+        }
+    }
 }
 
 /// A pool's `github` object (`domain::github::GithubPool`); unknown fields are refused, so that
@@ -170,6 +199,9 @@ fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
             .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
         github: body.github.map(GithubBody::checked).transpose()?,
         disk_warning: body.disk_warning,
+        ejection: body
+            .ejection
+            .map_or_else(EjectionPolicy::default, EjectionBody::policy),
     };
     if spec.image_source == ImageSource::Registry
         && let Some(r) = &spec.image_ref
@@ -211,6 +243,7 @@ fn put_body(pool: &Pool) -> Value {
         next_resolve_at: _,
         github,
         disk_warning,
+        ejection,
         created_at: _,
         updated_at: _,
     } = pool;
@@ -220,6 +253,11 @@ fn put_body(pool: &Pool) -> Value {
         "gate_mode": gate_mode,
         "drift_grace_s": drift_grace_s,
         "resolve_interval_s": resolve_interval_s,
+        "ejection": {
+            "consecutive_failures": ejection.consecutive_failures,
+            "base_s": ejection.base_s,
+            "max_share": ejection.max_share,
+        },
     });
     if let Some(r) = image_ref {
         body["image_ref"] = json!(r);
@@ -554,7 +592,7 @@ struct RunnerFilter {
     /// Only the runners of this status (as `status` in the runner view); empty: any.
     #[serde(default)]
     #[param(
-        pattern = "^(healthy|probe_failed|probe_stale|pool_image_unresolved|image_unreported|drifted|cordoned|quarantined|revoked|stale|unknown)?$"
+        pattern = "^(healthy|probe_failed|probe_stale|pool_image_unresolved|image_unreported|drifted|cordoned|quarantined|ejected|revoked|stale|unknown)?$"
     )]
     status: Option<String>,
     /// A case-insensitive search over name, id, labels (`key=value`) and host.
@@ -766,6 +804,31 @@ async fn uncordon(
     Path(id): Path<String>,
 ) -> Result<Json<RunnerDetail>, ApiError> {
     set_cordon(&caller, &state, id, false).await
+}
+
+#[utoipa::path(post, path = "/api/v1/admin/runners/{id}/reinstate", tag = "admin",
+    security(("admin_token" = [])),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
+    responses(
+        (status = 200, description = "Out of ejection at once (and no longer marked `would_eject`), its failures in a row forgotten; the runner detail.", body = RunnerDetail),
+        (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
+        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
+        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
+    ))]
+async fn reinstate(
+    caller: AsOperator,
+    State(state): State<AppState>,
+    Path(id): Path<String>,
+) -> Result<Json<RunnerDetail>, ApiError> {
+    let id = RunnerId::parse("id", &id)?;
+    let audit = caller.audit(Action::RunnerReinstate, id.as_str(), Millis::now());
+    state
+        .store()
+        .reinstate_runner(&id, &audit)
+        .await?
+        .ok_or_else(|| ApiError::not_found("runner"))?;
+    tracing::info!(runner_id = %id, "runner reinstated");
+    Ok(Json(runner_detail(&state, &id).await?))
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",

@@ -211,6 +211,7 @@ pub fn pool_body() -> Value {
                                    "description": "10 to 86400 seconds, default 300 (registry pools)."},
             "github": github_pool(),
             "disk_warning": disk_warning(),
+            "ejection": ejection_policy(),
         },
         "anyOf": [
             {"required": ["image_source", "image_ref"], "properties": {
@@ -239,6 +240,25 @@ pub fn disk_warning() -> Value {
         "properties": {
             "min_free_bytes": {"type": ["integer", "null"], "minimum": 0, "maximum": i64::MAX},
             "min_free_inodes_percent": {"type": ["integer", "null"], "minimum": 0, "maximum": 100},
+        },
+    })
+}
+
+/// A pool's `ejection` object (`admin::EjectionBody`, `domain::ejection::EjectionPolicy`).
+pub fn ejection_policy() -> Value {
+    use crate::domain::ejection::{MAX_BASE_S, MAX_CONSECUTIVE_FAILURES};
+    json!({
+        "type": ["object", "null"],
+        "description": "When the pool's runners are ejected for infrastructure failures in a row (PROTOCOL.md, \"Ejection\"); null, omitted or a field left out: the defaults.",
+        "additionalProperties": false,
+        "properties": {
+            "consecutive_failures": {"type": ["integer", "null"], "minimum": 0,
+                                     "maximum": MAX_CONSECUTIVE_FAILURES,
+                                     "description": "Infrastructure failures in a row that eject a runner; default 3, 0 turns ejection off."},
+            "base_s": {"type": ["integer", "null"], "minimum": 1, "maximum": MAX_BASE_S,
+                       "description": "The first ejection's length in seconds; the nth lasts n times it, at most 8 times; default 300."},
+            "max_share": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+                          "description": "At most max(1, floor(max_share x live runners)) of the pool's runners are ejected at once; default 0.34."},
         },
     })
 }

@@ -220,18 +220,21 @@ async fn run_call(
 ) -> Result<Json<LeaseView>, ApiError> {
     let lease_id = LeaseId::parse("id", &id)?;
     let token_hash = hash_token(token);
-    let (lease, job) = throttled(state, client, Credential::Lease, async {
+    let rules = state.settings().status_rules();
+    let done = throttled(state, client, Credential::Lease, async {
         Ok(state
             .store()
-            .lease_call(&lease_id, &token_hash, &call, Millis::now())
+            .lease_call(&lease_id, &token_hash, &call, Millis::now(), rules)
             .await?)
     })
     .await?;
+    let (lease, job) = (done.lease, done.job);
     let span = tracing::Span::current();
     span.record("runner_id", tracing::field::display(&lease.runner_id));
     span.record("pool", tracing::field::display(&lease.pool));
     record_ids(Some(&job.id.to_string()), Some(&lease.id.to_string()));
     state.lease_called(&call, &lease, &job);
+    state.job_ended(&lease.runner_id, &lease.pool, &done.ejection);
     Ok(Json(views::lease(&lease, &job)))
 }
 

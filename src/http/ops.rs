@@ -92,6 +92,7 @@ async fn metrics(
     m.oldest_queued_age.clear();
     m.runners.clear();
     m.runners_disk_warned.clear();
+    m.ejected_runners.clear();
     for pool in &pools {
         let label = Metrics::pool(pool.name.as_str());
         let depth = depths.get(&pool.name).copied().unwrap_or_default();
@@ -103,6 +104,14 @@ async fn metrics(
         let mut counts: BTreeMap<&'static str, i64> =
             RunnerStatus::ALL.iter().map(|s| (s.as_str(), 0)).collect();
         let mut disk_warned = 0;
+        // Ejected whatever else the status says (a runner out whose probe fails too).
+        let ejected = runners
+            .iter()
+            .filter(|r| r.pool == pool.name && !r.is_revoked() && r.gate.ejection.is_some())
+            .count();
+        m.ejected_runners
+            .get_or_create(&label)
+            .set(i64::try_from(ejected).unwrap_or(i64::MAX));
         for r in runners.iter().filter(|r| r.pool == pool.name) {
             let observed = r.observe(pool, now, state.settings().status_rules());
             *counts.entry(observed.status.as_str()).or_default() += 1;

@@ -132,6 +132,7 @@ pub struct OperatorTokenList {
         admin::list_runners,
         admin::get_runner,
         admin::cordon,
+        admin::reinstate,
         admin::uncordon,
         admin::revoke,
         admin::put_forge_runners,

@@ -362,6 +362,8 @@ pub struct PoolView {
     pub disk_warning: Option<DiskWarning>,
     /// Its live runners whose disk is under that line, whatever their status.
     pub runners_disk_warned: i64,
+    /// When its runners are ejected for infrastructure failures in a row.
+    pub ejection: crate::domain::ejection::EjectionPolicy,
     pub runners_by_status: BTreeMap<&'static str, i64>,
     pub queued_jobs: i64,
     #[schema(required = true, value_type = Option<String>)]
@@ -421,6 +423,7 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
         }),
         disk_warning: pool.disk_warning,
         runners_disk_warned: standing.disk_warned,
+        ejection: pool.ejection,
         runners_by_status: standing.runners_by_status.clone(),
         queued_jobs: depth.queued,
         oldest_queued_at: depth.oldest_queued_at,
@@ -498,6 +501,84 @@ pub struct RunnerView {
     /// pool draws none). The status is unchanged by it.
     #[schema(required = true)]
     pub disk_warning: Option<String>,
+    /// Its standing under its pool's ejection policy.
+    pub ejection: EjectionView,
+}
+
+/// A runner's standing under outlier ejection.
+#[derive(Serialize, ToSchema)]
+pub struct EjectionView {
+    /// `ejected` (refused: `runner_ejected`), `would_eject` (the rule called for an ejection
+    /// that was not made) or null.
+    #[schema(required = true)]
+    pub state: Option<&'static str>,
+    /// Infrastructure failures in a row since it last ran a job to its end or was ejected.
+    pub failures_in_a_row: i64,
+    /// Those failures by reason (`errored`, `abandoned`, `runner_system_failure`,
+    /// `image_pull_failure`, `no_step_started`).
+    pub failures: BTreeMap<&'static str, u32>,
+    /// Its ejections so far, before one is forgotten per 8 × `base_s` without one.
+    pub ejections: i64,
+    /// The ejection in force; null when none.
+    #[schema(required = true)]
+    pub ejected: Option<EjectedView>,
+    /// The ejection called for and not made; null when none.
+    #[schema(required = true)]
+    pub would_eject: Option<WouldEjectView>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct EjectedView {
+    pub at: String,
+    /// Refused until then, and after it until a passing probe checked after it.
+    pub until: String,
+    /// Which ejection it is (its length is `nth × base_s`, at most 8 × `base_s`).
+    pub nth: i64,
+    /// The failures in a row that ejected it, by reason.
+    pub failures: BTreeMap<&'static str, u32>,
+}
+
+#[derive(Serialize, ToSchema)]
+pub struct WouldEjectView {
+    pub at: String,
+    /// `observe` (the pool observes), `max_share` (its share is ejected already) or
+    /// `last_admitted` (it is the pool's last admitted runner).
+    pub why: &'static str,
+    /// Until when it would have been ejected.
+    pub until: String,
+    pub failures: BTreeMap<&'static str, u32>,
+}
+
+fn tally(t: &crate::domain::ejection::Tally) -> BTreeMap<&'static str, u32> {
+    t.counts().map(|(r, n)| (r.as_str(), n)).collect()
+}
+
+/// A runner's ejection record as the views show it.
+pub fn ejection(r: &crate::domain::ejection::EjectionRecord) -> EjectionView {
+    EjectionView {
+        state: if r.ejected.is_some() {
+            Some("ejected")
+        } else if r.would_eject.is_some() {
+            Some("would_eject")
+        } else {
+            None
+        },
+        failures_in_a_row: r.streak.total(),
+        failures: tally(&r.streak),
+        ejections: r.ejections,
+        ejected: r.ejected.map(|e| EjectedView {
+            at: rfc3339(e.at),
+            until: rfc3339(e.until),
+            nth: e.nth,
+            failures: tally(&e.failures),
+        }),
+        would_eject: r.would_eject.map(|w| WouldEjectView {
+            at: rfc3339(w.at),
+            why: w.why.as_str(),
+            until: rfc3339(w.until),
+            failures: tally(&w.failures),
+        }),
+    }
 }
 
 /// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
@@ -726,6 +807,7 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
         agent_version: runner.agent.version.clone(),
         disk: probe.map(|p| p.disk.clone()).unwrap_or_default(),
         disk_warning: observed.disk_warning,
+        ejection: ejection(&runner.ejection),
     }
 }
 

@@ -16,6 +16,7 @@ use super::sql::{self, round::RoundItem, round::RoundOutcome};
 use super::verdict_cache::VerdictCache;
 use super::*;
 use crate::domain::audit::Entry;
+use crate::domain::ejection::{Effect, JobEnd};
 use crate::domain::lease::{Lease, LeaseCall};
 use std::sync::Arc;
 
@@ -477,14 +478,50 @@ where
         token_hash: &str,
         call: &LeaseCall,
         now: Millis,
-    ) -> Result<(Lease, Job), LeaseCallFailure> {
-        let args = (lease_id.clone(), token_hash.to_string(), call.clone(), now);
+        rules: StatusRules,
+    ) -> Result<LeaseCallDone, LeaseCallFailure> {
+        let args = (
+            lease_id.clone(),
+            token_hash.to_string(),
+            call.clone(),
+            now,
+            rules,
+        );
         flatten(
-            self.write(args, |db, (lease_id, hash, call, now)| {
-                Box::pin(sql::leases::call(db, lease_id, hash, call, *now))
+            self.write(args, |db, (lease_id, hash, call, now, rules)| {
+                Box::pin(sql::leases::call(db, lease_id, hash, call, *now, *rules))
             })
             .await,
         )
+    }
+
+    async fn forge_job_ended(
+        &self,
+        key: &str,
+        runner: &RunnerId,
+        end: JobEnd,
+        now: Millis,
+        rules: StatusRules,
+    ) -> StoreResult<Option<Effect>> {
+        let args = (key.to_string(), runner.clone(), end, now, rules);
+        self.write(args, |db, (key, runner, end, now, rules)| {
+            Box::pin(sql::ejection::forge_job_ended(
+                db, key, runner, *end, *now, *rules,
+            ))
+        })
+        .await
+    }
+
+    async fn reinstate_runner(&self, id: &RunnerId, audit: &Entry) -> StoreResult<Option<Runner>> {
+        let done = self
+            .audited(
+                id.clone(),
+                audit,
+                |v: &Option<(bool, Runner)>| matches!(v, Some((true, _))),
+                |db, id| Box::pin(sql::ejection::reinstate(db, id)),
+            )
+            .await?;
+        Ok(done.map(|(_, runner)| runner))
     }
 
     async fn set_forge_runners(

@@ -37,7 +37,7 @@ use crate::domain::lease::{LeaseCall, LeaseCallError};
 use crate::domain::operator::{Operator, OperatorName};
 use crate::domain::pool::{Pool, PoolName, PoolSpec, ResolutionOutcome};
 use crate::domain::retention::Horizons;
-use crate::domain::runner::{Runner, RunnerSummary};
+use crate::domain::runner::{Runner, RunnerSummary, StatusRules};
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, RunnerStatus};
 use async_trait::async_trait;
@@ -178,6 +178,15 @@ pub struct Claim {
     pub token_hash: String,
     pub ttl_s: i64,
     pub now: Millis,
+}
+
+/// A lease call made: the lease and job as it left them, and what it did to the runner's
+/// standing (`domain::ejection`).
+#[derive(Clone, Debug)]
+pub struct LeaseCallDone {
+    pub lease: Lease,
+    pub job: Job,
+    pub ejection: crate::domain::ejection::Effect,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -504,13 +513,31 @@ pub trait Store: Send + Sync + 'static {
     /// attestation); `None` when there is none, or the runner was revoked or cordoned.
     async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>>;
     /// A runner's call on its lease, checked against the token hash and fenced by the lease.
+    /// A call that ends the job counts for or against the runner (`domain::ejection`), judged
+    /// by `rules` when it may eject it.
     async fn lease_call(
         &self,
         lease_id: &LeaseId,
         token_hash: &str,
         call: &LeaseCall,
         now: Millis,
-    ) -> Result<(Lease, Job), LeaseCallFailure>;
+        rules: StatusRules,
+    ) -> Result<LeaseCallDone, LeaseCallFailure>;
+
+    /// A job's end seen through the forge gate (`key` names the forge's job) counted against
+    /// `runner`, once however often it is seen: `None` for a repeat or an unknown runner.
+    async fn forge_job_ended(
+        &self,
+        key: &str,
+        runner: &RunnerId,
+        end: crate::domain::ejection::JobEnd,
+        now: Millis,
+        rules: StatusRules,
+    ) -> StoreResult<Option<crate::domain::ejection::Effect>>;
+
+    /// An operator's reinstatement of an ejected (or would-be ejected) runner: out at once,
+    /// its failures in a row forgotten; `None` (nothing recorded) for an unknown runner.
+    async fn reinstate_runner(&self, id: &RunnerId, audit: &Entry) -> StoreResult<Option<Runner>>;
 
     /// Replaces the forge runners bound to `runner` (keeping when each was last seen). Refused
     /// as a whole when one of them is bound to another runner; `None` for an unknown runner.

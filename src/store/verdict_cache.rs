@@ -127,6 +127,7 @@ mod tests {
             forge_runners: vec![],
             last_rejection: None,
             agent: Default::default(),
+            ejection: Default::default(),
             id: RunnerId(id.into()),
             name: id.into(),
             pool: PoolName::from_trusted("p".into()),
@@ -167,6 +168,7 @@ mod tests {
                 resolve_interval_s: 300,
                 github: None,
                 disk_warning: None,
+                ejection: Default::default(),
             },
             Millis(0),
         );

@@ -89,7 +89,8 @@ pub fn status_class(status: RunnerStatus) -> &'static str {
         | RunnerStatus::Drifted
         | RunnerStatus::ImageUnreported
         | RunnerStatus::PoolImageUnresolved
-        | RunnerStatus::Quarantined => "bad",
+        | RunnerStatus::Quarantined
+        | RunnerStatus::Ejected => "bad",
         RunnerStatus::ProbeStale
         | RunnerStatus::Stale
         | RunnerStatus::Cordoned
@@ -190,7 +191,8 @@ pub struct RunnerRow {
     pub agent_version: Option<String>,
     pub labels: Vec<(String, String)>,
     /// A second fact the status word would hide: a cordoned (or quarantined) runner whose
-    /// runtime is broken too is "cordoned · probe failed".
+    /// runtime is broken too is "cordoned · probe failed"; a healthy one the ejection rule
+    /// called for and spared is "healthy · would eject".
     pub also: Option<&'static str>,
     /// Since when its probe has been failing, when it is.
     pub failing_since: Option<String>,
@@ -248,7 +250,17 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
         labels: runner.labels.clone().into_iter().collect(),
         also: probe
             .filter(|p| !p.ok && observed.status != RunnerStatus::ProbeFailed)
-            .map(|_| "probe failed"),
+            .map(|_| "probe failed")
+            .or_else(|| {
+                let e = &runner.ejection;
+                if e.ejected.is_some() && observed.status != RunnerStatus::Ejected {
+                    Some("ejected")
+                } else if e.would_eject.is_some() {
+                    Some("would eject")
+                } else {
+                    None
+                }
+            }),
         failing_since: None,
         disk: probe.map_or_else(Vec::new, |p| p.disk.iter().map(disk_line).collect()),
         disk_warning: observed.disk_warning.clone(),
@@ -443,6 +455,7 @@ mod tests {
             forge_runners: vec![],
             last_rejection: None,
             agent: Default::default(),
+            ejection: Default::default(),
         };
         assert_eq!(
             silent_for(&runner, RunnerStatus::Stale, now).as_deref(),

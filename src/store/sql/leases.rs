@@ -6,13 +6,18 @@
 //! never touch a job that moved on. Rows are locked in the one order, runner then job then
 //! lease (`ARCHITECTURE.md`, Invariants): a call checks its token before it locks anything.
 
-use super::rows;
+use super::{ejection, rows};
+use crate::domain::ejection::Effect;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{EventKind, Job, JobState};
 use crate::domain::lease::{self, EndCause, Lease, LeaseCall, LeaseState, Snapshot, Transition};
+use crate::domain::pool::PoolName;
+use crate::domain::runner::StatusRules;
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Statement, Tail, fetch_optional};
-use crate::store::{CancelError, EndedLease, LeaseCallFailure, StoreError, StoreResult};
+use crate::store::{
+    CancelError, EndedLease, LeaseCallDone, LeaseCallFailure, StoreError, StoreResult,
+};
 
 /// The most leases one sweep transaction ends.
 pub const SWEEP_BATCH: usize = 200;
@@ -203,19 +208,21 @@ pub async fn end_live<D: Db>(
     }))
 }
 
-/// A runner's call on its lease, checked against its token hash.
+/// A runner's call on its lease, checked against its token hash; a call that ends the job
+/// counts for or against the runner's machine (`domain::ejection`) in the same transaction.
 pub async fn call<D: Db>(
     db: &mut D,
     lease_id: &LeaseId,
     token_hash: &str,
     call: &LeaseCall,
     now: Millis,
-) -> StoreResult<Result<(Lease, Job), LeaseCallFailure>> {
+    rules: StatusRules,
+) -> StoreResult<Result<LeaseCallDone, LeaseCallFailure>> {
     use subtle::ConstantTimeEq;
     // The token first, before any lock: a wrong token holds nothing up.
     let ids = fetch_optional(
         db,
-        Statement::new("SELECT job_id, runner_id, token_hash FROM leases WHERE id = $1")
+        Statement::new("SELECT job_id, runner_id, pool, token_hash FROM leases WHERE id = $1")
             .bind(lease_id.as_str()),
     )
     .await?;
@@ -226,15 +233,14 @@ pub async fn call<D: Db>(
     if !bool::from(stored_hash.as_bytes().ct_eq(token_hash.as_bytes())) {
         return Ok(Err(LeaseCallFailure::TokenInvalid));
     }
-    // The one lock order: the runner (only for a call that may quarantine it, as revocation
-    // takes it first too), the job, the lease.
-    if call.may_quarantine() {
-        db.fetch(
-            Statement::new("SELECT id FROM runners WHERE id = $1")
-                .bind(ids.text("runner_id")?)
-                .tail(Tail::RowLock),
-        )
-        .await?;
+    // The one lock order: the pool (for a failure, which may eject its runner), the runner
+    // (for a call that may quarantine it or count against it, as revocation takes it first
+    // too), the job, the lease.
+    let runner_id = RunnerId(ids.text("runner_id")?);
+    let pool = PoolName::from_trusted(ids.text("pool")?);
+    let end = call.job_end();
+    if let Some(end) = end {
+        ejection::lock_for(db, &runner_id, &pool, end).await?;
     }
     let job_id = JobId(ids.text("job_id")?);
     let (Some(job), Some(held)) = (
@@ -252,11 +258,19 @@ pub async fn call<D: Db>(
             "lease moved during its own transaction".into(),
         ));
     }
+    let ejection = match end {
+        Some(end) => ejection::job_ended(db, &runner_id, &pool, end, now, rules, "runner").await?,
+        None => Effect::None,
+    };
     match (
         lease(db, lease_id, Tail::None).await?,
         self::job(db, &job_id, Tail::None).await?,
     ) {
-        (Some(l), Some(j)) => Ok(Ok((l, j))),
+        (Some(lease), Some(job)) => Ok(Ok(LeaseCallDone {
+            lease,
+            job,
+            ejection,
+        })),
         _ => Err(StoreError::Internal("lease or job vanished".into())),
     }
 }

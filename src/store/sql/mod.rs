@@ -10,6 +10,7 @@
 //! - `replay`: the recent jtis on a runner's row (rule 5);
 //! - `history`: what a runner's detail shows, and refusals outside a round;
 //! - `github`: the GitHub registrations leasegate minted, and their steps;
+//! - `ejection`: job ends counted against runners, ejections and reinstatements;
 //! - `sessions`: the page's sessions;
 //! - `operators`: operators' named tokens;
 //! - `audit`: the audit trail;
@@ -20,6 +21,7 @@
 //! Below, the builders of multi-row statements that several of them share.
 
 pub mod audit;
+pub mod ejection;
 pub mod github;
 pub mod history;
 pub mod jobs;

@@ -38,7 +38,9 @@ pub async fn held<D: Db>(db: &mut D, name: &str) -> StoreResult<bool> {
     Ok(found.is_some())
 }
 
-async fn locked<D: Db>(db: &mut D, name: &PoolName) -> StoreResult<Option<Pool>> {
+/// The pool, its row locked until the transaction ends: taken before any runner of it, as
+/// registration and the pool's delete take it.
+pub async fn locked<D: Db>(db: &mut D, name: &PoolName) -> StoreResult<Option<Pool>> {
     fetch_optional(db, by_name(name).tail(Tail::RowLock))
         .await?
         .map(|r| rows::pool(&r))
@@ -90,9 +92,9 @@ async fn write<D: Db>(
                 expected_image_ids, \
              previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, \
              resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, \
-             created_at, updated_at, github, disk_warning) \
+             created_at, updated_at, github, disk_warning, ejection) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18) \
+             $17, $18, $19) \
              ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
              image_policy = excluded.image_policy, image_source = excluded.image_source, \
              gate_mode = excluded.gate_mode, expected_image_ids = excluded.expected_image_ids, \
@@ -104,7 +106,8 @@ async fn write<D: Db>(
              resolved_digest = excluded.resolved_digest, resolved_image_id = \
              excluded.resolved_image_id, \
              next_resolve_at = excluded.next_resolve_at, updated_at = excluded.updated_at, \
-             github = excluded.github, disk_warning = excluded.disk_warning",
+             github = excluded.github, disk_warning = excluded.disk_warning, \
+             ejection = excluded.ejection",
         )
         .bind(pool.name.as_str())
         .bind(pool.image_ref.as_deref())
@@ -123,7 +126,8 @@ async fn write<D: Db>(
         .bind(pool.created_at.0)
         .bind(pool.updated_at.0)
         .bind(rows::github_pool_json(pool.github.as_ref()))
-        .bind(rows::disk_warning_json(pool.disk_warning.as_ref())),
+        .bind(rows::disk_warning_json(pool.disk_warning.as_ref()))
+        .bind(rows::ejection_policy_json(&pool.ejection)),
     )
     .await?;
     db.changed(Change::Pool(pool.name.clone())).await?;

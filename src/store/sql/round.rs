@@ -183,6 +183,8 @@ pub struct RunnerRow {
     /// The history ring's counter: kept attestations.
     pub attestation_seq: i64,
     pub quarantined_at: Option<Millis>,
+    /// The ejection in force ends at; lifted by a passing probe checked after it.
+    pub ejected_until: Option<Millis>,
     pub revoked: bool,
     pub cordoned: bool,
     pub recent_jtis: RecentJtis,
@@ -193,9 +195,10 @@ pub struct RunnerRow {
 }
 
 impl RunnerRow {
-    /// May this runner be given a job now? (Rule 6 and the operator's cordon, as stored.)
-    pub fn may_claim(&self) -> bool {
-        !self.revoked && !self.cordoned
+    /// May this runner be given a job now? (Rule 6, the operator's cordon and an ejection,
+    /// as stored; `released`: the round's own attestation ended the ejection.)
+    pub fn may_claim(&self, released: bool) -> bool {
+        !self.revoked && !self.cordoned && (self.ejected_until.is_none() || released)
     }
 
     fn read(row: &Row) -> StoreResult<(RunnerId, RunnerRow)> {
@@ -205,6 +208,7 @@ impl RunnerRow {
             RunnerRow {
                 attestation_seq: row.int("attestation_seq")?,
                 quarantined_at: row.opt_int("quarantined_at")?.map(Millis),
+                ejected_until: row.opt_int("ejected_until")?.map(Millis),
                 revoked: row.opt_int("revoked_at")?.is_some(),
                 cordoned: row.flag("cordoned")?,
                 recent_jtis: RecentJtis::parse(&row.text("recent_jtis")?),
@@ -356,6 +360,12 @@ pub fn plan<'a>(
         if probe.ok && row.quarantined_at.is_some_and(|q| q < probe.checked_at) {
             row.quarantined_at = None;
         }
+        if row
+            .ejected_until
+            .is_some_and(|until| rec.received_at >= until && probe.ok && until < probe.checked_at)
+        {
+            row.ejected_until = None;
+        }
         let writes = match &rec.refusal {
             Some((code, detail)) => row.refusals.refused(code, detail, rec.received_at),
             None if rec.status == RunnerStatus::Healthy => row.refusals.ended(),
@@ -415,8 +425,8 @@ async fn lock_runners<D: Db>(
         let found = db
             .fetch(
                 Statement::built(format!(
-                    "SELECT id, attestation_seq, quarantined_at, revoked_at, cordoned, \
-                        recent_jtis, \
+                    "SELECT id, attestation_seq, quarantined_at, ejected_until, revoked_at, \
+                        cordoned, recent_jtis, \
                      jtis_spilled_until, history_sampled_at, last_status, probe_ok, probe_error, \
                      probe_runtime_version, image_id, image_digest, refusal_seq, refusal_code, \
                      refusal_detail, refusal_count, refusal_first_at, refusal_last_at, \
@@ -465,7 +475,8 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
         format!(
             "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
              probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
-             image_ref, agent, last_status, attestation_seq, quarantined_at, recent_jtis, \
+             image_ref, agent, last_status, attestation_seq, quarantined_at, ejected_until, \
+             recent_jtis, \
              jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
              refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at) \
              AS (VALUES {values}) \
@@ -476,7 +487,8 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              image_id = v.image_id, \
              image_digest = v.image_digest, image_ref = v.image_ref, agent = v.agent, \
              last_status = v.last_status, attestation_seq = v.attestation_seq, \
-             quarantined_at = v.quarantined_at, recent_jtis = v.recent_jtis, \
+             quarantined_at = v.quarantined_at, ejected_until = v.ejected_until, \
+             recent_jtis = v.recent_jtis, \
              jtis_spilled_until = v.jtis_spilled_until, \
              history_sampled_at = v.history_sampled_at, refusal_seq = v.refusal_seq, \
              refusal_code = v.refusal_code, refusal_detail = v.refusal_detail, \
@@ -485,7 +497,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              FROM v WHERE runners.id = v.id"
         )
     };
-    write_rows(db, updates, 26, sql, |u| {
+    write_rows(db, updates, 27, sql, |u| {
         let rec = u.latest;
         let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
         vec![
@@ -505,6 +517,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
             Param::Text(rec.status.as_str()),
             Param::Int(u.row.attestation_seq),
             Param::OptInt(u.row.quarantined_at.map(|m| m.0)),
+            Param::OptInt(u.row.ejected_until.map(|m| m.0)),
             Param::Owned(Some(u.row.recent_jtis.format())),
             Param::OptInt(u.row.jtis_spilled_until.map(|m| m.0)),
             Param::OptInt(u.row.history_sampled_at.map(|m| m.0)),
@@ -642,12 +655,15 @@ async fn claim<D: Db>(
     items: &[RoundItem],
     outcomes: &mut [RoundOutcome],
     rows: &BTreeMap<RunnerId, RunnerRow>,
+    released: &BTreeSet<&RunnerId>,
 ) -> StoreResult<()> {
     let mut wanting: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
     for (i, item) in items.iter().enumerate() {
         let Some(claim) = &item.claim else { continue };
         if matches!(outcomes[i].attestation, Some(Err(_)))
-            || !rows.get(&claim.runner_id).is_some_and(RunnerRow::may_claim)
+            || !rows
+                .get(&claim.runner_id)
+                .is_some_and(|r| r.may_claim(released.contains(&claim.runner_id)))
         {
             continue;
         }
@@ -745,11 +761,13 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .collect();
     update_runners(db, &plan.updates).await?;
     for u in &plan.updates {
-        // A lifted quarantine changes what the gate holds of the runner.
-        let was_quarantined = rows
-            .get(u.runner_id)
-            .is_some_and(|r| r.quarantined_at.is_some());
-        if was_quarantined && u.row.quarantined_at.is_none() {
+        // A lifted quarantine or ejection changes what the gate holds of the runner.
+        let before = rows.get(u.runner_id);
+        let was_quarantined = before.is_some_and(|r| r.quarantined_at.is_some());
+        let was_ejected = before.is_some_and(|r| r.ejected_until.is_some());
+        if (was_quarantined && u.row.quarantined_at.is_none())
+            || (was_ejected && u.row.ejected_until.is_none())
+        {
             db.changed(Change::Runner(u.runner_id.clone())).await?;
         }
     }
@@ -762,7 +780,18 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .map(|(r, u, k)| (*r, *u, k.as_str()))
         .collect();
     replay::spill(db, &spills).await?;
-    claim(db, items, &mut outcomes, &rows).await?;
+    let released: BTreeSet<&RunnerId> = plan
+        .updates
+        .iter()
+        .filter(|u| {
+            u.row.ejected_until.is_none()
+                && rows
+                    .get(u.runner_id)
+                    .is_some_and(|r| r.ejected_until.is_some())
+        })
+        .map(|u| u.runner_id)
+        .collect();
+    claim(db, items, &mut outcomes, &rows, &released).await?;
     Ok(outcomes)
 }
 

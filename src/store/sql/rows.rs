@@ -7,6 +7,9 @@
 use crate::domain::attestation::{Probe, RunningImage};
 use crate::domain::digest::ImageDigest;
 use crate::domain::disk::{DiskFigure, DiskWarning};
+use crate::domain::ejection::{
+    Ejection, EjectionPolicy, EjectionRecord, Tally, Withheld, WouldEject,
+};
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
 use crate::domain::github::registration::{Registration, State as RegistrationState};
 use crate::domain::github::{GithubPool, GithubScope};
@@ -143,8 +146,64 @@ pub fn pool(row: &Row) -> StoreResult<Pool> {
         next_resolve_at: opt_millis(row, "next_resolve_at")?,
         github: github_pool(row.opt_text("github")?)?,
         disk_warning: disk_warning(row.opt_text("disk_warning")?)?,
+        ejection: ejection_policy(row.opt_text("ejection")?)?,
         created_at: millis(row, "created_at")?,
         updated_at: millis(row, "updated_at")?,
+    })
+}
+
+/// A pool's `ejection` column: NULL for the defaults.
+fn ejection_policy(json: Option<String>) -> StoreResult<EjectionPolicy> {
+    json.map_or(Ok(EjectionPolicy::default()), |j| {
+        serde_json::from_str(&j).map_err(|_| corrupt("ejection policy", &j))
+    })
+}
+
+/// A pool's policy as its column holds it: NULL when it is the default.
+pub fn ejection_policy_json(policy: &EjectionPolicy) -> Option<String> {
+    (policy != &EjectionPolicy::default())
+        .then(|| serde_json::to_string(policy).expect("a policy serializes"))
+}
+
+fn tally(row: &Row, column: &str) -> StoreResult<Tally> {
+    Ok(row
+        .opt_text(column)?
+        .map_or_else(Tally::default, |t| Tally::from_json(&t)))
+}
+
+/// The ejection in force on a runners row (`ejected_*`), if any.
+fn ejection_in_force(row: &Row) -> StoreResult<Option<Ejection>> {
+    let Some(until) = opt_millis(row, "ejected_until")? else {
+        return Ok(None);
+    };
+    Ok(Some(Ejection {
+        at: opt_millis(row, "ejected_at")?.unwrap_or(until),
+        until,
+        failures: tally(row, "ejected_failures")?,
+        nth: row.opt_int("ejected_nth")?.unwrap_or(1),
+    }))
+}
+
+/// What a runners row keeps for ejection.
+pub fn ejection_record(row: &Row) -> StoreResult<EjectionRecord> {
+    let would_eject = match (
+        opt_millis(row, "would_eject_at")?,
+        row.opt_text("would_eject_why")?,
+    ) {
+        (Some(at), Some(why)) => Some(WouldEject {
+            at,
+            why: Withheld::parse(&why).ok_or_else(|| corrupt("would_eject_why", &why))?,
+            until: opt_millis(row, "would_eject_until")?.unwrap_or(at),
+            failures: tally(row, "would_eject_failures")?,
+        }),
+        _ => None,
+    };
+    Ok(EjectionRecord {
+        streak: tally(row, "eject_streak")?,
+        ejections: row.int("ejections")?,
+        last_until: opt_millis(row, "ejection_last_until")?,
+        ejected: ejection_in_force(row)?,
+        would_eject,
     })
 }
 
@@ -176,7 +235,8 @@ fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
 
 /// The columns `runner_summary` reads: what judging a runner needs.
 pub const SUMMARY_COLUMNS: &str = "id, name, pool, cordoned, quarantined_at, revoked_at, \
-     attested_at, probe_ok, probe_checked_at, probe_disk, image_id, image_digest";
+     attested_at, probe_ok, probe_checked_at, probe_disk, image_id, image_digest, ejected_at, \
+     ejected_until, ejected_failures, ejected_nth";
 
 /// And what the operators' search needs besides.
 pub const SEARCH_COLUMNS: &str = "labels, agent";
@@ -229,6 +289,7 @@ fn gate(row: &Row) -> StoreResult<GateState> {
     Ok(GateState {
         cordoned: row.flag("cordoned")?,
         quarantined_at: opt_millis(row, "quarantined_at")?,
+        ejection: ejection_in_force(row)?,
     })
 }
 
@@ -265,6 +326,7 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
         current_lease,
         forge_runners: vec![],
         agent: agent(row)?,
+        ejection: ejection_record(row)?,
         last_rejection: match opt_millis(row, "rejected_at")? {
             Some(at) => Some(Rejection {
                 at,
