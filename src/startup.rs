@@ -41,9 +41,17 @@ pub async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
     Ok(Listeners { api, metrics })
 }
 
+/// How many connections the kernel completes and queues before the service accepts them.
+///
+/// `TcpListener::bind` asks for 128, as the standard library does. A fleet's runners reconnect
+/// together (after a restart, a network blip, the end of a long poll), and a burst of a few
+/// thousand connects past a queue of 128 has its SYNs dropped and retried a second later, and
+/// again. Linux caps the value at `net.core.somaxconn` (4096 by default since 5.4).
+const BACKLOG: u32 = 4096;
+
 /// Binds `addr`, the value of the setting `name`; a failure names both and the cause.
 pub async fn listen(name: &str, addr: SocketAddr) -> anyhow::Result<TcpListener> {
-    TcpListener::bind(addr).await.map_err(|e| {
+    bind_with_backlog(addr).map_err(|e| {
         use std::io::ErrorKind;
         let why = match e.kind() {
             ErrorKind::AddrInUse => format!(
@@ -63,6 +71,18 @@ pub async fn listen(name: &str, addr: SocketAddr) -> anyhow::Result<TcpListener>
     })
 }
 
+/// What `TcpListener::bind` does (`SO_REUSEADDR`, bind, listen), with `BACKLOG`.
+fn bind_with_backlog(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,5 +99,31 @@ mod tests {
             e.starts_with(&format!("LEASEGATE_LISTEN {addr}: address in use;")),
             "{e}"
         );
+    }
+
+    /// The queue a listener was given, as `ss` shows it (Send-Q of a listening socket).
+    fn backlog_of(port: u16) -> Option<u32> {
+        let out = std::process::Command::new("ss")
+            .args(["-ltnH", &format!("sport = :{port}")])
+            .output()
+            .ok()?;
+        let text = String::from_utf8(out.stdout).ok()?;
+        text.split_whitespace().nth(2)?.parse().ok()
+    }
+
+    #[tokio::test]
+    async fn the_listener_queues_a_burst_of_connects() {
+        let listener = listen("LEASEGATE_LISTEN", "127.0.0.1:0".parse().unwrap())
+            .await
+            .unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let Some(backlog) = backlog_of(port) else {
+            eprintln!("skipped: ss (iproute2) is not installed");
+            return;
+        };
+        let somaxconn: u32 = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .map_or(BACKLOG, |s| s.trim().parse().unwrap_or(BACKLOG));
+        assert_eq!(backlog, BACKLOG.min(somaxconn));
+        assert!(backlog > 128 || somaxconn <= 128, "{backlog}");
     }
 }
