@@ -8,6 +8,7 @@ use crate::common;
 
 use common::*;
 use leasegate::domain::attestation::{Probe, RunningImage};
+use leasegate::domain::ejection::{Effect, FailureReason, JobEnd};
 use leasegate::domain::ids::{LeaseId, RunnerId};
 use leasegate::domain::lease::{LeaseCall, Outcome};
 use leasegate::domain::pool::PoolName;
@@ -232,6 +233,30 @@ async fn the_policy_is_in_the_pool_and_checked(app) {
         let p = expect_problem(r, field, StatusCode::BAD_REQUEST, "bad_request").await;
         assert!(p["detail"].as_str().unwrap().contains(field), "{p}");
     }
+}
+
+async fn a_forge_jobs_end_counts_once_however_often_it_is_seen(app) {
+    let runners = pool_of(&app, 3, json!({})).await;
+    let store = app.state.store().clone();
+    let rules = app.state.settings().status_rules();
+    let id = RunnerId(runners[0].id.clone());
+    let failed = JobEnd::Infrastructure(FailureReason::RunnerSystemFailure);
+    let now = Millis::now();
+    let first = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
+    assert_eq!(first, Some(Effect::Counted));
+    for _ in 0..3 {
+        // The runner repeats its final update while the forge answers 202.
+        let again = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
+        assert_eq!(again, None);
+    }
+    assert_eq!(app.runner(&runners[0].id).await["ejection"]["failures_in_a_row"], 1);
+    store.forge_job_ended("gitlab:2", &id, failed, now, rules).await.unwrap();
+    let third = store.forge_job_ended("gitlab:3", &id, failed, now, rules).await.unwrap();
+    assert!(matches!(third, Some(Effect::Ejected(_))), "{third:?}");
+    let shown = app.runner(&runners[0].id).await;
+    assert_eq!(shown["ejection"]["ejected"]["failures"]["runner_system_failure"], 3);
+    let unknown = RunnerId("no-such-runner".into());
+    assert_eq!(store.forge_job_ended("gitlab:4", &unknown, failed, now, rules).await.unwrap(), None);
 }
 
 async fn the_second_ejection_lasts_twice_as_long_and_release_takes_the_time_and_a_newer_probe(app) {

@@ -87,7 +87,7 @@ pub async fn jobs_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<P
 pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<PruneReport> {
     let history = horizons.history.0;
     let mut report = PruneReport::default();
-    let deletes: [(&str, &'static str, i64); 7] = [
+    let deletes: [(&str, &'static str, i64); 8] = [
         (
             "refusals",
             "DELETE FROM refusals WHERE (runner_id, slot) IN (SELECT runner_id, slot FROM \
@@ -122,6 +122,12 @@ pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResul
             "registration_tokens",
             "DELETE FROM registration_tokens WHERE token_hash IN (SELECT token_hash FROM \
              registration_tokens WHERE expires_at < $1 OR used_at < $1 LIMIT $2)",
+            horizons.tokens.0,
+        ),
+        // A forge's runner repeats a job's final update for minutes, not days.
+        (
+            "job_ends",
+            "DELETE FROM job_ends WHERE key IN (SELECT key FROM job_ends WHERE at < $1 LIMIT $2)",
             horizons.tokens.0,
         ),
     ];
