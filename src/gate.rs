@@ -12,8 +12,15 @@
 //! The runner and pool the gate judges with come from the store's cache (`gate_runner`,
 //! `gate_pool`); the round re-reads what a claim must not get wrong (revocation, cordon) under
 //! the runner's row lock.
+//!
+//! An accepted attestation that names the machine's forge runners (`forge_runners`) rebinds
+//! the runner to them when they differ from what it holds (a renewed token, a new
+//! registration), audited, before it is answered: the forge gate judges the new forge runner
+//! from the next fetch on. Without the claim the bindings are left alone.
 
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, RunningImage};
+use crate::domain::audit::{Action, Entry};
+use crate::domain::forge::ForgeRunner;
 use crate::domain::job::Job;
 use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
@@ -287,7 +294,70 @@ impl Gate {
         match outcome.attestation {
             Some(Err(Rejection::Replayed)) => Err(AdmitError::Replayed),
             Some(Err(Rejection::Revoked)) => Err(AdmitError::Revoked),
-            _ => Ok((admitted, outcome.granted)),
+            _ => {
+                if let Some(claimed) = &admitted.attestation.forge_runners {
+                    self.follow_forge_runners(&admitted.runner, claimed, now)
+                        .await?;
+                }
+                Ok((admitted, outcome.granted))
+            }
         }
+    }
+
+    /// Rebinds `runner` to the forge runners its agent `claimed`, unless it holds exactly
+    /// those already. One another runner holds stays noted on it, and is tried again on every
+    /// attestation, so that it is bound once freed.
+    async fn follow_forge_runners(
+        &self,
+        runner: &Runner,
+        claimed: &[ForgeRunner],
+        now: Millis,
+    ) -> Result<(), StoreError> {
+        let mut held: Vec<ForgeRunner> = runner.forge_runners.iter().map(|b| b.runner()).collect();
+        held.sort();
+        let mut wanted = claimed.to_vec();
+        wanted.sort();
+        if held == wanted && runner.forge_runners_taken.is_empty() {
+            return Ok(());
+        }
+        let named: Vec<String> = claimed.iter().map(ForgeRunner::label).collect();
+        let audit = Entry {
+            at: now,
+            actor: "leasegate".into(),
+            action: Action::RunnerForgeRunners,
+            target: runner.id.to_string(),
+            detail: Some(crate::domain::text::sanitize(
+                &format!(
+                    "forge_runners [{}], as the runner's attestation claims",
+                    named.join(", ")
+                ),
+                1024,
+            )),
+            client: "-".into(),
+        };
+        let Some(followed) = self
+            .store
+            .follow_forge_runners(&runner.id, claimed, now, &audit)
+            .await?
+        else {
+            return Ok(());
+        };
+        if !followed.changed {
+            return Ok(());
+        }
+        tracing::info!(
+            runner_id = %runner.id,
+            forge_runners = followed.bound.len(),
+            "forge runners follow the runner's files"
+        );
+        for taken in &followed.taken {
+            tracing::warn!(
+                runner_id = %runner.id,
+                code = "forge_runner_taken",
+                forge_runner = %taken.label(),
+                "a forge runner on this runner's machine is bound to another runner"
+            );
+        }
+        Ok(())
     }
 }

@@ -267,7 +267,7 @@ impl Metrics {
         );
         r.register(
             "forge_fetches",
-            "Job fetches of forge runners through the forge gate, by forge, outcome (forwarded, refused, observed, unbound_passed) and code",
+            "Job fetches of forge runners through the forge gate, by forge, outcome (forwarded, refused, observed, unbound_passed, untouched) and code",
             self.forge_fetches.clone(),
         );
         r.register(
@@ -378,7 +378,8 @@ impl Metrics {
     }
 
     /// A forge runner's fetch: `outcome` `forwarded`, `refused`, `observed` (forwarded, would
-    /// have been refused) or `unbound_passed`; `code` the refusal's, or `none`.
+    /// have been refused), `unbound_passed` or `untouched` (a bound uuid without its runner's
+    /// token, forwarded as if the gate were not there); `code` the refusal's, or `none`.
     pub fn forge_fetch(&self, forge: &'static str, outcome: &'static str, code: &'static str) {
         self.forge_fetches
             .get_or_create(&ForgeFetchLabels {

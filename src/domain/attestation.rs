@@ -7,6 +7,7 @@
 
 use super::digest::{ImageDigest, NotADigest};
 use super::disk::{DiskFigure, MAX_DISKS};
+use super::forge::{ForgeRunner, MAX_FORGE_RUNNERS};
 use super::ids::RunnerId;
 use super::json_object::{ObjectOnly, parse_object};
 use super::text::{PROBE_ERROR_MAX_BYTES, sanitize, without_controls};
@@ -106,6 +107,10 @@ struct RawClaims {
     /// The runner's host name (optional; shown on the page).
     #[serde(default)]
     host: Option<String>,
+    /// The forge runners on the machine, as the agent read them from their files (optional;
+    /// the runner's bindings follow it).
+    #[serde(default)]
+    forge_runners: Option<Vec<serde_json::Value>>,
 }
 
 /// What the runner's container-runtime probe said.
@@ -159,6 +164,9 @@ pub struct Attestation {
     pub probe: Probe,
     pub image: ReportedImage,
     pub agent: Option<serde_json::Value>,
+    /// The forge runners the agent found on the machine, without repeats; `None` when the
+    /// attestation says nothing of them (the bindings are left alone).
+    pub forge_runners: Option<Vec<ForgeRunner>>,
 }
 
 impl Attestation {
@@ -289,6 +297,7 @@ pub fn check_claims(
         )));
     }
 
+    let forge_runners = raw.forge_runners.map(|c| forge_runners(&c)).transpose()?;
     let image = raw.image.map(|i| i.0).unwrap_or_default();
     Ok(Attestation {
         runner_id: kid.clone(),
@@ -325,7 +334,27 @@ pub fn check_claims(
             image_ref: image.image_ref.map(|r| sanitize(&r, 512)),
         },
         agent: with_host(raw.agent, raw.host.map(|h| sanitize(&h, HOST_MAX_BYTES))),
+        forge_runners,
     })
+}
+
+/// The `forge_runners` claim: the binding objects the API takes, at most
+/// `MAX_FORGE_RUNNERS`, an identity named twice counting once (the first).
+fn forge_runners(claim: &[serde_json::Value]) -> Result<Vec<ForgeRunner>, ClaimsError> {
+    if claim.len() > MAX_FORGE_RUNNERS {
+        return Err(ClaimsError::Invalid(format!(
+            "claim `forge_runners`: at most {MAX_FORGE_RUNNERS}"
+        )));
+    }
+    let mut out: Vec<ForgeRunner> = Vec::with_capacity(claim.len());
+    for (i, v) in claim.iter().enumerate() {
+        let r = ForgeRunner::from_json(v)
+            .map_err(|e| ClaimsError::Invalid(format!("claim `forge_runners[{i}]`: {e}")))?;
+        if !out.iter().any(|o| o.identity == r.identity) {
+            out.push(r);
+        }
+    }
+    Ok(out)
 }
 
 /// The longest host name kept (a DNS name's limit).
@@ -414,6 +443,41 @@ mod tests {
         assert_eq!(a.jti, "0123456789abcdef");
         assert!(a.probe.ok);
         assert_eq!(a.probe.checked_at, Millis::from_secs(NOW_S - 5));
+    }
+
+    #[test]
+    fn the_forge_runners_claim_is_read_when_present_and_checked() {
+        assert_eq!(check(claims()).unwrap().forge_runners, None);
+        let sha = "b".repeat(64);
+        let uuid = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
+        let one = json!({"kind": "gitlab", "token_sha256": sha, "system_id": "s_0123456789ab"});
+        let a = check(with(
+            &["forge_runners"],
+            json!([one, one, {"kind": "forgejo", "uuid": uuid, "token_sha256": sha}]),
+        ))
+        .unwrap();
+        let found = a.forge_runners.unwrap();
+        assert_eq!(found.len(), 2, "a repeat counts once");
+        assert_eq!(
+            found[0].identity.system_id.as_deref(),
+            Some("s_0123456789ab")
+        );
+        assert_eq!(found[1].token_sha256.as_deref(), Some(sha.as_str()));
+        // An empty claim is a claim: the machine has no forge runner.
+        assert_eq!(
+            check(with(&["forge_runners"], json!([])))
+                .unwrap()
+                .forge_runners,
+            Some(vec![])
+        );
+        for bad in [
+            json!({"kind": "forgejo"}),
+            json!([{"kind": "gitlab", "token": "glrt-raw"}]),
+            json!([{"kind": "gitlab", "token_sha256": sha, "system_id": ""}]),
+            json!(vec![one.clone(); 65]),
+        ] {
+            assert!(is_invalid(check(with(&["forge_runners"], bad))));
+        }
     }
 
     #[test]

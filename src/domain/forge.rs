@@ -5,8 +5,15 @@
 //! leasegate, in front of the forge, answers that call itself ("no work") for a runner the gate
 //! refuses, so the job stays queued in the forge and nothing is counted against it. The forge's
 //! runner is known by what it presents: a Forgejo/Gitea runner by its uuid, a GitLab runner by
-//! its authentication token, kept only as its SHA-256. Each is bound to the leasegate runner
-//! on the same machine, whose heartbeats carry the signed probe and image.
+//! its authentication token, kept only as its SHA-256, and the `system_id` of the machine it
+//! runs on (one token may serve a fleet). Each is bound to the leasegate runner on the same
+//! machine, whose heartbeats carry the signed probe and image.
+//!
+//! Which binding judges a GitLab fetch: the one naming the token and the fetch's `system_id`;
+//! else the token's binding without a `system_id` (the token alone: every machine presenting
+//! it), if there is one; else none (`unknown_runner`). A Forgejo binding may hold the SHA-256
+//! of the runner's token: then only a fetch presenting that token is judged by it, and any
+//! other fetch naming the uuid is none of the gate's business (the forge refuses it).
 //!
 //! The verdict on a fetch is the lease's verdict (rules 7–13) over the runner's *latest*
 //! recorded attestation, which must also be fresh: a runner whose agent stopped attesting gets
@@ -42,13 +49,20 @@ impl ForgeKind {
 }
 
 /// A forge runner as the forge knows it: a Forgejo/Gitea runner's uuid (lowercase,
-/// hyphenated), or the SHA-256 of a GitLab runner's authentication token (64 lowercase hex).
+/// hyphenated), or the SHA-256 of a GitLab runner's authentication token (64 lowercase hex)
+/// and the machine's `system_id`, if named.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ForgeIdentity {
     pub kind: ForgeKind,
     /// The uuid, or the token's SHA-256.
     pub key: String,
+    /// A GitLab machine's `system_id` (gitlab-runner's `.runner_system_id`). In a binding,
+    /// `None` is the token alone (any machine); in a fetch, that it named none.
+    pub system_id: Option<String>,
 }
+
+/// The longest `system_id` kept (gitlab-runner's are 14 characters: `s_` or `r_` and 12 hex).
+pub const SYSTEM_ID_MAX_CHARS: usize = 64;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadIdentity {
@@ -62,6 +76,41 @@ pub enum BadIdentity {
         "token_sha256: a gitlab runner is named by the SHA-256 of its token, 64 lowercase hex characters"
     )]
     TokenSha256,
+    #[error(
+        "token_sha256: a forgejo runner's token is given as its SHA-256, 64 lowercase hex characters"
+    )]
+    RunnerTokenSha256,
+    #[error(
+        "system_id: a gitlab runner's system_id (its .runner_system_id), 1 to 64 letters, digits, `_`, `-` or `.`"
+    )]
+    SystemId,
+    #[error("system_id: only a gitlab runner has one")]
+    SystemIdNotGitlab,
+}
+
+/// Whether `s` is 64 lowercase hex characters (a SHA-256 as leasegate writes it).
+fn is_sha256_hex(s: &str) -> bool {
+    s.len() == 64
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+/// The hex SHA-256 of `s`.
+pub fn sha256_hex(s: &str) -> String {
+    use sha2::{Digest, Sha256};
+    hex::encode(Sha256::digest(s.as_bytes()))
+}
+
+/// A `system_id` as a binding may name it.
+pub fn check_system_id(s: &str) -> Result<String, BadIdentity> {
+    let ok = (1..=SYSTEM_ID_MAX_CHARS).contains(&s.len())
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'));
+    if ok {
+        Ok(s.to_string())
+    } else {
+        Err(BadIdentity::SystemId)
+    }
 }
 
 impl ForgeIdentity {
@@ -71,53 +120,168 @@ impl ForgeIdentity {
         Ok(ForgeIdentity {
             kind: ForgeKind::Forgejo,
             key: uuid.hyphenated().to_string(),
+            system_id: None,
         })
     }
 
     /// A GitLab runner by the SHA-256 of its token, as an operator or the agent gives it.
     pub fn gitlab_sha256(token_sha256: &str) -> Result<Self, BadIdentity> {
-        let ok = token_sha256.len() == 64
-            && token_sha256
-                .bytes()
-                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
-        if !ok {
+        if !is_sha256_hex(token_sha256) {
             return Err(BadIdentity::TokenSha256);
         }
         Ok(ForgeIdentity {
             kind: ForgeKind::Gitlab,
             key: token_sha256.to_string(),
+            system_id: None,
         })
     }
 
     /// A GitLab runner by the token it presents (never kept: only its SHA-256 is).
     pub fn gitlab_token(token: &str) -> Self {
-        use sha2::{Digest, Sha256};
         ForgeIdentity {
             kind: ForgeKind::Gitlab,
-            key: hex::encode(Sha256::digest(token.as_bytes())),
+            key: sha256_hex(token),
+            system_id: None,
         }
     }
 
-    /// From the parts of a binding as the API writes it.
+    /// The same runner on the machine named `system_id` (none: the token alone).
+    pub fn on_machine(mut self, system_id: Option<String>) -> Self {
+        self.system_id = system_id.filter(|s| !s.is_empty());
+        self
+    }
+}
+
+/// A forge runner as a binding names it: its identity and, for a Forgejo runner, the SHA-256
+/// of its token when known (a fetch is then judged only when it presents that token).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ForgeRunner {
+    pub identity: ForgeIdentity,
+    /// A Forgejo runner's token's SHA-256; always `None` for GitLab, whose key is one.
+    pub token_sha256: Option<String>,
+}
+
+impl ForgeRunner {
+    /// From the parts of a binding as the API and the `forge_runners` claim write it:
+    /// `forgejo` (or `gitea`) with `uuid` and an optional `token_sha256`, or `gitlab` with
+    /// `token_sha256` and an optional `system_id`.
     pub fn parse(
         kind: &str,
         uuid: Option<&str>,
         token_sha256: Option<&str>,
+        system_id: Option<&str>,
     ) -> Result<Self, BadIdentity> {
         match ForgeKind::parse(kind) {
-            Some(ForgeKind::Forgejo) => Self::forgejo(uuid.ok_or(BadIdentity::Uuid)?),
+            Some(ForgeKind::Forgejo) => {
+                if system_id.is_some() {
+                    return Err(BadIdentity::SystemIdNotGitlab);
+                }
+                let identity = ForgeIdentity::forgejo(uuid.ok_or(BadIdentity::Uuid)?)?;
+                let token_sha256 = match token_sha256 {
+                    Some(t) if is_sha256_hex(t) => Some(t.to_string()),
+                    Some(_) => return Err(BadIdentity::RunnerTokenSha256),
+                    None => None,
+                };
+                Ok(ForgeRunner {
+                    identity,
+                    token_sha256,
+                })
+            }
             Some(ForgeKind::Gitlab) => {
-                Self::gitlab_sha256(token_sha256.ok_or(BadIdentity::TokenSha256)?)
+                let identity =
+                    ForgeIdentity::gitlab_sha256(token_sha256.ok_or(BadIdentity::TokenSha256)?)?
+                        .on_machine(system_id.map(check_system_id).transpose()?);
+                Ok(ForgeRunner {
+                    identity,
+                    token_sha256: None,
+                })
             }
             None => Err(BadIdentity::Kind(kind.to_string())),
         }
     }
+
+    /// A binding by identity alone.
+    pub fn of(identity: ForgeIdentity) -> Self {
+        ForgeRunner {
+            identity,
+            token_sha256: None,
+        }
+    }
+
+    /// From the JSON object the API and the claim write (`{"kind": …}`), unknown members
+    /// refused.
+    pub fn from_json(v: &serde_json::Value) -> Result<Self, String> {
+        let Some(o) = v.as_object() else {
+            return Err("a forge runner is an object".into());
+        };
+        if let Some(k) = o
+            .keys()
+            .find(|k| !["kind", "uuid", "token_sha256", "system_id"].contains(&k.as_str()))
+        {
+            return Err(format!("unknown member `{k}`"));
+        }
+        let text = |name: &str| -> Result<Option<&str>, String> {
+            match o.get(name) {
+                None | Some(serde_json::Value::Null) => Ok(None),
+                Some(serde_json::Value::String(s)) => Ok(Some(s)),
+                Some(_) => Err(format!("{name}: a string")),
+            }
+        };
+        let kind = text("kind")?.ok_or("kind: required")?;
+        Self::parse(
+            kind,
+            text("uuid")?,
+            text("token_sha256")?,
+            text("system_id")?,
+        )
+        .map_err(|e| e.to_string())
+    }
+
+    /// The JSON object the API and the claim write.
+    pub fn to_json(&self) -> serde_json::Value {
+        let mut o = serde_json::Map::new();
+        o.insert("kind".into(), self.identity.kind.as_str().into());
+        match self.identity.kind {
+            ForgeKind::Forgejo => {
+                o.insert("uuid".into(), self.identity.key.clone().into());
+                if let Some(t) = &self.token_sha256 {
+                    o.insert("token_sha256".into(), t.clone().into());
+                }
+            }
+            ForgeKind::Gitlab => {
+                o.insert("token_sha256".into(), self.identity.key.clone().into());
+                if let Some(s) = &self.identity.system_id {
+                    o.insert("system_id".into(), s.clone().into());
+                }
+            }
+        }
+        serde_json::Value::Object(o)
+    }
+
+    /// How an operator reads it in an audit entry or a log line.
+    pub fn label(&self) -> String {
+        let i = &self.identity;
+        let mut out = format!("{}:{}", i.kind.as_str(), i.key);
+        if let Some(s) = &i.system_id {
+            out.push_str(&format!(" system_id {s}"));
+        }
+        if self.token_sha256.is_some() {
+            out.push_str(" (token checked)");
+        }
+        out
+    }
 }
+
+/// The most forge runners one leasegate runner may carry (a gitlab-runner `config.toml` with
+/// many `[[runners]]` stays far below it).
+pub const MAX_FORGE_RUNNERS: usize = 64;
 
 /// A binding of a forge runner to a leasegate runner, as views show it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ForgeBinding {
     pub identity: ForgeIdentity,
+    /// A Forgejo runner's token's SHA-256, when the binding holds it.
+    pub token_sha256: Option<String>,
     /// The last fetch the gate saw from it (updated at most every `FETCH_NOTE_INTERVAL_S`).
     pub last_fetch_at: Option<Millis>,
 }
@@ -131,6 +295,27 @@ impl ForgeBinding {
     pub fn fetch_worth_noting(&self, now: Millis) -> bool {
         self.last_fetch_at
             .is_none_or(|at| now.secs_since(at) >= FETCH_NOTE_INTERVAL_S)
+    }
+
+    /// Whether a fetch presenting `token` is this binding's runner's: always, unless the
+    /// binding holds the runner's token's SHA-256 and the fetch presents another token (or
+    /// none). Such a fetch only names the uuid; the forge refuses its token.
+    pub fn owns_fetch(&self, token: Option<&str>) -> bool {
+        use subtle::ConstantTimeEq;
+        match &self.token_sha256 {
+            None => true,
+            Some(want) => {
+                token.is_some_and(|t| bool::from(sha256_hex(t).as_bytes().ct_eq(want.as_bytes())))
+            }
+        }
+    }
+
+    /// The binding as a binding's spec names it.
+    pub fn runner(&self) -> ForgeRunner {
+        ForgeRunner {
+            identity: self.identity.clone(),
+            token_sha256: self.token_sha256.clone(),
+        }
     }
 }
 
@@ -290,6 +475,7 @@ mod tests {
             }),
             current_lease: None,
             forge_runners: vec![],
+            forge_runners_taken: vec![],
             last_rejection: None,
             agent: Default::default(),
             ejection: Default::default(),
@@ -331,7 +517,9 @@ mod tests {
         let a = ForgeIdentity::forgejo("0B9A7E3C-55A1-4D4A-9C9D-1E2F3A4B5C6D").unwrap();
         assert_eq!(a.key, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d");
         assert_eq!(
-            ForgeIdentity::parse("gitea", Some(&a.key), None).unwrap(),
+            ForgeRunner::parse("gitea", Some(&a.key), None, None)
+                .unwrap()
+                .identity,
             a
         );
         assert_eq!(ForgeIdentity::forgejo("not-a-uuid"), Err(BadIdentity::Uuid));
@@ -343,15 +531,67 @@ mod tests {
             Err(BadIdentity::TokenSha256)
         );
         assert!(matches!(
-            ForgeIdentity::parse("github", None, None),
+            ForgeRunner::parse("github", None, None, None),
             Err(BadIdentity::Kind(_))
         ));
+    }
+
+    #[test]
+    fn bindings_name_a_machine_or_a_token_and_round_trip_as_json() {
+        let t = sha256_hex("glrt-fleet");
+        let machine = ForgeRunner::parse("gitlab", None, Some(&t), Some("s_0123456789ab")).unwrap();
+        assert_eq!(
+            machine.identity.system_id.as_deref(),
+            Some("s_0123456789ab")
+        );
+        assert_eq!(ForgeRunner::from_json(&machine.to_json()).unwrap(), machine);
+        let bare = ForgeRunner::parse("gitlab", None, Some(&t), None).unwrap();
+        assert_ne!(bare.identity, machine.identity);
+        assert_eq!(bare.to_json().get("system_id"), None);
+        for bad in ["", "has space", &"x".repeat(65)] {
+            assert_eq!(
+                ForgeRunner::parse("gitlab", None, Some(&t), Some(bad)),
+                Err(BadIdentity::SystemId)
+            );
+        }
+        let uuid = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
+        assert_eq!(
+            ForgeRunner::parse("forgejo", Some(uuid), None, Some("s_1")),
+            Err(BadIdentity::SystemIdNotGitlab)
+        );
+        assert_eq!(
+            ForgeRunner::parse("forgejo", Some(uuid), Some("secret"), None),
+            Err(BadIdentity::RunnerTokenSha256)
+        );
+        let checked = ForgeRunner::parse("forgejo", Some(uuid), Some(&t), None).unwrap();
+        assert_eq!(ForgeRunner::from_json(&checked.to_json()).unwrap(), checked);
+        assert!(
+            ForgeRunner::from_json(&serde_json::json!({"kind": "gitlab", "token": "glrt-x"}))
+                .unwrap_err()
+                .contains("token")
+        );
+    }
+
+    #[test]
+    fn a_binding_holding_the_token_owns_only_the_fetches_presenting_it() {
+        let uuid = ForgeIdentity::forgejo("0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d").unwrap();
+        let mut b = ForgeBinding {
+            identity: uuid,
+            token_sha256: None,
+            last_fetch_at: None,
+        };
+        assert!(b.owns_fetch(None) && b.owns_fetch(Some("anything")));
+        b.token_sha256 = Some(sha256_hex("the-token"));
+        assert!(b.owns_fetch(Some("the-token")));
+        assert!(!b.owns_fetch(Some("a-guess")));
+        assert!(!b.owns_fetch(None));
     }
 
     #[test]
     fn fetches_are_noted_at_most_every_interval() {
         let b = |at: Option<Millis>| ForgeBinding {
             identity: ForgeIdentity::gitlab_token("t"),
+            token_sha256: None,
             last_fetch_at: at,
         };
         assert!(b(None).fetch_worth_noting(NOW));

@@ -28,6 +28,9 @@ pub struct Runner {
     pub current_lease: Option<CurrentLease>,
     /// The forge runners on its machine that the forge gate knows it by.
     pub forge_runners: Vec<super::forge::ForgeBinding>,
+    /// The forge runners its agent last claimed (`forge_runners` in its attestation) that
+    /// another runner holds: not bound to it (`forge_runner_taken`).
+    pub forge_runners_taken: Vec<super::forge::ForgeRunner>,
     /// Its last attestation signed by its key and refused under rules 3–4 (a clock off, most
     /// often): what a runner that turned stale was doing meanwhile.
     pub last_rejection: Option<Rejection>,
@@ -344,6 +347,7 @@ mod tests {
     fn runner(image: Option<char>, received_ago_s: Option<i64>) -> Runner {
         Runner {
             forge_runners: vec![],
+            forge_runners_taken: vec![],
             last_rejection: None,
             agent: Default::default(),
             ejection: Default::default(),

@@ -8,7 +8,9 @@
 //! default). So for a refused runner the gate answers `200` with an empty `FetchTaskResponse`
 //! in the request's codec (zero bytes in protobuf, `{}` in JSON) and never asks the forge.
 //! The runner is known by its `x-runner-uuid`; a spoofed uuid gains nothing, since the forge
-//! still checks the `x-runner-token` of every call the gate forwards.
+//! still checks the `x-runner-token` of every call the gate forwards. Where the binding holds
+//! the runner's token's SHA-256, a fetch naming the uuid with another token is forwarded
+//! untouched, and learns nothing of the runner (`decide`).
 
 use super::canonical::is_call;
 use super::decide::{self, Verdict};
@@ -102,7 +104,11 @@ async fn fetch_task(
             .get(CONTENT_TYPE)
             .and_then(|v| v.to_str().ok()),
     );
-    let judged = match decide::judge(state, &gate.settings, identity.as_ref(), now).await {
+    let token = request
+        .headers()
+        .get("x-runner-token")
+        .and_then(|v| v.to_str().ok());
+    let judged = match decide::judge(state, &gate.settings, identity.as_ref(), token, now).await {
         Ok(j) => j,
         Err(e) => {
             // Fail closed: without the store the gate cannot tell, so no runner gets work.
@@ -132,7 +138,9 @@ async fn fetch_task(
         judged.subject.is_some(),
     );
     match judged.verdict {
-        Verdict::Forward => gate.forwarder.forward(upstream, request, peer).await,
+        Verdict::Forward | Verdict::Untouched => {
+            gate.forwarder.forward(upstream, request, peer).await
+        }
         Verdict::Observe(refusal) => {
             let mut answer = gate.forwarder.forward(upstream, request, peer).await;
             answer.headers_mut().insert(

@@ -15,7 +15,8 @@
 //! runner does not ask in a tight loop: up to `LEASEGATE_FORGE_HOLD_S` (30 s), then `204`
 //! echoing the request's `last_update`. It is looked at again every second meanwhile, and
 //! forwarded at once when the runner may have work. The runner is known by the SHA-256 of its
-//! token; the token itself is only ever forwarded to GitLab.
+//! token and the `system_id` its machine sends; the token itself is only ever forwarded to
+//! GitLab.
 
 use super::canonical::is_call;
 use super::decide::{self, Verdict};
@@ -113,12 +114,15 @@ async fn jobs_request(
     peer: super::upstream::Peer,
     upstream: &super::Upstream,
 ) -> Response {
-    let identity = asked.token.as_deref().map(ForgeIdentity::gitlab_token);
+    let identity = asked
+        .token
+        .as_deref()
+        .map(|t| ForgeIdentity::gitlab_token(t).on_machine(asked.system_id.clone()));
     let deadline = tokio::time::Instant::now() + gate.settings.hold;
     let mut recorded = false;
     let refusal = loop {
         let now = Millis::now();
-        let code = match decide::judge(state, &gate.settings, identity.as_ref(), now).await {
+        let code = match decide::judge(state, &gate.settings, identity.as_ref(), None, now).await {
             Ok(judged) => {
                 if !recorded {
                     recorded = true;
@@ -136,7 +140,7 @@ async fn jobs_request(
                     }
                 }
                 match &judged.verdict {
-                    Verdict::Forward | Verdict::Observe(_) => {
+                    Verdict::Forward | Verdict::Observe(_) | Verdict::Untouched => {
                         count(
                             state,
                             ForgeKind::Gitlab,

@@ -162,6 +162,7 @@ fn count(state: &AppState, forge: ForgeKind, verdict: &Verdict, bound: bool) {
     let (outcome, code) = match verdict {
         Verdict::Forward if bound => ("forwarded", "none"),
         Verdict::Forward => ("unbound_passed", "none"),
+        Verdict::Untouched => ("untouched", "none"),
         Verdict::Observe(r) => ("observed", r.code()),
         Verdict::Refuse(r) => ("refused", r.code()),
     };

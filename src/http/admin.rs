@@ -885,10 +885,7 @@ async fn put_forge_runners(
     let id = RunnerId::parse("id", &id)?;
     let identities = super::forge_bindings::identities(&body.forge_runners)?;
     let now = Millis::now();
-    let bound: Vec<String> = identities
-        .iter()
-        .map(|i| format!("{}:{}", i.kind.as_str(), i.key))
-        .collect();
+    let bound: Vec<String> = identities.iter().map(|i| i.label()).collect();
     let audit = caller
         .audit(Action::RunnerForgeRunners, id.as_str(), now)
         .detail(format!("forge_runners [{}]", bound.join(", ")));

@@ -88,10 +88,12 @@ fn uuid_pattern() -> String {
 }
 
 /// One forge runner (`forge_bindings::ForgeRunnerSpec`): a Forgejo or Gitea runner by its
-/// uuid, or a GitLab runner by its token's SHA-256.
+/// uuid (and its token's SHA-256, when given), or a GitLab runner by its token's SHA-256 (and
+/// its machine's `system_id`, when given).
 pub fn forge_runner() -> Value {
+    let sha256 = "^[0-9a-f]{64}$";
     json!({
-        "description": "A forge runner: `{\"kind\": \"forgejo\", \"uuid\": …}` (`gitea` is the same) or `{\"kind\": \"gitlab\", \"token_sha256\": …}`. The key the kind does not use may be sent and is ignored.",
+        "description": "A forge runner: `{\"kind\": \"forgejo\", \"uuid\": …, \"token_sha256\": …}` (`gitea` is the same; `token_sha256` optional) or `{\"kind\": \"gitlab\", \"token_sha256\": …, \"system_id\": …}` (`system_id` optional: without it, the token alone, any machine). A GitLab runner's `uuid` may be sent and is ignored.",
         "oneOf": [
             {
                 "type": "object",
@@ -101,7 +103,9 @@ pub fn forge_runner() -> Value {
                     "kind": {"type": "string", "enum": ["forgejo", "gitea"]},
                     "uuid": {"type": "string", "pattern": uuid_pattern(),
                              "description": "The runner's uuid (its `.runner` file's `uuid`)."},
-                    "token_sha256": {"type": ["string", "null"]},
+                    "token_sha256": {"type": ["string", "null"], "pattern": sha256,
+                                     "description": "The SHA-256 of the runner's token, lowercase hex: only a fetch presenting that token is judged by this binding."},
+                    "system_id": {"type": "null"},
                 },
             },
             {
@@ -110,8 +114,10 @@ pub fn forge_runner() -> Value {
                 "additionalProperties": false,
                 "properties": {
                     "kind": {"type": "string", "enum": ["gitlab"]},
-                    "token_sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$",
+                    "token_sha256": {"type": "string", "pattern": sha256,
                                      "description": "The SHA-256 of the runner's authentication token, lowercase hex."},
+                    "system_id": {"type": ["string", "null"], "pattern": "^[A-Za-z0-9_.-]{1,64}$",
+                                  "description": "The machine's `system_id` (gitlab-runner's `.runner_system_id`); absent or null: the token alone, any machine."},
                     "uuid": {"type": ["string", "null"]},
                 },
             },

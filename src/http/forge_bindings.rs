@@ -1,15 +1,15 @@
-//! Forge runners as the API writes and shows them: `{"kind": "forgejo", "uuid": "…"}` for a
-//! Forgejo or Gitea runner (`"gitea"` is accepted as the same), `{"kind": "gitlab",
-//! "token_sha256": "…"}` for a GitLab runner. A registration may carry them; an operator
-//! replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`.
+//! Forge runners as the API writes and shows them: `{"kind": "forgejo", "uuid": "…",
+//! "token_sha256": "…"}` for a Forgejo or Gitea runner (`"gitea"` is accepted as the same;
+//! the token's SHA-256 optional), `{"kind": "gitlab", "token_sha256": "…", "system_id": "…"}`
+//! for a GitLab runner (the machine's `system_id` optional). A registration may carry them; an
+//! operator replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`; the agent's
+//! heartbeats may claim them (`forge_runners` in the attestation).
 
 use super::problem::ApiError;
-use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
+use crate::domain::forge::{ForgeBinding, ForgeKind, ForgeRunner};
 use serde::Deserialize;
 
-/// The most forge runners one leasegate runner may carry (a gitlab-runner `config.toml` with
-/// many `[[runners]]` stays far below it).
-pub const MAX_FORGE_RUNNERS: usize = 64;
+pub use crate::domain::forge::MAX_FORGE_RUNNERS;
 
 /// One forge runner in a request; its schema is `constraints::forge_runner`.
 #[derive(Deserialize, Clone)]
@@ -20,9 +20,13 @@ pub struct ForgeRunnerSpec {
     /// A Forgejo or Gitea runner's uuid (its `.runner` file's `uuid`).
     #[serde(default)]
     uuid: Option<String>,
-    /// The SHA-256 of a GitLab runner's authentication token, 64 lowercase hex characters.
+    /// The SHA-256 of a GitLab runner's authentication token, or of a Forgejo or Gitea
+    /// runner's token; 64 lowercase hex characters.
     #[serde(default)]
     token_sha256: Option<String>,
+    /// A GitLab runner's machine (`.runner_system_id`).
+    #[serde(default)]
+    system_id: Option<String>,
 }
 
 impl utoipa::PartialSchema for ForgeRunnerSpec {
@@ -37,35 +41,49 @@ impl utoipa::ToSchema for ForgeRunnerSpec {
     }
 }
 
-/// The identities of `specs`, checked, without repeats.
-pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeIdentity>, ApiError> {
+/// The forge runners of `specs`, checked, without repeats (the first of an identity named
+/// twice counts).
+pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeRunner>, ApiError> {
     if specs.len() > MAX_FORGE_RUNNERS {
         return Err(ApiError::bad_request(format!(
             "forge_runners: at most {MAX_FORGE_RUNNERS}"
         )));
     }
-    let mut out: Vec<ForgeIdentity> = Vec::with_capacity(specs.len());
+    let mut out: Vec<ForgeRunner> = Vec::with_capacity(specs.len());
     for (i, s) in specs.iter().enumerate() {
-        let identity = ForgeIdentity::parse(&s.kind, s.uuid.as_deref(), s.token_sha256.as_deref())
-            .map_err(|e| ApiError::bad_request(format!("forge_runners[{i}].{e}")))?;
-        if !out.contains(&identity) {
-            out.push(identity);
+        let runner = ForgeRunner::parse(
+            &s.kind,
+            s.uuid.as_deref(),
+            s.token_sha256.as_deref(),
+            s.system_id.as_deref(),
+        )
+        .map_err(|e| ApiError::bad_request(format!("forge_runners[{i}].{e}")))?;
+        if !out.iter().any(|o| o.identity == runner.identity) {
+            out.push(runner);
         }
     }
     Ok(out)
 }
 
-/// A binding as views show it: the key its kind is named by, and no other.
+/// A binding as views show it.
 pub fn view(b: &ForgeBinding) -> super::views::ForgeRunnerView {
-    let key = Some(b.identity.key.clone());
-    let (uuid, token_sha256) = match b.identity.kind {
-        ForgeKind::Forgejo => (key, None),
+    let mut v = spec_view(&b.runner());
+    v.last_fetch_at = b.last_fetch_at.map(|m| m.rfc3339());
+    v
+}
+
+/// A forge runner as views show it, never seen fetching.
+pub fn spec_view(r: &ForgeRunner) -> super::views::ForgeRunnerView {
+    let key = Some(r.identity.key.clone());
+    let (uuid, token_sha256) = match r.identity.kind {
+        ForgeKind::Forgejo => (key, r.token_sha256.clone()),
         ForgeKind::Gitlab => (None, key),
     };
     super::views::ForgeRunnerView {
-        kind: b.identity.kind.as_str().to_string(),
+        kind: r.identity.kind.as_str().to_string(),
         uuid,
         token_sha256,
-        last_fetch_at: b.last_fetch_at.map(|m| m.rfc3339()),
+        system_id: r.identity.system_id.clone(),
+        last_fetch_at: None,
     }
 }

@@ -485,6 +485,9 @@ pub struct RunnerView {
     pub current_lease: Option<CurrentLease>,
     /// The forge runners bound to it, for the forge gate.
     pub forge_runners: Vec<ForgeRunnerView>,
+    /// Forge runners its agent claims (`forge_runners` in its attestation) that another runner
+    /// holds, so not bound to it (`forge_runner_taken`); `last_fetch_at` is null.
+    pub forge_runners_taken: Vec<ForgeRunnerView>,
     /// Its last attestation signed by its key and refused under rules 3–4 (`attestation_invalid`,
     /// `attestation_expired`, `clock_skew`), with why; null when there was none.
     #[schema(required = true)]
@@ -589,8 +592,12 @@ pub struct ForgeRunnerView {
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
+    /// A GitLab runner's token's SHA-256, or a Forgejo runner's when the binding holds it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub token_sha256: Option<String>,
+    /// A GitLab runner's machine; absent: the token alone (any machine).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub system_id: Option<String>,
     /// The last time the gate saw it ask for work (written at most every 30 s).
     #[schema(required = true)]
     pub last_fetch_at: Option<String>,
@@ -797,6 +804,11 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
             .forge_runners
             .iter()
             .map(super::forge_bindings::view)
+            .collect(),
+        forge_runners_taken: runner
+            .forge_runners_taken
+            .iter()
+            .map(super::forge_bindings::spec_view)
             .collect(),
         last_rejected_attestation: runner.last_rejection.as_ref().map(|r| RejectedAttestation {
             at: rfc3339(r.at),

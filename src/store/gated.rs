@@ -124,6 +124,10 @@ fn ok_some<T, E>(v: &Result<Option<T>, E>) -> bool {
     matches!(v, Ok(Some(_)))
 }
 
+fn followed(v: &Option<Followed>) -> bool {
+    v.as_ref().is_some_and(|f| f.changed)
+}
+
 pub struct GatedStore<E: Engine> {
     engine: Arc<E>,
     rounds: GroupCommit,
@@ -527,11 +531,11 @@ where
     async fn set_forge_runners(
         &self,
         runner: &RunnerId,
-        identities: &[ForgeIdentity],
+        wanted: &[ForgeRunner],
         now: Millis,
         audit: &Entry,
     ) -> Result<Option<Runner>, BindError> {
-        let args = (runner.clone(), identities.to_vec(), now);
+        let args = (runner.clone(), wanted.to_vec(), now);
         flatten(
             self.audited(args, audit, ok_some, |db, (runner, identities, now)| {
                 Box::pin(sql::runners::set_forge_runners(
@@ -540,6 +544,22 @@ where
             })
             .await,
         )
+    }
+
+    async fn follow_forge_runners(
+        &self,
+        runner: &RunnerId,
+        claimed: &[ForgeRunner],
+        now: Millis,
+        audit: &Entry,
+    ) -> StoreResult<Option<Followed>> {
+        let args = (runner.clone(), claimed.to_vec(), now);
+        self.audited(args, audit, followed, |db, (runner, claimed, now)| {
+            Box::pin(sql::runners::follow_forge_runners(
+                db, runner, claimed, *now,
+            ))
+        })
+        .await
     }
 
     async fn forge_runner(

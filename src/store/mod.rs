@@ -24,10 +24,11 @@ pub use crate::domain::lease::Lease;
 pub use signal::JobSignal;
 pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 pub use sql::round::{Rejection, RoundItem, RoundOutcome};
+pub use sql::runners::Followed;
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::audit::{Entry, Recorded};
-use crate::domain::forge::{ForgeBinding, ForgeIdentity};
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
 use crate::domain::github::registration::{
     Registration as GithubRegistration, State as GithubState,
 };
@@ -128,7 +129,7 @@ pub struct NewRunner {
     pub labels: BTreeMap<String, String>,
     pub public_key_x: String,
     /// The forge runners on its machine, bound with it.
-    pub forge_runners: Vec<ForgeIdentity>,
+    pub forge_runners: Vec<ForgeRunner>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -544,16 +545,27 @@ pub trait Store: Send + Sync + 'static {
     async fn set_forge_runners(
         &self,
         runner: &RunnerId,
-        identities: &[ForgeIdentity],
+        wanted: &[ForgeRunner],
         now: Millis,
         audit: &Entry,
     ) -> Result<Option<Runner>, BindError>;
-    /// The runner a forge runner is bound to, and the binding.
+    /// Rebinds `runner` to exactly the forge runners its agent claimed, those another runner
+    /// holds excepted and noted on it; `audit` recorded when something changed. `None` (nothing
+    /// written) for an unknown or revoked runner.
+    async fn follow_forge_runners(
+        &self,
+        runner: &RunnerId,
+        claimed: &[ForgeRunner],
+        now: Millis,
+        audit: &Entry,
+    ) -> StoreResult<Option<Followed>>;
+    /// The binding that judges a fetch from `identity` (a GitLab fetch's `system_id`'s binding,
+    /// else the token's alone), and its runner.
     async fn forge_runner(
         &self,
         identity: &ForgeIdentity,
     ) -> StoreResult<Option<(RunnerId, ForgeBinding)>>;
-    /// Notes that the forge runner asked for work at `now`.
+    /// Notes that the binding `identity` names exactly asked for work at `now`.
     async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()>;
     /// Notes on the runner an attestation its key signed that rules 3–4 refused (`code`, why).
     async fn record_rejection(

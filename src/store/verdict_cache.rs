@@ -125,6 +125,7 @@ mod tests {
     fn runner(id: &str) -> Runner {
         Runner {
             forge_runners: vec![],
+            forge_runners_taken: vec![],
             last_rejection: None,
             agent: Default::default(),
             ejection: Default::default(),

@@ -453,6 +453,7 @@ mod tests {
             }),
             current_lease: None,
             forge_runners: vec![],
+            forge_runners_taken: vec![],
             last_rejection: None,
             agent: Default::default(),
             ejection: Default::default(),

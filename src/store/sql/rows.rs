@@ -10,7 +10,7 @@ use crate::domain::disk::{DiskFigure, DiskWarning};
 use crate::domain::ejection::{
     Ejection, EjectionPolicy, EjectionRecord, Tally, Withheld, WouldEject,
 };
-use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind};
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind, ForgeRunner};
 use crate::domain::github::registration::{Registration, State as RegistrationState};
 use crate::domain::github::{GithubPool, GithubScope};
 use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
@@ -325,6 +325,7 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
         latest,
         current_lease,
         forge_runners: vec![],
+        forge_runners_taken: forge_runners_taken(row)?,
         agent: agent(row)?,
         ejection: ejection_record(row)?,
         last_rejection: match opt_millis(row, "rejected_at")? {
@@ -338,13 +339,37 @@ pub fn runner(row: &Row) -> StoreResult<Runner> {
     })
 }
 
+/// The forge runners a runner's agent claimed and another runner holds, as written by
+/// `forge_runners_taken_text`.
+fn forge_runners_taken(row: &Row) -> StoreResult<Vec<ForgeRunner>> {
+    let Some(text) = row.opt_text("forge_runners_taken")? else {
+        return Ok(vec![]);
+    };
+    let values: Vec<serde_json::Value> =
+        serde_json::from_str(&text).map_err(|_| corrupt("forge_runners_taken", &text))?;
+    values
+        .iter()
+        .map(|v| ForgeRunner::from_json(v).map_err(|_| corrupt("forge_runners_taken", &text)))
+        .collect()
+}
+
+/// The `forge_runners_taken` column for `taken`: NULL when empty.
+pub fn forge_runners_taken_text(taken: &[ForgeRunner]) -> Option<String> {
+    (!taken.is_empty()).then(|| {
+        serde_json::Value::Array(taken.iter().map(ForgeRunner::to_json).collect()).to_string()
+    })
+}
+
 pub fn forge_binding(row: &Row) -> StoreResult<ForgeBinding> {
     let kind = row.text("kind")?;
+    let system_id = row.text("system_id")?;
     Ok(ForgeBinding {
         identity: ForgeIdentity {
             kind: ForgeKind::parse(&kind).ok_or_else(|| corrupt("forge kind", &kind))?,
             key: row.text("identity")?,
+            system_id: (!system_id.is_empty()).then_some(system_id),
         },
+        token_sha256: row.opt_text("token_sha256")?,
         last_fetch_at: opt_millis(row, "last_fetch_at")?,
     })
 }

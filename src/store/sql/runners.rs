@@ -3,7 +3,7 @@
 
 use super::leases;
 use super::rows;
-use crate::domain::forge::{ForgeBinding, ForgeIdentity};
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
 use crate::domain::ids::RunnerId;
 use crate::domain::lease::EndCause;
 use crate::domain::pool::PoolName;
@@ -44,7 +44,7 @@ pub async fn get<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<Option<Runner>
     let bindings = db
         .fetch(
             Statement::new(
-                "SELECT * FROM forge_runners WHERE runner_id = $1 ORDER BY kind, identity",
+                "SELECT * FROM forge_runners WHERE runner_id = $1 ORDER BY kind, identity, system_id",
             )
             .bind(id.as_str()),
         )
@@ -92,7 +92,8 @@ pub async fn by_ids<D: Db>(db: &mut D, ids: &[RunnerId]) -> StoreResult<Vec<Runn
             .join(", ");
         let sql = format!("{RUNNER_SELECT} WHERE r.id IN ({marks})");
         let bindings_sql = format!(
-            "SELECT * FROM forge_runners WHERE runner_id IN ({marks}) ORDER BY kind, identity"
+            "SELECT * FROM forge_runners WHERE runner_id IN ({marks}) \
+             ORDER BY kind, identity, system_id"
         );
         let mut st = Statement::built(sql);
         let mut bst = Statement::built(bindings_sql);
@@ -225,46 +226,113 @@ pub async fn register<D: Db>(
     }
 }
 
-/// Binds `identities` to `runner`, keeping those it already has; the first one bound to
-/// another runner, if any.
-async fn bind<D: Db>(
+/// A binding's `system_id` column: `''` for none (a Forgejo runner, or a GitLab token alone).
+fn system_id_of(identity: &ForgeIdentity) -> &str {
+    identity.system_id.as_deref().unwrap_or("")
+}
+
+/// Binds `wanted` to `runner` unless another runner holds it (then `false`, nothing changed),
+/// bringing the token's SHA-256 of a binding it already holds up to date.
+async fn bind_one<D: Db>(
     db: &mut D,
     runner: &RunnerId,
-    identities: &[ForgeIdentity],
+    wanted: &ForgeRunner,
     now: Millis,
-) -> StoreResult<Option<ForgeIdentity>> {
-    for identity in identities {
+) -> StoreResult<bool> {
+    let identity = &wanted.identity;
+    db.execute(
+        Statement::new(
+            "INSERT INTO forge_runners (kind, identity, system_id, token_sha256, runner_id, \
+                bound_at) VALUES ($1, $2, $3, $4, $5, $6) \
+             ON CONFLICT (kind, identity, system_id) DO NOTHING",
+        )
+        .bind(identity.kind.as_str())
+        .bind(identity.key.as_str())
+        .bind(system_id_of(identity))
+        .bind(wanted.token_sha256.as_deref())
+        .bind(runner.as_str())
+        .bind(now.0),
+    )
+    .await?;
+    let Some(held) = fetch_optional(
+        db,
+        Statement::new(
+            "SELECT runner_id, token_sha256 FROM forge_runners \
+             WHERE kind = $1 AND identity = $2 AND system_id = $3",
+        )
+        .bind(identity.kind.as_str())
+        .bind(identity.key.as_str())
+        .bind(system_id_of(identity)),
+    )
+    .await?
+    else {
+        return Ok(false);
+    };
+    if held.text("runner_id")? != runner.as_str() {
+        return Ok(false);
+    }
+    if held.opt_text("token_sha256")? != wanted.token_sha256 {
         db.execute(
             Statement::new(
-                "INSERT INTO forge_runners (kind, identity, runner_id, bound_at) VALUES ($1, $2, \
-                    $3, $4) \
-                 ON CONFLICT (kind, identity) DO NOTHING",
+                "UPDATE forge_runners SET token_sha256 = $4 \
+                 WHERE kind = $1 AND identity = $2 AND system_id = $3",
             )
             .bind(identity.kind.as_str())
             .bind(identity.key.as_str())
-            .bind(runner.as_str())
-            .bind(now.0),
+            .bind(system_id_of(identity))
+            .bind(wanted.token_sha256.as_deref()),
         )
         .await?;
-        let owner = fetch_optional(
-            db,
-            Statement::new("SELECT runner_id FROM forge_runners WHERE kind = $1 AND identity = $2")
-                .bind(identity.kind.as_str())
-                .bind(identity.key.as_str()),
-        )
-        .await?;
-        if owner.map(|r| r.text("runner_id")).transpose()?.as_deref() != Some(runner.as_str()) {
-            return Ok(Some(identity.clone()));
+    }
+    Ok(true)
+}
+
+/// Binds `wanted` to `runner`, keeping those it already has; the first one bound to another
+/// runner, if any.
+async fn bind<D: Db>(
+    db: &mut D,
+    runner: &RunnerId,
+    wanted: &[ForgeRunner],
+    now: Millis,
+) -> StoreResult<Option<ForgeIdentity>> {
+    for w in wanted {
+        if !bind_one(db, runner, w, now).await? {
+            return Ok(Some(w.identity.clone()));
         }
     }
     Ok(None)
+}
+
+/// Unbinds what `current` holds and `wanted` does not name.
+async fn unbind_others<D: Db>(
+    db: &mut D,
+    current: &Runner,
+    wanted: &[ForgeRunner],
+) -> StoreResult<bool> {
+    let mut any = false;
+    for kept in &current.forge_runners {
+        if !wanted.iter().any(|w| w.identity == kept.identity) {
+            db.execute(
+                Statement::new(
+                    "DELETE FROM forge_runners WHERE kind = $1 AND identity = $2 AND \
+                        system_id = $3",
+                )
+                .bind(kept.identity.kind.as_str())
+                .bind(kept.identity.key.as_str())
+                .bind(system_id_of(&kept.identity)),
+            )
+            .await?;
+            any = true;
+        }
+    }
+    Ok(any)
 }
 
 /// Replaces the forge runners of `runner` (keeping when each was last seen); all or nothing.
 pub async fn set_forge_runners<D: Db>(
     db: &mut D,
     runner: &RunnerId,
-    identities: &[ForgeIdentity],
+    wanted: &[ForgeRunner],
     now: Millis,
 ) -> StoreResult<Result<Option<Runner>, BindError>> {
     let Some(current) = get(db, runner).await? else {
@@ -273,17 +341,8 @@ pub async fn set_forge_runners<D: Db>(
     if current.is_revoked() {
         return Ok(Err(BindError::Revoked));
     }
-    for kept in &current.forge_runners {
-        if !identities.contains(&kept.identity) {
-            db.execute(
-                Statement::new("DELETE FROM forge_runners WHERE kind = $1 AND identity = $2")
-                    .bind(kept.identity.kind.as_str())
-                    .bind(kept.identity.key.as_str()),
-            )
-            .await?;
-        }
-    }
-    if let Some(taken) = bind(db, runner, identities, now).await? {
+    unbind_others(db, &current, wanted).await?;
+    if let Some(taken) = bind(db, runner, wanted, now).await? {
         db.discard();
         return Ok(Err(BindError::Taken(taken)));
     }
@@ -291,22 +350,89 @@ pub async fn set_forge_runners<D: Db>(
     Ok(Ok(get(db, runner).await?))
 }
 
-/// The runner a forge runner is bound to, and the binding.
+/// Rebinds `runner` to exactly the forge runners its agent `claimed` (what it found in the
+/// forge runners' files), binding each one no other runner holds and noting on the runner
+/// those another holds; `None` for an unknown or revoked runner (nothing written). Whether
+/// anything changed is in the answer, for the audit.
+pub async fn follow_forge_runners<D: Db>(
+    db: &mut D,
+    runner: &RunnerId,
+    claimed: &[ForgeRunner],
+    now: Millis,
+) -> StoreResult<Option<Followed>> {
+    let Some(current) = get(db, runner).await? else {
+        return Ok(None);
+    };
+    if current.is_revoked() {
+        return Ok(None);
+    }
+    let before: Vec<ForgeRunner> = current.forge_runners.iter().map(|b| b.runner()).collect();
+    unbind_others(db, &current, claimed).await?;
+    let mut taken = Vec::new();
+    for c in claimed {
+        if !bind_one(db, runner, c, now).await? {
+            taken.push(c.clone());
+        }
+    }
+    let after = get(db, runner)
+        .await?
+        .map(|r| r.forge_runners)
+        .unwrap_or_default();
+    let after: Vec<ForgeRunner> = after.iter().map(|b| b.runner()).collect();
+    let changed = before != after || taken != current.forge_runners_taken;
+    if taken != current.forge_runners_taken {
+        db.execute(
+            Statement::new("UPDATE runners SET forge_runners_taken = $2 WHERE id = $1")
+                .bind(runner.as_str())
+                .bind(rows::forge_runners_taken_text(&taken).as_deref()),
+        )
+        .await?;
+    }
+    if changed {
+        db.changed(Change::Runner(runner.clone())).await?;
+    }
+    Ok(Some(Followed {
+        changed,
+        bound: after,
+        taken,
+    }))
+}
+
+/// What following a claim did.
+#[derive(Clone, Debug, Default)]
+pub struct Followed {
+    /// Whether a binding or the taken list changed.
+    pub changed: bool,
+    /// The runner's forge runners now.
+    pub bound: Vec<ForgeRunner>,
+    /// The claimed forge runners another runner holds.
+    pub taken: Vec<ForgeRunner>,
+}
+
+/// The binding that judges a fetch from `identity`, and its runner: the one naming the
+/// fetch's `system_id`, else the token's (or uuid's) binding by itself.
 pub async fn forge_runner<D: Db>(
     db: &mut D,
     identity: &ForgeIdentity,
 ) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+    // '' (the binding by key alone) sorts before any system_id.
     let row = fetch_optional(
         db,
-        Statement::new("SELECT * FROM forge_runners WHERE kind = $1 AND identity = $2")
-            .bind(identity.kind.as_str())
-            .bind(identity.key.as_str()),
+        Statement::new(
+            "SELECT * FROM forge_runners WHERE kind = $1 AND identity = $2 \
+             AND system_id IN ($3, '') ORDER BY system_id DESC LIMIT 1",
+        )
+        .bind(identity.kind.as_str())
+        .bind(identity.key.as_str())
+        .bind(system_id_of(identity)),
     )
     .await?;
     row.map(|r| Ok((RunnerId(r.text("runner_id")?), rows::forge_binding(&r)?)))
         .transpose()
 }
 
+/// Notes that the binding `identity` names (exactly: as `forge_runner` answered it) saw a
+/// fetch at `now`.
 pub async fn note_forge_fetch<D: Db>(
     db: &mut D,
     identity: &ForgeIdentity,
@@ -314,10 +440,12 @@ pub async fn note_forge_fetch<D: Db>(
 ) -> StoreResult<()> {
     db.execute(
         Statement::new(
-            "UPDATE forge_runners SET last_fetch_at = $3 WHERE kind = $1 AND identity = $2",
+            "UPDATE forge_runners SET last_fetch_at = $4 \
+             WHERE kind = $1 AND identity = $2 AND system_id = $3",
         )
         .bind(identity.kind.as_str())
         .bind(identity.key.as_str())
+        .bind(system_id_of(identity))
         .bind(now.0),
     )
     .await?;
