@@ -210,10 +210,13 @@ async fn beat(service: Service, once: bool) -> (Exit, String, Vec<Instant>) {
     let exit = tokio::time::timeout(
         Duration::from_secs(30),
         heartbeat::run(
-            &client,
-            &r.key,
-            &r.state,
-            &r.spec,
+            &heartbeat::Beat {
+                client: &client,
+                key: &r.key,
+                state: &r.state,
+                spec: &r.spec,
+                forge: &Default::default(),
+            },
             &mut recycler,
             once,
             stop,

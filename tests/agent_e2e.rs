@@ -939,3 +939,196 @@ async fn a_drifted_runner_under_the_shipped_unit_is_recycled_once_per_new_image(
     assert_eq!(unit.systemctl_calls(), [recycle, recycle]);
     assert_eq!(app.runner(&agent.runner_id).await["image_current"], true);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeat_bindings_follow_the_forge_runners_files_within_one_beat() {
+    let app = spawn_app().await;
+    app.pool("linux", &[FAKE_ID]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let rt = fake_runtime(dir.path(), "podman", FAKE_ID, &[]);
+    let sha = |t: &str| {
+        use sha2::{Digest, Sha256};
+        hex::encode(Sha256::digest(t.as_bytes()))
+    };
+    let dot_runner = dir.path().join(".runner");
+    let write_runner = |uuid: &str, token: &str| {
+        std::fs::write(
+            &dot_runner,
+            format!(r#"{{"id": 12, "uuid": "{uuid}", "name": "build-01", "token": "{token}", "address": "https://forge.example"}}"#),
+        )
+        .unwrap()
+    };
+    let gitlab = dir.path().join("gitlab");
+    std::fs::create_dir(&gitlab).unwrap();
+    let config = gitlab.join("config.toml");
+    let write_config = |token: &str| {
+        std::fs::write(
+            &config,
+            format!("concurrent = 1\n\n[[runners]]\n  name = \"a\"\n  url = \"https://gitlab.example\"\n  token = \"{token}\"\n  executor = \"shell\"\n"),
+        )
+        .unwrap()
+    };
+    std::fs::write(gitlab.join(".runner_system_id"), "s_0123456789ab\n").unwrap();
+    write_runner("7d1c9f0e-2b3a-4c5d-8e9f-0a1b2c3d4e5f", "forgejo-first");
+    write_config("glrt-first");
+
+    let key = dir.path().join("runner.key");
+    assert_eq!(
+        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
+            .await
+            .code,
+        0
+    );
+    let state = dir.path().join("runner.json");
+    let files = [
+        "--forgejo-runner-file",
+        dot_runner.to_str().unwrap(),
+        "--gitlab-config",
+        config.to_str().unwrap(),
+    ];
+    let mut args = vec![
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        "build-01",
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ];
+    args.extend(files);
+    let mut cmd = runner(&args);
+    cmd.env(
+        "LEASEGATE_REGISTRATION_TOKEN",
+        app.registration_token("linux").await,
+    );
+    let ran = run(cmd).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let id = ran.stdout_json()["runner_id"].as_str().unwrap().to_string();
+    // What the runner is bound to: (kind, uuid or token hash, token hash or system id).
+    let bound = |view: Value| -> Vec<(String, String, String)> {
+        let mut b: Vec<_> = view["forge_runners"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let s = |k: &str| b[k].as_str().unwrap_or("-").to_string();
+                match b["kind"].as_str().unwrap() {
+                    "forgejo" => (s("kind"), s("uuid"), s("token_sha256")),
+                    _ => (s("kind"), s("token_sha256"), s("system_id")),
+                }
+            })
+            .collect();
+        b.sort();
+        b
+    };
+    assert_eq!(
+        bound(app.runner(&id).await),
+        vec![
+            (
+                "forgejo".into(),
+                "7d1c9f0e-2b3a-4c5d-8e9f-0a1b2c3d4e5f".into(),
+                sha("forgejo-first")
+            ),
+            ("gitlab".into(), sha("glrt-first"), "s_0123456789ab".into()),
+        ]
+    );
+    let beat = |extra: Vec<String>, env: Vec<(&'static str, String)>| {
+        let mut args: Vec<String> = [
+            "heartbeat",
+            "--once",
+            "--key",
+            key.to_str().unwrap(),
+            "--state",
+            state.to_str().unwrap(),
+            "--runtime",
+            rt.to_str().unwrap(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        args.extend(extra);
+        let mut cmd = runner(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        run(cmd)
+    };
+    let with_files: Vec<String> = files.iter().map(|s| s.to_string()).collect();
+
+    // The Forgejo runner re-registered and gitlab-runner renewed its token: one beat later,
+    // the runner is bound to the new ones only.
+    write_runner("1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9", "forgejo-second");
+    write_config("glrt-renewed");
+    let ran = beat(with_files.clone(), vec![]).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert_eq!(
+        bound(app.runner(&id).await),
+        vec![
+            (
+                "forgejo".into(),
+                "1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9".into(),
+                sha("forgejo-second")
+            ),
+            (
+                "gitlab".into(),
+                sha("glrt-renewed"),
+                "s_0123456789ab".into()
+            ),
+        ]
+    );
+
+    // forgejo-runner 12 keeps its registration in config.yaml, named by the variable.
+    let yaml = dir.path().join("config.yaml");
+    std::fs::write(
+        &yaml,
+        "runner:\n  capacity: 1\nserver:\n  connections:\n    forge:\n      url: https://forge.example/\n      uuid: 33834eef-e758-48c4-a676-1745426747aa\n      token: forgejo-third\n",
+    )
+    .unwrap();
+    let ran = beat(
+        vec![],
+        vec![
+            ("LEASEGATE_FORGEJO_RUNNER_FILE", yaml.display().to_string()),
+            ("LEASEGATE_GITLAB_CONFIG", config.display().to_string()),
+        ],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let now = bound(app.runner(&id).await);
+    assert_eq!(
+        now[0],
+        (
+            "forgejo".into(),
+            "33834eef-e758-48c4-a676-1745426747aa".into(),
+            sha("forgejo-third")
+        )
+    );
+    assert_eq!(now.len(), 2);
+
+    // A beat naming no files claims nothing: the bindings stay.
+    assert_eq!(beat(vec![], vec![]).await.code, 0);
+    assert_eq!(bound(app.runner(&id).await), now);
+    // Nor does one whose files cannot be read: it still beats, and says why at WARN.
+    std::fs::remove_file(&yaml).unwrap();
+    let ran = beat(
+        vec!["--forgejo-runner-file".into(), yaml.display().to_string()],
+        vec![],
+    )
+    .await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    assert!(
+        ran.stderr.contains("cannot read the forge runners' files"),
+        "{ran:?}"
+    );
+    assert_eq!(bound(app.runner(&id).await), now);
+    // Each change is in the runner's audit trail, by leasegate.
+    let view = app.runner(&id).await;
+    let follows = view["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["action"] == "runner_forge_runners" && e["actor"] == "leasegate")
+        .count();
+    assert_eq!(follows, 2, "{view}");
+}

@@ -6,14 +6,21 @@
 use super::keys::RunnerKey;
 use super::probe::ProbeReport;
 use super::state::RunnerState;
+use crate::domain::forge::ForgeRunner;
 use serde_json::{Map, Value, json};
 
 /// How long a signed attestation is valid (`exp - iat`). Short, because it is used at once;
 /// well under the service's default cap of 300 s.
 pub const LIFETIME_S: i64 = 60;
 
-/// The claims for `report`, issued at `now_s` (seconds since the epoch).
-pub fn claims(state: &RunnerState, report: &ProbeReport, now_s: i64) -> Value {
+/// The claims for `report`, issued at `now_s` (seconds since the epoch), with the machine's
+/// forge runners when read (`forge_runners`; without it the service leaves the bindings alone).
+pub fn claims(
+    state: &RunnerState,
+    report: &ProbeReport,
+    forge_runners: Option<&[ForgeRunner]>,
+    now_s: i64,
+) -> Value {
     let mut probe = Map::new();
     probe.insert("ok".into(), json!(report.ok()));
     probe.insert("runtime".into(), json!(report.runtime));
@@ -76,16 +83,32 @@ pub fn claims(state: &RunnerState, report: &ProbeReport, now_s: i64) -> Value {
         obj.insert("ref".into(), json!(image.reference));
         claims["image"] = Value::Object(obj);
     }
+    if let Some(found) = forge_runners {
+        claims["forge_runners"] = Value::Array(found.iter().map(ForgeRunner::to_json).collect());
+    }
     claims
 }
 
 /// A signed attestation of `report`, issued now.
 pub fn sign(key: &RunnerKey, state: &RunnerState, report: &ProbeReport) -> String {
+    sign_claiming(key, state, report, None)
+}
+
+/// A signed attestation of `report` claiming `forge_runners`, issued now.
+pub fn sign_claiming(
+    key: &RunnerKey,
+    state: &RunnerState,
+    report: &ProbeReport,
+    forge_runners: Option<&[ForgeRunner]>,
+) -> String {
     let now_s = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or_default();
-    key.sign_attestation(&state.runner_id, &claims(state, report, now_s))
+    key.sign_attestation(
+        &state.runner_id,
+        &claims(state, report, forge_runners, now_s),
+    )
 }
 
 /// The machine's host name, for operators telling runners apart; empty when unknown.
@@ -130,7 +153,7 @@ mod tests {
             depth: Depth::Info,
             disk: Vec::new(),
         };
-        let c = claims(&state(), &report, 1_700_000_001);
+        let c = claims(&state(), &report, None, 1_700_000_001);
         assert_eq!(c["iss"], "0190-runner");
         assert_eq!(c["sub"], "0190-runner");
         assert_eq!(c["aud"], "gate");
@@ -158,7 +181,7 @@ mod tests {
             depth: Depth::Info,
             disk: Vec::new(),
         };
-        let c = claims(&state(), &report, 1_700_000_000);
+        let c = claims(&state(), &report, None, 1_700_000_000);
         assert_eq!(c["probe"]["ok"], true);
         assert!(c["probe"].get("error").is_none());
         assert_eq!(c["image"], json!({"id": id, "ref": "ci/runner:1"}));
@@ -173,14 +196,22 @@ mod tests {
             total_inodes: 1000,
         }];
         assert_eq!(
-            claims(&state(), &measured, 1_700_000_000)["probe"]["disk"],
+            claims(&state(), &measured, None, 1_700_000_000)["probe"]["disk"],
             json!([{"path": "/var/lib/containers/storage", "role": "storage",
                     "free_bytes": 7u64 << 30, "total_bytes": 100u64 << 30,
                     "free_inodes": 900, "total_inodes": 1000}])
         );
         assert_ne!(
-            claims(&state(), &report, 1)["jti"],
-            claims(&state(), &report, 1)["jti"]
+            claims(&state(), &report, None, 1)["jti"],
+            claims(&state(), &report, None, 1)["jti"]
         );
+        assert!(c.get("forge_runners").is_none());
+        let found = [ForgeRunner::of(
+            crate::domain::forge::ForgeIdentity::gitlab_token("glrt-x")
+                .on_machine(Some("s_0123456789ab".into())),
+        )];
+        let c = claims(&state(), &report, Some(&found), 1);
+        assert_eq!(c["forge_runners"][0]["system_id"], "s_0123456789ab");
+        assert_eq!(c["forge_runners"][0]["kind"], "gitlab");
     }
 }

@@ -85,15 +85,8 @@ pub struct RegisterArgs {
     #[arg(long = "label", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
 
-    /// A Forgejo or Gitea runner's registration file (`.runner`) on this machine, for the
-    /// forge gate; may be repeated.
-    #[arg(long = "forgejo-runner-file")]
-    pub forgejo_runner_files: Vec<PathBuf>,
-
-    /// gitlab-runner's `config.toml` on this machine: every `[[runners]]` in it is bound, by
-    /// the SHA-256 of its token (the token is never sent); may be repeated.
-    #[arg(long = "gitlab-config")]
-    pub gitlab_configs: Vec<PathBuf>,
+    #[command(flatten)]
+    pub forge: ForgeFileArgs,
 
     #[command(flatten)]
     pub key: KeyArg,
@@ -102,6 +95,40 @@ pub struct RegisterArgs {
     /// is not spent when it exists.
     #[arg(long, env = "LEASEGATE_RUNNER_STATE")]
     pub state: PathBuf,
+}
+
+/// The forge runners' own files on this machine, for the forge gate: `register` binds what they
+/// name, and `heartbeat` claims it on every beat, read anew.
+#[derive(Args, Debug, Clone, Default)]
+pub struct ForgeFileArgs {
+    /// A Forgejo or Gitea runner's registration file (`.runner`), or forgejo-runner's
+    /// `config.yaml` holding its registrations (`server.connections`, version 12 and later);
+    /// may be repeated, or several joined with `:` in the variable.
+    #[arg(
+        long = "forgejo-runner-file",
+        env = "LEASEGATE_FORGEJO_RUNNER_FILE",
+        value_delimiter = ':'
+    )]
+    pub forgejo_runner_files: Vec<PathBuf>,
+
+    /// gitlab-runner's `config.toml`: every `[[runners]]` in it, by the SHA-256 of its token
+    /// (the token is never sent), on the machine its `.runner_system_id` names; may be
+    /// repeated, or several joined with `:` in the variable.
+    #[arg(
+        long = "gitlab-config",
+        env = "LEASEGATE_GITLAB_CONFIG",
+        value_delimiter = ':'
+    )]
+    pub gitlab_configs: Vec<PathBuf>,
+}
+
+impl ForgeFileArgs {
+    pub fn files(&self) -> super::forge_runners::ForgeFiles {
+        super::forge_runners::ForgeFiles {
+            forgejo: self.forgejo_runner_files.clone(),
+            gitlab: self.gitlab_configs.clone(),
+        }
+    }
 }
 
 fn parse_label(s: &str) -> Result<(String, String), String> {
@@ -187,6 +214,9 @@ pub struct HeartbeatArgs {
 
     #[command(flatten)]
     pub conn: ConnArgs,
+
+    #[command(flatten)]
+    pub forge: ForgeFileArgs,
 
     /// Post one heartbeat and exit: 0 accepted, 1 the probe failed (or the service refused
     /// this machine's clock), 3 recycle, 4 revoked, 5 not delivered.

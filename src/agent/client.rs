@@ -326,15 +326,11 @@ impl AgentClient {
         name: &str,
         public_jwk: &Value,
         labels: &BTreeMap<String, String>,
-        forge_runners: &[crate::domain::forge::ForgeIdentity],
+        forge_runners: &[crate::domain::forge::ForgeRunner],
     ) -> Result<Registration, ClientError> {
-        use crate::domain::forge::ForgeKind;
         let forge_runners: Vec<Value> = forge_runners
             .iter()
-            .map(|f| match f.kind {
-                ForgeKind::Forgejo => json!({"kind": "forgejo", "uuid": f.key}),
-                ForgeKind::Gitlab => json!({"kind": "gitlab", "token_sha256": f.key}),
-            })
+            .map(crate::domain::forge::ForgeRunner::to_json)
             .collect();
         let body = json!({
             "registration_token": registration_token,

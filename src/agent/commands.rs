@@ -19,7 +19,7 @@ use super::journal::{self, Priority};
 use super::keys::RunnerKey;
 use super::probe::{self, Depth, ProbeSpec};
 use super::state::RunnerState;
-use super::{attestation, forge_runners, heartbeat, key_file};
+use super::{attestation, heartbeat, key_file};
 use std::collections::BTreeMap;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
@@ -83,13 +83,7 @@ async fn register(a: RegisterArgs) -> Outcome {
     let key = key_file::load(&a.key.key).map_err(|e| e.to_string())?;
     // Before the token is spent: a taken state file would otherwise lose the new runner's ID.
     RunnerState::ensure_absent(&a.state).map_err(|e| e.to_string())?;
-    let mut forge_runners = Vec::new();
-    for path in &a.forgejo_runner_files {
-        forge_runners.push(forge_runners::from_forgejo_runner_file(path)?);
-    }
-    for path in &a.gitlab_configs {
-        forge_runners.extend(forge_runners::from_gitlab_config(path)?);
-    }
+    let forge_runners = a.forge.files().read()?;
     let client = AgentClient::new(&a.server).map_err(|e| e.to_string())?;
     let labels: BTreeMap<String, String> = a.labels.into_iter().collect();
     let reg = match client
@@ -211,8 +205,16 @@ async fn heartbeat(a: HeartbeatArgs) -> Outcome {
     let (key, state, client) = identity(&a.conn)?;
     let stop = CancellationToken::new();
     tokio::spawn(cancel_on_signal(stop.clone()));
+    let forge = a.forge.files();
     let mut recycler = super::recycle::Recycler::beside(&a.conn.state.state);
-    Ok(heartbeat::run(&client, &key, &state, &spec, &mut recycler, a.once, stop).await)
+    let beat = heartbeat::Beat {
+        client: &client,
+        key: &key,
+        state: &state,
+        spec: &spec,
+        forge: &forge,
+    };
+    Ok(heartbeat::run(&beat, &mut recycler, a.once, stop).await)
 }
 
 async fn github(a: GithubArgs) -> Outcome {

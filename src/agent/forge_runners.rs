@@ -1,32 +1,121 @@
-//! The forge runners on this machine, read from their own files, for the forge gate: a
-//! Forgejo or Gitea runner's `.runner` (JSON; its `uuid`) and gitlab-runner's `config.toml`
-//! (every `[[runners]]` entry's `token`, of which only the SHA-256 leaves this machine).
+//! The forge runners on this machine, read from their own files, for the forge gate:
+//!
+//! - a Forgejo or Gitea runner's `.runner` (JSON: its `uuid` and `token`), or forgejo-runner's
+//!   `config.yaml` (from version 12 it may keep its registrations there, under
+//!   `server.connections.<name>`: `url`, `uuid`, `token`);
+//! - gitlab-runner's `config.toml` (every `[[runners]]` entry's `token`) and the
+//!   `.runner_system_id` beside it, which tells this machine apart from others sharing a token.
+//!
+//! Of each token only its SHA-256 leaves this machine. `register` binds what it reads; the
+//! heartbeat reads the files again before every beat and claims what it finds
+//! (`forge_runners` in the attestation), so the bindings follow a renewed token or a new
+//! registration within one beat.
 
-use crate::domain::forge::ForgeIdentity;
-use std::path::Path;
+use crate::domain::forge::{
+    ForgeIdentity, ForgeRunner, MAX_FORGE_RUNNERS, check_system_id, sha256_hex,
+};
+use std::path::{Path, PathBuf};
 
-/// The forge runner of a Forgejo/Gitea runner's registration file.
-pub fn from_forgejo_runner_file(path: &Path) -> Result<ForgeIdentity, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("--forgejo-runner-file {}: {e}", path.display()))?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        format!(
-            "--forgejo-runner-file {}: not the runner's JSON registration ({e})",
-            path.display()
-        )
-    })?;
-    let uuid = v["uuid"].as_str().ok_or_else(|| {
-        format!(
-            "--forgejo-runner-file {}: no `uuid` (is the runner registered?)",
-            path.display()
-        )
-    })?;
-    ForgeIdentity::forgejo(uuid)
-        .map_err(|e| format!("--forgejo-runner-file {}: {e}", path.display()))
+/// The forge runners' files named on the command line.
+#[derive(Clone, Debug, Default)]
+pub struct ForgeFiles {
+    pub forgejo: Vec<PathBuf>,
+    pub gitlab: Vec<PathBuf>,
 }
 
-/// The forge runners of a gitlab-runner `config.toml`: one per `[[runners]]` with a token.
-pub fn from_gitlab_config(path: &Path) -> Result<Vec<ForgeIdentity>, String> {
+impl ForgeFiles {
+    /// Whether any file is named: with none, the agent claims nothing and leaves the bindings
+    /// to the operator.
+    pub fn any(&self) -> bool {
+        !self.forgejo.is_empty() || !self.gitlab.is_empty()
+    }
+
+    /// Every forge runner the files name, each once, at most `MAX_FORGE_RUNNERS`.
+    pub fn read(&self) -> Result<Vec<ForgeRunner>, String> {
+        let mut found: Vec<ForgeRunner> = Vec::new();
+        let mut add = |more: Vec<ForgeRunner>| {
+            for r in more {
+                if !found.iter().any(|f| f.identity == r.identity) {
+                    found.push(r);
+                }
+            }
+        };
+        for path in &self.forgejo {
+            add(from_forgejo_file(path)?);
+        }
+        for path in &self.gitlab {
+            add(from_gitlab_config(path)?);
+        }
+        if found.len() > MAX_FORGE_RUNNERS {
+            return Err(format!(
+                "{} forge runners found: at most {MAX_FORGE_RUNNERS} may be bound to one runner",
+                found.len()
+            ));
+        }
+        Ok(found)
+    }
+}
+
+/// The forge runners of a Forgejo/Gitea runner's `.runner` or forgejo-runner's `config.yaml`.
+pub fn from_forgejo_file(path: &Path) -> Result<Vec<ForgeRunner>, String> {
+    let what = |e: &dyn std::fmt::Display| format!("--forgejo-runner-file {}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| what(&e))?;
+    // YAML reads JSON too: one parser for both files.
+    let v: serde_norway::Value = serde_norway::from_str(&text).map_err(|e| {
+        what(&format!(
+            "neither the runner's JSON registration nor a YAML config ({e})"
+        ))
+    })?;
+    if v.get("uuid").is_some() {
+        return Ok(vec![registration(&v).map_err(|e| what(&e))?]);
+    }
+    let Some(connections) = v
+        .get("server")
+        .and_then(|s| s.get("connections"))
+        .and_then(|c| c.as_mapping())
+    else {
+        return Err(what(
+            &"no `uuid` (a .runner file: is the runner registered?) and no \
+              `server.connections` (a config.yaml of forgejo-runner 12 or later)",
+        ));
+    };
+    let found = connections
+        .iter()
+        .map(|(name, c)| {
+            registration(c).map_err(|e| {
+                what(&format!(
+                    "server.connections.{}: {e}",
+                    name.as_str().unwrap_or("?")
+                ))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if found.is_empty() {
+        return Err(what(&"server.connections names no runner"));
+    }
+    Ok(found)
+}
+
+/// One registration: a `uuid` and, when present, the `token` (kept as its SHA-256).
+fn registration(v: &serde_norway::Value) -> Result<ForgeRunner, String> {
+    let uuid = v
+        .get("uuid")
+        .and_then(|u| u.as_str())
+        .ok_or("no `uuid` (is the runner registered?)")?;
+    let identity = ForgeIdentity::forgejo(uuid).map_err(|e| e.to_string())?;
+    let token = v
+        .get("token")
+        .and_then(|t| t.as_str())
+        .filter(|t| !t.is_empty());
+    Ok(ForgeRunner {
+        identity,
+        token_sha256: token.map(sha256_hex),
+    })
+}
+
+/// The forge runners of a gitlab-runner `config.toml`: one per `[[runners]]` with a token, on
+/// the machine named by the `.runner_system_id` beside it (if there is one).
+pub fn from_gitlab_config(path: &Path) -> Result<Vec<ForgeRunner>, String> {
     let text = std::fs::read_to_string(path)
         .map_err(|e| format!("--gitlab-config {}: {e}", path.display()))?;
     let config: toml::Table = text
@@ -36,25 +125,44 @@ pub fn from_gitlab_config(path: &Path) -> Result<Vec<ForgeIdentity>, String> {
         .get("runners")
         .and_then(|r| r.as_array())
         .ok_or_else(|| format!("--gitlab-config {}: no [[runners]]", path.display()))?;
-    let identities: Vec<ForgeIdentity> = runners
+    let system_id = system_id_beside(path)?;
+    let found: Vec<ForgeRunner> = runners
         .iter()
         .filter_map(|r| r.get("token")?.as_str())
         .filter(|t| !t.is_empty())
-        .map(ForgeIdentity::gitlab_token)
+        .map(|t| ForgeRunner::of(ForgeIdentity::gitlab_token(t).on_machine(system_id.clone())))
         .collect();
-    if identities.is_empty() {
+    if found.is_empty() {
         return Err(format!(
             "--gitlab-config {}: no [[runners]] entry has a token (is the runner registered?)",
             path.display()
         ));
     }
-    Ok(identities)
+    Ok(found)
+}
+
+/// gitlab-runner's `.runner_system_id` in the directory of `config`: `None` when there is none
+/// (a gitlab-runner older than 15.11 writes none; its runners are bound by token alone).
+fn system_id_beside(config: &Path) -> Result<Option<String>, String> {
+    let path = config
+        .parent()
+        .unwrap_or(Path::new("."))
+        .join(".runner_system_id");
+    match std::fs::read_to_string(&path) {
+        Ok(text) => check_system_id(text.trim())
+            .map(Some)
+            .map_err(|e| format!("{}: {e}", path.display())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("{}: {e}", path.display())),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::forge::ForgeKind;
+
+    const UUID: &str = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
 
     #[test]
     fn reads_a_forgejo_runner_file_and_a_gitlab_config() {
@@ -65,11 +173,12 @@ mod tests {
             r#"{"WARNING": "generated", "id": 3, "uuid": "0B9A7E3C-55A1-4D4A-9C9D-1E2F3A4B5C6D", "name": "r", "token": "t", "address": "https://forge.example", "labels": ["ubuntu-latest:docker://node:20"]}"#,
         )
         .unwrap();
-        let id = from_forgejo_runner_file(&runner).unwrap();
+        let ids = from_forgejo_file(&runner).unwrap();
         assert_eq!(
-            (id.kind, id.key.as_str()),
-            (ForgeKind::Forgejo, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d")
+            (ids[0].identity.kind, ids[0].identity.key.as_str()),
+            (ForgeKind::Forgejo, UUID)
         );
+        assert_eq!(ids[0].token_sha256, Some(sha256_hex("t")));
 
         let config = dir.path().join("config.toml");
         std::fs::write(
@@ -81,12 +190,21 @@ mod tests {
         assert_eq!(
             ids,
             vec![
-                ForgeIdentity::gitlab_token("glrt-one"),
-                ForgeIdentity::gitlab_token("glrt-two")
+                ForgeRunner::of(ForgeIdentity::gitlab_token("glrt-one")),
+                ForgeRunner::of(ForgeIdentity::gitlab_token("glrt-two"))
             ]
         );
         // The token itself never leaves: only its hash is an identity.
-        assert!(!ids[0].key.contains("glrt"));
+        assert!(!ids[0].identity.key.contains("glrt"));
+        // With gitlab-runner's system id beside it, each is this machine's.
+        std::fs::write(dir.path().join(".runner_system_id"), "s_0123456789ab\n").unwrap();
+        let ids = from_gitlab_config(&config).unwrap();
+        assert!(
+            ids.iter()
+                .all(|i| i.identity.system_id.as_deref() == Some("s_0123456789ab"))
+        );
+        std::fs::write(dir.path().join(".runner_system_id"), "not one\n").unwrap();
+        assert!(from_gitlab_config(&config).is_err());
 
         std::fs::write(&config, "concurrent = 1\n").unwrap();
         assert!(
@@ -94,6 +212,54 @@ mod tests {
                 .unwrap_err()
                 .contains("no [[runners]]")
         );
-        assert!(from_forgejo_runner_file(&dir.path().join("missing")).is_err());
+        assert!(from_forgejo_file(&dir.path().join("missing")).is_err());
+    }
+
+    #[test]
+    fn reads_the_connections_of_a_forgejo_runner_config() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("config.yaml");
+        std::fs::write(
+            &config,
+            format!(
+                "log:\n  level: info\nrunner:\n  capacity: 1\nserver:\n  connections:\n    forgejo:\n      url: https://forge.example/\n      uuid: {UUID}\n      token: secret-one\n      labels: [docker]\n    other:\n      url: https://other.example/\n      uuid: 1f2e3d4c-5b6a-4978-8695-a4b3c2d1e0f9\n      token: secret-two\n"
+            ),
+        )
+        .unwrap();
+        let ids = from_forgejo_file(&config).unwrap();
+        assert_eq!(ids.len(), 2);
+        assert_eq!(ids[0].identity.key, UUID);
+        assert_eq!(ids[0].token_sha256, Some(sha256_hex("secret-one")));
+        assert_eq!(ids[1].token_sha256, Some(sha256_hex("secret-two")));
+
+        // A config that keeps its registration in .runner (before version 12) says so.
+        std::fs::write(&config, "runner:\n  file: .runner\n").unwrap();
+        assert!(
+            from_forgejo_file(&config)
+                .unwrap_err()
+                .contains("server.connections")
+        );
+        std::fs::write(&config, "server:\n  connections:\n    a:\n      url: x\n").unwrap();
+        assert!(from_forgejo_file(&config).unwrap_err().contains("uuid"));
+
+        // Both kinds of file at once, a repeat counted once.
+        let runner = dir.path().join(".runner");
+        std::fs::write(
+            &runner,
+            format!(r#"{{"uuid": "{UUID}", "token": "secret-one"}}"#),
+        )
+        .unwrap();
+        std::fs::write(
+            &config,
+            format!(
+                "server:\n  connections:\n    f:\n      uuid: {UUID}\n      token: secret-one\n"
+            ),
+        )
+        .unwrap();
+        let files = ForgeFiles {
+            forgejo: vec![runner, config],
+            gitlab: vec![],
+        };
+        assert_eq!(files.read().unwrap().len(), 1);
     }
 }

@@ -11,15 +11,21 @@
 //! A failed probe (or a runner the service would not lease to) is logged at WARN, so that
 //! `journalctl -p warning` shows it; the beat after it that passes says so at INFO. "Recycle"
 //! ends the loop once per expected image set (`recycle`).
+//!
+//! Given the forge runners' files, every beat reads them anew and claims what they name
+//! (`forge_runners`): the service rebinds the runner when that changed, so a renewed GitLab
+//! token or a re-registered Forgejo runner is gated within one beat, with no operator.
 
 use super::attestation;
 use super::client::{AgentClient, ClientError, HeartbeatAnswer, Problem};
 use super::clock;
 use super::exit::Exit;
+use super::forge_runners::ForgeFiles;
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeReport, ProbeSpec};
 use super::recycle::Recycler;
 use super::state::RunnerState;
+use crate::domain::forge::ForgeRunner;
 use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
@@ -128,6 +134,47 @@ pub async fn post(
         .await
 }
 
+/// What the heartbeat loop works with.
+pub struct Beat<'a> {
+    pub client: &'a AgentClient,
+    pub key: &'a RunnerKey,
+    pub state: &'a RunnerState,
+    pub spec: &'a ProbeSpec,
+    /// The forge runners' files, read before every beat and claimed (none named: no claim).
+    pub forge: &'a ForgeFiles,
+}
+
+/// The forge runners to claim in the next beat: read from their files now, so that a renewed
+/// token or a new registration is bound within one beat. A file that cannot be read (a runner
+/// being re-registered, a file being rewritten) means no claim this beat, which leaves the
+/// bindings as they are: said at WARN when the trouble starts or changes, at INFO when it ends.
+fn forge_claim(files: &ForgeFiles, trouble: &mut Option<String>) -> Option<Vec<ForgeRunner>> {
+    if !files.any() {
+        return None;
+    }
+    match files.read() {
+        Ok(found) => {
+            if trouble.take().is_some() {
+                tracing::info!(
+                    forge_runners = found.len(),
+                    "the forge runners' files are readable again"
+                );
+            }
+            Some(found)
+        }
+        Err(e) => {
+            if trouble.as_deref() != Some(e.as_str()) {
+                tracing::warn!(
+                    error = %e,
+                    "cannot read the forge runners' files: heartbeats claim no forge runners (the bindings stay as they are) until they can be read"
+                );
+                *trouble = Some(e);
+            }
+            None
+        }
+    }
+}
+
 /// The one line per accepted heartbeat: WARN when the probe failed or the service would not
 /// lease to the runner (`status` other than `healthy`), INFO otherwise.
 pub fn log_answer(report: &ProbeReport, answer: &HeartbeatAnswer) {
@@ -157,17 +204,22 @@ pub fn log_answer(report: &ProbeReport, answer: &HeartbeatAnswer) {
 /// Runs heartbeats until told to stop. With `once`, posts one and returns: `Ok` when accepted
 /// with a passing probe, `Failed` when the probe failed (and was reported).
 pub async fn run(
-    client: &AgentClient,
-    key: &RunnerKey,
-    state: &RunnerState,
-    spec: &ProbeSpec,
+    beat: &Beat<'_>,
     recycler: &mut Recycler,
     once: bool,
     stop: CancellationToken,
 ) -> Exit {
+    let Beat {
+        client,
+        key,
+        state,
+        spec,
+        forge,
+    } = *beat;
     let mut backoff = Backoff::standard();
     let mut interval_s = state.heartbeat_interval_s.max(1);
     let mut failing = false;
+    let mut forge_trouble = None;
     loop {
         let report = tokio::select! {
             r = probe::run(spec) => r,
@@ -177,8 +229,10 @@ pub async fn run(
             tracing::info!("the runtime works again: {}", report.summary());
         }
         failing = !report.ok();
+        let claim = forge_claim(forge, &mut forge_trouble);
+        let signed = attestation::sign_claiming(key, state, &report, claim.as_deref());
         let result = tokio::select! {
-            r = post(client, key, state, &report) => r,
+            r = client.heartbeat(&signed) => r,
             () = stop.cancelled() => return Exit::Ok,
         };
         let delay = match result {
