@@ -176,6 +176,18 @@ impl Default for Metrics {
             ejected_runners: Family::default(),
             requests: Family::new_with_constructor(latency_histogram as fn() -> Histogram),
         };
+        // The series an alert compares are exported from the start, at 0: a counter that
+        // first appears at 1 is missed by `increase()`, and `unless` needs its other side.
+        for (outcome, code) in [
+            ("minted", "none"),
+            ("failed", "github_refused"),
+            ("failed", "github_unavailable"),
+        ] {
+            m.github_registrations.get_or_create(&GithubLabels {
+                outcome,
+                code: code.to_string(),
+            });
+        }
         m.registered()
     }
 }

@@ -71,6 +71,18 @@ async fn setup_with(
         adjust(args);
     })
     .await?;
+    // The tests look when they choose (`Setup::look`, at the time they choose): the service's
+    // own watcher is kept from its turn, as a replica that holds it keeps every other one,
+    // so that no look of its own lands between a test's step and its assertion.
+    let forever = Millis(i64::MAX / 2);
+    assert!(
+        app.state
+            .store()
+            .claim_task("github", forever, forever)
+            .await
+            .unwrap(),
+        "the watcher's turn is held"
+    );
     Some(Setup {
         app,
         github,

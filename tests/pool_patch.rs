@@ -114,6 +114,11 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
         (json!({"expected_image_ids": ["sha256:nothex"]}), StatusCode::BAD_REQUEST, "bad_request"),
         (json!({"image_source": "registry"}), StatusCode::BAD_REQUEST, "bad_request"),
         (json!({"image_ref": "bad\u{7}ref"}), StatusCode::BAD_REQUEST, "bad_request"),
+        // serde would read a struct from an array: a nested object is an object or nothing.
+        (json!({"disk_warning": [null, null]}), StatusCode::BAD_REQUEST, "bad_request"),
+        (json!({"ejection": [3]}), StatusCode::BAD_REQUEST, "bad_request"),
+        (json!({"github": ["orgs/acme", 1, ["linux"]]}), StatusCode::BAD_REQUEST, "bad_request"),
+        (json!({"github": "orgs/acme"}), StatusCode::BAD_REQUEST, "bad_request"),
         (
             json!({"expected_image_ids": []}),
             StatusCode::UNPROCESSABLE_ENTITY,

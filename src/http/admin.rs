@@ -96,13 +96,13 @@ struct PoolBody {
     #[serde(default, deserialize_with = "super::json::whole_number")]
     resolve_interval_s: Option<i64>,
     /// Where the pool's runners register with GitHub Actions; null or omitted: they do not.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::nested_object")]
     github: Option<GithubBody>,
     /// Below what disk figures its runners are warned of; null or omitted: never.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::nested_object")]
     disk_warning: Option<DiskWarning>,
     /// When the pool's runners are ejected; null or omitted: the defaults.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "super::json::nested_object")]
     ejection: Option<EjectionBody>,
 }
 
