@@ -106,6 +106,8 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         github: None,
         disk_warning: None,
         ejection: Default::default(),
+        images: Vec::new(),
+        undescribed_images: Default::default(),
     };
     // The demo's own changes are in the audit trail under its name, as an operator's would be.
     let audit = |action, target: &str| Entry {
@@ -145,6 +147,8 @@ async fn seed(state: &AppState) -> anyhow::Result<Vec<SimRunner>> {
         github: None,
         disk_warning: None,
         ejection: Default::default(),
+        images: Vec::new(),
+        undescribed_images: Default::default(),
     };
     store
         .put_pool(&arm, arm_spec, now, &audit(Action::PoolPut, arm.as_str()))

@@ -21,6 +21,7 @@
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, RunningImage};
 use crate::domain::audit::{Action, Entry};
 use crate::domain::forge::ForgeRunner;
+use crate::domain::images::AttestedImage;
 use crate::domain::job::Job;
 use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
@@ -96,10 +97,21 @@ pub struct Admitted {
     pub pool: Pool,
     pub attestation: Attestation,
     pub image: RunningImage,
+    /// Its several images, digests checked.
+    pub images: Vec<AttestedImage>,
     pub verdict: Result<(), Refusal>,
 }
 
 impl Admitted {
+    /// What it attested, as the verdict judged it.
+    pub fn state(&self) -> AttestedState {
+        AttestedState {
+            probe: self.attestation.probe.clone(),
+            image: self.image.clone(),
+            images: self.images.clone(),
+        }
+    }
+
     /// The refusal that refuses: none when the pool only observes (`gate_mode: observe`),
     /// whose refusals are recorded and counted but let the runner have its job.
     pub fn enforced_refusal(&self) -> Option<&Refusal> {
@@ -227,8 +239,16 @@ impl Gate {
             Err(e) => return Err(e.into()),
         };
 
-        let image = match attestation.image.clone().check() {
-            Ok(image) => image,
+        let checked = attestation.image.clone().check().and_then(|image| {
+            let images = attestation
+                .images
+                .iter()
+                .map(|e| e.clone().check())
+                .collect::<Result<Vec<_>, _>>()?;
+            Ok((image, images))
+        });
+        let (image, images) = match checked {
+            Ok(both) => both,
             Err(bad) => {
                 // Rules 5 and 6 still come first; then the bad digest, with nothing recorded.
                 if self
@@ -252,6 +272,7 @@ impl Gate {
         let state = AttestedState {
             probe: attestation.probe.clone(),
             image: image.clone(),
+            images: images.clone(),
         };
         let verdict = judge(&state, runner.gate, &pool, now, self.probe_max_age_s);
         let status = verdict
@@ -279,6 +300,7 @@ impl Gate {
             pool,
             attestation,
             image,
+            images,
             verdict,
         };
         let claim = if admitted.enforced_refusal().is_none() {

@@ -172,6 +172,7 @@ fn runner(base: &str) -> Runner {
         spec: ProbeSpec {
             runtime: Runtime::new(rt.to_str().unwrap()),
             image: None,
+            images: Vec::new(),
             depth: Depth::Info,
             timeout: Duration::from_secs(10),
             work_dir: None,

@@ -1172,7 +1172,7 @@ async fn the_heartbeat_reports_status_and_image_currency(app) {
         json!({
             "runner_id": runner.id, "status": "healthy", "code": null, "detail": null,
             "expected_image_ids": [IMAGE_A], "image_current": true, "next_heartbeat_s": 15,
-            "action": "none",
+            "action": "none", "pull": [],
         })
     );
 
@@ -1297,7 +1297,7 @@ async fn the_drift_report_fails_closed(app) {
         report["drifted"],
         json!([{
             "runner_id": drifted.id, "pool": "linux",
-            "running_image_id": IMAGE_B, "expected_image_ids": [IMAGE_A],
+            "running_image_id": IMAGE_B, "expected_image_ids": [IMAGE_A], "images": [],
         }]),
         "{report}"
     );

@@ -316,6 +316,7 @@ async fn attest(store: &DynStore, runner: &RunnerId, at: Millis, checked_at: Mil
                 digest: None,
                 image_ref: None,
             },
+            images: Vec::new(),
         },
         agent: None,
         status: RunnerStatus::Healthy,

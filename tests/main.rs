@@ -29,6 +29,7 @@ mod forge_gate_paths;
 mod forge_machines;
 mod github;
 mod history;
+mod images;
 mod lease_flow;
 mod metrics;
 mod openapi;

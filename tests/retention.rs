@@ -72,6 +72,7 @@ fn attestation(runner: &RunnerId, at: Millis, ok: bool) -> AttestationRecord {
                 disk: Vec::new(),
             },
             image: RunningImage::default(),
+            images: Vec::new(),
         },
         agent: None,
         status: if ok {

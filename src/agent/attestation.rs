@@ -86,6 +86,34 @@ pub fn claims(
     if let Some(found) = forge_runners {
         claims["forge_runners"] = Value::Array(found.iter().map(ForgeRunner::to_json).collect());
     }
+    if !report.images.is_empty() {
+        let images: Vec<Value> = report
+            .images
+            .iter()
+            .map(|local| {
+                let mut obj = Map::new();
+                obj.insert("ref".into(), json!(local.wanted.reference));
+                match &local.facts {
+                    Some(facts) => {
+                        if let Some(id) = &facts.id {
+                            obj.insert("id".into(), json!(id));
+                        }
+                        if let Some(d) = &facts.digest {
+                            obj.insert("digest".into(), json!(d));
+                        }
+                    }
+                    None => {
+                        obj.insert("absent".into(), json!(true));
+                    }
+                }
+                if !local.wanted.labels.is_empty() {
+                    obj.insert("labels".into(), json!(local.wanted.labels));
+                }
+                Value::Object(obj)
+            })
+            .collect();
+        claims["images"] = Value::Array(images);
+    }
     claims
 }
 
@@ -152,6 +180,7 @@ mod tests {
             image: None,
             depth: Depth::Info,
             disk: Vec::new(),
+            images: Vec::new(),
         };
         let c = claims(&state(), &report, None, 1_700_000_001);
         assert_eq!(c["iss"], "0190-runner");
@@ -180,6 +209,7 @@ mod tests {
             }),
             depth: Depth::Info,
             disk: Vec::new(),
+            images: Vec::new(),
         };
         let c = claims(&state(), &report, None, 1_700_000_000);
         assert_eq!(c["probe"]["ok"], true);

@@ -145,9 +145,24 @@ pub struct ProbeArgs {
     #[arg(long, env = "LEASEGATE_RUNTIME")]
     pub runtime: Runtime,
 
-    /// The image reference the runner runs; its local image ID is reported. Never pulled.
-    #[arg(long, env = "LEASEGATE_IMAGE")]
-    pub image: Option<String>,
+    /// An image reference the runner runs; its local image ID is reported. Never pulled. May
+    /// be repeated: the first is the runner's own (`image`); every one is attested in
+    /// `images`, and one not present locally is attested absent.
+    #[arg(long = "image", env = "LEASEGATE_IMAGE", value_delimiter = ',')]
+    pub images: Vec<String>,
+
+    /// forgejo-runner's (or act_runner's) `config.yml`: each `runner.labels` entry
+    /// `name:docker://ref` adds its image, labelled; may be repeated.
+    #[arg(
+        long = "forgejo-runner-config",
+        env = "LEASEGATE_FORGEJO_RUNNER_CONFIG"
+    )]
+    pub forgejo_runner_configs: Vec<PathBuf>,
+
+    /// gitlab-runner's `config.toml`: each `[runners.docker]` `image` and `services` adds its
+    /// image; may be repeated.
+    #[arg(long = "gitlab-images-config", env = "LEASEGATE_GITLAB_IMAGES_CONFIG")]
+    pub gitlab_images_configs: Vec<PathBuf>,
 
     /// How far to probe: `info`, `create` (create and remove a container) or `run` (start one;
     /// the image must contain `true`). `create` and `run` need `--image`.

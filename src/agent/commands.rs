@@ -18,6 +18,7 @@ use super::exit::Exit;
 use super::journal::{self, Priority};
 use super::keys::RunnerKey;
 use super::probe::{self, Depth, ProbeSpec};
+use super::runner_images::{self, WantedImage};
 use super::state::RunnerState;
 use super::{attestation, heartbeat, key_file};
 use std::collections::BTreeMap;
@@ -122,7 +123,8 @@ async fn register(a: RegisterArgs) -> Outcome {
 }
 
 fn probe_spec(p: &ProbeArgs) -> Result<ProbeSpec, String> {
-    if p.depth != Depth::Info && p.image.is_none() {
+    let image = p.images.first().cloned();
+    if p.depth != Depth::Info && image.is_none() {
         return Err(format!(
             "--depth {} needs --image (the image to create a container from)",
             match p.depth {
@@ -133,7 +135,8 @@ fn probe_spec(p: &ProbeArgs) -> Result<ProbeSpec, String> {
     }
     Ok(ProbeSpec {
         runtime: p.runtime.clone(),
-        image: p.image.clone(),
+        images: wanted_images(p)?,
+        image,
         depth: p.depth,
         timeout: Duration::from_secs(p.timeout_s),
         work_dir: p.work_dir.clone(),
@@ -142,6 +145,38 @@ fn probe_spec(p: &ProbeArgs) -> Result<ProbeSpec, String> {
             min_free_inodes_percent: p.min_free_inodes,
         },
     })
+}
+
+/// Every image the runner may run: the `--image`s, then what the forge runners' configuration
+/// files name, one entry per reference with the labels that pick it. Empty when only one
+/// `--image` and no file is given: such a runner attests its `image` alone, as it always did.
+fn wanted_images(p: &ProbeArgs) -> Result<Vec<WantedImage>, String> {
+    let mut wanted = Vec::new();
+    for reference in &p.images {
+        runner_images::add(&mut wanted, reference, None);
+    }
+    for path in &p.forgejo_runner_configs {
+        for w in runner_images::from_forgejo_runner_config(path)? {
+            for label in w
+                .labels
+                .iter()
+                .map(Some)
+                .chain(w.labels.is_empty().then_some(None))
+            {
+                runner_images::add(&mut wanted, &w.reference, label.map(String::as_str));
+            }
+        }
+    }
+    for path in &p.gitlab_images_configs {
+        for w in runner_images::from_gitlab_config(path)? {
+            runner_images::add(&mut wanted, &w.reference, None);
+        }
+    }
+    let from_files = !p.forgejo_runner_configs.is_empty() || !p.gitlab_images_configs.is_empty();
+    if wanted.len() <= 1 && !from_files {
+        return Ok(Vec::new());
+    }
+    Ok(wanted)
 }
 
 /// The key, the state and a client for a command that talks to the service as this runner.

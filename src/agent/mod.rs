@@ -1,7 +1,8 @@
 //! The runner side of the protocol: the reference runner agent behind `leasegate runner …`, and
 //! a library for Rust runners that want the gate without writing a client.
 //!
-//! - [`probe`]: ask podman or docker whether it can run a container, and which image it runs;
+//! - [`probe`]: ask podman or docker whether it can run a container, and which images it runs
+//!   ([`runner_images`]: those a forge runner's configuration names);
 //!   [`disk`]: the free space and inodes it measures, and the thresholds that fail it.
 //! - [`attestation`]: a probe report as signed claims.
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
@@ -33,5 +34,6 @@ pub mod keys;
 pub mod net_error;
 pub mod probe;
 pub mod recycle;
+pub mod runner_images;
 pub mod runtime_message;
 pub mod state;

@@ -9,6 +9,7 @@
 //! bounded by a timeout because a hung runtime must not hang the runner's start-up.
 
 use super::disk::{self, DiskFigures, Role, Thresholds};
+use super::runner_images::WantedImage;
 pub use super::runtime_message::last_error_line;
 use crate::domain::digest::ImageDigest;
 use std::ffi::OsString;
@@ -103,6 +104,10 @@ pub struct ProbeSpec {
     pub runtime: Runtime,
     /// The image reference the runner is configured with; `None` probes the runtime only.
     pub image: Option<String>,
+    /// Every image the runner may run (the first `--image`, the others, and those its forge
+    /// runner's configuration names), each attested in `images`; an absent one is attested
+    /// absent, not a failure.
+    pub images: Vec<WantedImage>,
     pub depth: Depth,
     /// The bound on each runtime command.
     pub timeout: Duration,
@@ -146,6 +151,16 @@ pub struct ProbeReport {
     /// The runtime's storage and the work directory, as measured (the attestation's
     /// `probe.disk`); empty when neither was.
     pub disk: Vec<DiskFigures>,
+    /// Each of `ProbeSpec::images`, as found locally (the attestation's `images`).
+    pub images: Vec<LocalImage>,
+}
+
+/// One of the runner's several images, as the runtime has it locally (or not).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalImage {
+    pub wanted: WantedImage,
+    /// `None` when the image is not present locally (it is attested absent).
+    pub facts: Option<ImageFacts>,
 }
 
 impl ProbeReport {
@@ -208,6 +223,7 @@ pub async fn run(spec: &ProbeSpec) -> ProbeReport {
         }),
         depth: spec.depth,
         disk: Vec::new(),
+        images: Vec::new(),
     };
     report.outcome = probe_steps(spec, &mut report).await;
     report
@@ -226,32 +242,34 @@ async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), P
         });
     }
 
+    let primary = match spec.image.as_deref() {
+        None => None,
+        Some(image_ref) => match inspect(spec, image_ref).await? {
+            Some(facts) => Some(facts),
+            None => {
+                return Err(ProbeFailure {
+                    message: format!(
+                        "image {image_ref} is not present locally (preflight never pulls)"
+                    ),
+                    exit_code: None,
+                });
+            }
+        },
+    };
+    report.image = primary.clone();
+    for wanted in &spec.images {
+        let facts = match &primary {
+            Some(p) if p.reference == wanted.reference => Some(p.clone()),
+            _ => inspect(spec, &wanted.reference).await?,
+        };
+        report.images.push(LocalImage {
+            wanted: wanted.clone(),
+            facts,
+        });
+    }
     let Some(image_ref) = spec.image.as_deref() else {
         return Ok(());
     };
-    let template = "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
-    let inspect = invoke_raw(
-        spec,
-        "image inspect",
-        &["image", "inspect", "--format", template, image_ref],
-    )
-    .await?;
-    if !inspect.status.success() {
-        if is_image_missing(&inspect.stderr) {
-            return Err(ProbeFailure {
-                message: format!(
-                    "image {image_ref} is not present locally (preflight never pulls)"
-                ),
-                exit_code: inspect.status.code(),
-            });
-        }
-        return Err(runtime_failure(rt, "image inspect", &inspect));
-    }
-    let facts = parse_inspect(image_ref, &inspect.stdout).map_err(|message| ProbeFailure {
-        message,
-        exit_code: None,
-    })?;
-    report.image = Some(facts);
 
     // A label, so that an operator can find a container a killed probe left behind.
     let label = "io.leasegate.preflight=true";
@@ -298,6 +316,29 @@ async fn probe_steps(spec: &ProbeSpec, report: &mut ProbeReport) -> Result<(), P
         }
     }
     Ok(())
+}
+
+/// `image inspect` of `image_ref`: its facts, or `None` when it is not present locally.
+async fn inspect(spec: &ProbeSpec, image_ref: &str) -> Result<Option<ImageFacts>, ProbeFailure> {
+    let template = "{{.Id}}{{range .RepoDigests}} {{.}}{{end}}";
+    let out = invoke_raw(
+        spec,
+        "image inspect",
+        &["image", "inspect", "--format", template, image_ref],
+    )
+    .await?;
+    if !out.status.success() {
+        if is_image_missing(&out.stderr) {
+            return Ok(None);
+        }
+        return Err(runtime_failure(&spec.runtime, "image inspect", &out));
+    }
+    parse_inspect(image_ref, &out.stdout)
+        .map(Some)
+        .map_err(|message| ProbeFailure {
+            message,
+            exit_code: None,
+        })
 }
 
 /// What a runtime command printed and how it ended.

@@ -48,6 +48,7 @@ impl SimRunner {
             }),
             depth: Depth::Info,
             disk: Vec::new(),
+            images: Vec::new(),
         };
         attestation::sign(&self.key, &self.state, &report)
     }

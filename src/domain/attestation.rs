@@ -9,6 +9,7 @@ use super::digest::{ImageDigest, NotADigest};
 use super::disk::{DiskFigure, MAX_DISKS};
 use super::forge::{ForgeRunner, MAX_FORGE_RUNNERS};
 use super::ids::RunnerId;
+use super::images::{MAX_IMAGES, MAX_LABELS, MAX_REF_BYTES, ReportedEntry};
 use super::json_object::{ObjectOnly, parse_object};
 use super::text::{PROBE_ERROR_MAX_BYTES, sanitize, without_controls};
 use super::time::Millis;
@@ -90,6 +91,20 @@ struct RawImage {
 }
 
 #[derive(Deserialize)]
+struct RawEntry {
+    #[serde(rename = "ref")]
+    image_ref: String,
+    #[serde(default)]
+    id: Option<String>,
+    #[serde(default)]
+    digest: Option<String>,
+    #[serde(default)]
+    labels: Vec<String>,
+    #[serde(default)]
+    absent: bool,
+}
+
+#[derive(Deserialize)]
 struct RawClaims {
     iss: String,
     sub: String,
@@ -102,6 +117,8 @@ struct RawClaims {
     probe: ObjectOnly<RawProbe>,
     #[serde(default)]
     image: Option<ObjectOnly<RawImage>>,
+    #[serde(default)]
+    images: Option<Vec<ObjectOnly<RawEntry>>>,
     #[serde(default)]
     agent: Option<serde_json::Value>,
     /// The runner's host name (optional; shown on the page).
@@ -163,6 +180,8 @@ pub struct Attestation {
     pub expires_at: Millis,
     pub probe: Probe,
     pub image: ReportedImage,
+    /// Every image it may run (`images`); empty when it attests one `image`.
+    pub images: Vec<ReportedEntry>,
     pub agent: Option<serde_json::Value>,
     /// The forge runners the agent found on the machine, without repeats; `None` when the
     /// attestation says nothing of them (the bindings are left alone).
@@ -259,6 +278,7 @@ pub fn check_claims(
     if !probe.ok && probe.error.as_deref().is_none_or(|e| e.trim().is_empty()) {
         return invalid("probe.error is required when probe.ok is false");
     }
+    let images = checked_entries(raw.images.unwrap_or_default())?;
     if probe.disk.as_ref().is_some_and(|d| d.len() > MAX_DISKS) {
         return Err(ClaimsError::Invalid(format!(
             "probe.disk holds at most {MAX_DISKS} filesystems"
@@ -333,6 +353,7 @@ pub fn check_claims(
             digest: image.digest,
             image_ref: image.image_ref.map(|r| sanitize(&r, 512)),
         },
+        images,
         agent: with_host(raw.agent, raw.host.map(|h| sanitize(&h, HOST_MAX_BYTES))),
         forge_runners,
     })
@@ -355,6 +376,42 @@ fn forge_runners(claim: &[serde_json::Value]) -> Result<Vec<ForgeRunner>, Claims
         }
     }
     Ok(out)
+}
+
+/// Rule 3 for `images`: at most 32, each with a ref (no control characters: it is what the
+/// pool's entry is found by) and an `id` unless it is `absent`, at most 32 labels each.
+fn checked_entries(raw: Vec<ObjectOnly<RawEntry>>) -> Result<Vec<ReportedEntry>, ClaimsError> {
+    if raw.len() > MAX_IMAGES {
+        return Err(ClaimsError::Invalid(format!(
+            "images holds at most {MAX_IMAGES} entries"
+        )));
+    }
+    raw.into_iter()
+        .enumerate()
+        .map(|(i, e)| {
+            let e = e.0;
+            let invalid = |m: String| Err(ClaimsError::Invalid(format!("images[{i}]: {m}")));
+            if e.image_ref.trim().is_empty() || e.image_ref.len() > MAX_REF_BYTES {
+                return invalid(format!("ref must be 1 to {MAX_REF_BYTES} bytes"));
+            }
+            without_controls("images[].ref", &e.image_ref)?;
+            match (&e.id, e.absent) {
+                (None, false) => return invalid("id is required unless absent is true".into()),
+                (Some(_), true) => return invalid("an absent image has no id".into()),
+                _ => {}
+            }
+            if e.labels.len() > MAX_LABELS {
+                return invalid(format!("at most {MAX_LABELS} labels"));
+            }
+            Ok(ReportedEntry {
+                image_ref: e.image_ref,
+                id: e.id,
+                digest: e.digest,
+                labels: e.labels.iter().map(|l| sanitize(l, 128)).collect(),
+                absent: e.absent,
+            })
+        })
+        .collect()
 }
 
 /// The longest host name kept (a DNS name's limit).
@@ -642,6 +699,42 @@ mod tests {
         ))));
         let nine = vec![one; MAX_DISKS + 1];
         assert!(is_invalid(check(with(&["probe", "disk"], json!(nine)))));
+    }
+
+    #[test]
+    fn several_images_each_have_a_ref_and_an_id_unless_absent() {
+        let id = format!("sha256:{}", "b".repeat(64));
+        let a = check(with(
+            &["images"],
+            json!([{"ref": "node:20", "id": id, "labels": ["ubuntu-latest", "ubuntu-24.04"]},
+                   {"ref": "postgres:16", "absent": true}]),
+        ))
+        .unwrap();
+        assert_eq!(a.images.len(), 2);
+        assert_eq!(a.images[0].labels, ["ubuntu-latest", "ubuntu-24.04"]);
+        assert!(a.images[1].absent && a.images[1].id.is_none());
+        assert!(check(claims()).unwrap().images.is_empty());
+        for bad in [
+            json!([{"ref": "node:20"}]),
+            json!([{"ref": "", "id": id}]),
+            json!([{"ref": "node:20\n", "id": id}]),
+            json!([{"ref": "node:20", "id": id, "absent": true}]),
+            json!([{"id": id}]),
+            json!({"ref": "node:20", "id": id}),
+            json!(vec![json!({"ref": "x", "id": id}); MAX_IMAGES + 1]),
+            json!([{"ref": "x", "id": id, "labels": vec!["l"; MAX_LABELS + 1]}]),
+        ] {
+            assert!(
+                matches!(
+                    check(with(&["images"], bad.clone())),
+                    Err(ClaimsError::Invalid(_) | ClaimsError::BadText(_))
+                ),
+                "{bad}"
+            );
+        }
+        // Digests are checked after rule 6, as `image`'s are.
+        let a = check(with(&["images"], json!([{"ref": "x", "id": "abc"}]))).unwrap();
+        assert!(a.images[0].clone().check().is_err());
     }
 
     #[test]

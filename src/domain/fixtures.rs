@@ -32,6 +32,7 @@ pub fn attested(at: Millis, probe_ok: bool, image: Option<char>) -> LatestAttest
                 digest: None,
                 image_ref: None,
             },
+            images: Vec::new(),
         },
     }
 }

@@ -202,6 +202,8 @@ pub(crate) mod fixtures {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         };
         let pool = Pool::apply(
             PoolName::parse("linux").unwrap(),

@@ -435,6 +435,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
             last_resolution: None,
             resolution_failures: 0,
             resolved_digest: None,
@@ -471,6 +473,7 @@ mod tests {
                         id: Some(image()),
                         ..Default::default()
                     },
+                    images: Vec::new(),
                 },
             }),
             current_lease: None,

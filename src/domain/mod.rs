@@ -15,6 +15,7 @@ pub mod fleet;
 pub mod forge;
 pub mod github;
 pub mod ids;
+pub mod images;
 pub mod job;
 pub mod json_object;
 pub mod lease;

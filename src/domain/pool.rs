@@ -5,6 +5,7 @@
 
 use super::digest::ImageDigest;
 use super::disk::DiskWarning;
+use super::images::{ImageSpec, MAX_IMAGES, MAX_REF_BYTES, PoolImage, Undescribed};
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -163,6 +164,10 @@ pub struct PoolSpec {
     pub disk_warning: Option<DiskWarning>,
     /// When its runners are ejected for infrastructure failures in a row.
     pub ejection: super::ejection::EjectionPolicy,
+    /// The images its runners may run, each with its own set (see `domain::images`).
+    pub images: Vec<ImageSpec>,
+    /// What it does with an attested image it does not describe.
+    pub undescribed_images: Undescribed,
 }
 
 /// Why a pool spec cannot be accepted.
@@ -180,6 +185,7 @@ impl PoolSpec {
         if self.image_source == ImageSource::Manual
             && self.image_policy == ImagePolicy::Enforce
             && self.expected_image_ids.is_empty()
+            && self.images.is_empty()
         {
             return Err(PoolSpecError::EnforceWithoutImages);
         }
@@ -192,6 +198,37 @@ impl PoolSpec {
             return Err(PoolSpecError::OutOfRange(
                 "resolve_interval_s must be between 10 and 86400".into(),
             ));
+        }
+        if self.images.len() > MAX_IMAGES {
+            return Err(PoolSpecError::OutOfRange(format!(
+                "images holds at most {MAX_IMAGES} entries"
+            )));
+        }
+        for (i, image) in self.images.iter().enumerate() {
+            if image.image_ref.is_empty() || image.image_ref.len() > MAX_REF_BYTES {
+                return Err(PoolSpecError::OutOfRange(format!(
+                    "images[{i}].ref must be 1 to {MAX_REF_BYTES} bytes"
+                )));
+            }
+            if self.images[..i]
+                .iter()
+                .any(|o| o.image_ref == image.image_ref)
+            {
+                return Err(PoolSpecError::OutOfRange(format!(
+                    "images[{i}].ref {} is described twice",
+                    image.image_ref
+                )));
+            }
+            if image.expected_image_ids.is_empty() {
+                return Err(PoolSpecError::OutOfRange(format!(
+                    "images[{i}].expected_image_ids must name at least one image id"
+                )));
+            }
+            if !(0..=30 * 86_400).contains(&image.drift_grace_s) {
+                return Err(PoolSpecError::OutOfRange(format!(
+                    "images[{i}].drift_grace_s must be between 0 and 2592000"
+                )));
+            }
         }
         if let Some(w) = &self.disk_warning {
             w.check().map_err(PoolSpecError::OutOfRange)?;
@@ -284,6 +321,9 @@ pub struct Pool {
     pub disk_warning: Option<DiskWarning>,
     /// When its runners are ejected for infrastructure failures in a row.
     pub ejection: super::ejection::EjectionPolicy,
+    /// The images its runners may run, each with its own sets and grace.
+    pub images: Vec<PoolImage>,
+    pub undescribed_images: Undescribed,
     pub created_at: Millis,
     pub updated_at: Millis,
 }
@@ -291,7 +331,7 @@ pub struct Pool {
 /// The sets after `new` replaces the current set at `now`: when it differs from a non-empty
 /// current set, the current set becomes the previous one, accepted for `grace_s`; otherwise
 /// the previous set and its grace are left as they are (the grace is not restarted).
-fn roll_sets(
+pub(super) fn roll_sets(
     current: &[ImageDigest],
     previous: &[ImageDigest],
     previous_valid_until: Option<Millis>,
@@ -380,6 +420,8 @@ impl Pool {
             github: spec.github,
             disk_warning: spec.disk_warning,
             ejection: spec.ejection,
+            images: PoolImage::apply(current.map_or(&[][..], |p| &p.images), spec.images, now),
+            undescribed_images: spec.undescribed_images,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
         }
@@ -497,6 +539,14 @@ impl Pool {
     pub fn is_resolved(&self) -> bool {
         !self.expected_image_ids.is_empty()
     }
+
+    /// Whether its single image (`image_ref`, `expected_image_ids`) is judged: always, unless
+    /// it describes `images` and has no set of its own (a manual pool with none).
+    pub fn judges_single_image(&self) -> bool {
+        self.images.is_empty()
+            || self.image_source == ImageSource::Registry
+            || !self.expected_image_ids.is_empty()
+    }
 }
 
 #[cfg(test)]
@@ -516,6 +566,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         }
     }
 
@@ -582,6 +634,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         }
     }
 

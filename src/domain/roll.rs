@@ -95,6 +95,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         };
         Pool::apply(
             PoolName::parse(name).unwrap(),
@@ -187,6 +189,8 @@ mod tests {
                 github: None,
                 disk_warning: None,
                 ejection: Default::default(),
+                images: Vec::new(),
+                undescribed_images: Default::default(),
             },
             NOW.minus_secs(1),
         );

@@ -9,7 +9,10 @@ use super::ids::{JobId, LeaseId, RunnerId};
 use super::lease::LeaseState;
 use super::pool::{ImagePolicy, Pool, PoolName};
 use super::time::Millis;
-use super::verdict::{AttestedState, GateState, Refusal, RunnerStatus, image_current, judge};
+use super::verdict::{
+    AttestedState, GateState, Refusal, RunnerStatus, image_current, judge, refs_to_pull,
+    state_current,
+};
 use std::collections::BTreeMap;
 
 /// A registered runner, with its latest attestation when it has one.
@@ -218,7 +221,7 @@ fn observe(
     now: Millis,
     rules: StatusRules,
 ) -> Observed {
-    let image_now = latest.and_then(|l| image_current(&l.state.image, pool));
+    let image_now = latest.and_then(|l| state_current(&l.state, pool));
     let plain = |status| Observed {
         status,
         refusal: None,
@@ -257,8 +260,11 @@ pub enum DriftEntry {
     Drifted {
         runner_id: RunnerId,
         pool: PoolName,
-        running_image_id: ImageDigest,
+        /// Its single image's id; `None` when only its several images drifted.
+        running_image_id: Option<ImageDigest>,
         expected_image_ids: Vec<ImageDigest>,
+        /// The refs of its several images that are off their entries' current sets.
+        images: Vec<String>,
     },
     Skipped {
         runner_id: RunnerId,
@@ -285,7 +291,7 @@ pub fn drift_entry(
     if pool.image_policy == ImagePolicy::Off {
         return skip("pool_policy_off");
     }
-    if !pool.is_resolved() {
+    if pool.judges_single_image() && !pool.is_resolved() {
         return skip("pool_image_unresolved");
     }
     let Some(latest) = &runner.latest else {
@@ -294,18 +300,29 @@ pub fn drift_entry(
     if now.0 - latest.received_at.0 > rules.stale_after_s() * 1000 {
         return skip("stale");
     }
+    let drifted = |running_image_id, images| DriftEntry::Drifted {
+        runner_id: runner.id.clone(),
+        pool: pool.name.clone(),
+        running_image_id,
+        expected_image_ids: pool.expected_image_ids.clone(),
+        images,
+    };
+    let pull = refs_to_pull(&latest.state, pool);
+    if !pool.judges_single_image() {
+        return match crate::domain::images::current(&latest.state.judged_images(), &pool.images) {
+            None => skip("image_unreported"),
+            Some(true) => DriftEntry::Current,
+            Some(false) => drifted(None, pull),
+        };
+    }
     let image = &latest.state.image;
     // The running image is what `image.id` says; a digest alone is not enough to call a drift.
     let Some(running) = image.id.clone() else {
         return skip("image_unreported");
     };
     match image_current(image, pool) {
-        Some(false) => DriftEntry::Drifted {
-            runner_id: runner.id.clone(),
-            pool: pool.name.clone(),
-            running_image_id: running,
-            expected_image_ids: pool.expected_image_ids.clone(),
-        },
+        Some(false) => drifted(Some(running), pull),
+        Some(true) if !pull.is_empty() => drifted(Some(running), pull),
         Some(true) => DriftEntry::Current,
         None => skip("image_unreported"),
     }
@@ -335,6 +352,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),

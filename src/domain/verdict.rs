@@ -7,6 +7,7 @@
 use super::attestation::{Probe, RunningImage};
 use super::digest::ImageDigest;
 use super::ejection::Ejection;
+use super::images::{self, AttestedImage, ImageRefusal};
 use super::pool::{ImagePolicy, Pool};
 use super::time::Millis;
 
@@ -15,6 +16,29 @@ use super::time::Millis;
 pub struct AttestedState {
     pub probe: Probe,
     pub image: RunningImage,
+    /// The images it may run (`images`); empty from a runner that attests one `image`.
+    pub images: Vec<AttestedImage>,
+}
+
+impl AttestedState {
+    /// The images judged against a pool's `images`: the `images` claim, or, from a runner
+    /// that attests only `image` (an older agent), that one when it names its ref.
+    pub fn judged_images(&self) -> Vec<AttestedImage> {
+        if !self.images.is_empty() {
+            return self.images.clone();
+        }
+        let i = &self.image;
+        match &i.image_ref {
+            Some(r) if i.id.is_some() || i.digest.is_some() => vec![AttestedImage {
+                image_ref: r.clone(),
+                id: i.id.clone(),
+                digest: i.digest.clone(),
+                labels: Vec::new(),
+                absent: false,
+            }],
+            _ => Vec::new(),
+        }
+    }
 }
 
 /// The operator- and lease-controlled parts of a runner that gate it.
@@ -48,6 +72,8 @@ pub enum Refusal {
         running: String,
         expected: Vec<ImageDigest>,
     },
+    /// One of its several images is not accepted (`domain::images`).
+    ImageNotAccepted(Box<ImageRefusal>),
     Quarantined,
     Ejected(Ejection),
 }
@@ -60,7 +86,7 @@ impl Refusal {
             Refusal::ProbeStale { .. } => "probe_stale",
             Refusal::PoolImageUnresolved { .. } => "pool_image_unresolved",
             Refusal::ImageUnreported => "image_unreported",
-            Refusal::ImageDrift { .. } => "image_drift",
+            Refusal::ImageDrift { .. } | Refusal::ImageNotAccepted(_) => "image_drift",
             Refusal::Quarantined => "runner_quarantined",
             Refusal::Ejected(_) => "runner_ejected",
         }
@@ -89,6 +115,7 @@ impl Refusal {
                     expected.join(" or ")
                 )
             }
+            Refusal::ImageNotAccepted(r) => r.detail(),
             Refusal::Quarantined => {
                 "the runner abandoned a lease and must post a passing probe newer than the abandon"
                     .into()
@@ -105,7 +132,7 @@ impl Refusal {
             Refusal::ProbeStale { .. } => RunnerStatus::ProbeStale,
             Refusal::PoolImageUnresolved { .. } => RunnerStatus::PoolImageUnresolved,
             Refusal::ImageUnreported => RunnerStatus::ImageUnreported,
-            Refusal::ImageDrift { .. } => RunnerStatus::Drifted,
+            Refusal::ImageDrift { .. } | Refusal::ImageNotAccepted(_) => RunnerStatus::Drifted,
             Refusal::Quarantined => RunnerStatus::Quarantined,
             Refusal::Ejected(_) => RunnerStatus::Ejected,
         }
@@ -201,7 +228,7 @@ pub fn judge(
             max_age_s: probe_max_age_s,
         });
     }
-    if pool.image_policy == ImagePolicy::Enforce {
+    if pool.image_policy == ImagePolicy::Enforce && pool.judges_single_image() {
         if !pool.is_resolved() {
             return Err(Refusal::PoolImageUnresolved {
                 pool: pool.name.to_string(),
@@ -223,6 +250,15 @@ pub fn judge(
             });
         }
     }
+    // Rule 12 for each of several images, against the pool's entry for its ref.
+    if pool.image_policy == ImagePolicy::Enforce && !pool.images.is_empty() {
+        let attested_images = attested.judged_images();
+        if attested_images.is_empty() && !pool.judges_single_image() {
+            return Err(Refusal::ImageUnreported);
+        }
+        images::judge(&attested_images, &pool.images, pool.undescribed_images, now)
+            .map_err(Refusal::ImageNotAccepted)?;
+    }
     if let Some(at) = gate.quarantined_at
         && probe.checked_at <= at
     {
@@ -240,7 +276,7 @@ pub fn judge(
 /// compare (policy `off`, pool unresolved, no image reported). A runner is drifted whenever this
 /// is `Some(false)`, even while the lease still allows it (grace, or `report`).
 pub fn image_current(image: &RunningImage, pool: &Pool) -> Option<bool> {
-    if pool.image_policy == ImagePolicy::Off || !pool.is_resolved() {
+    if pool.image_policy == ImagePolicy::Off || !pool.is_resolved() || !pool.judges_single_image() {
         return None;
     }
     if image.id.is_none() && image.digest.is_none() {
@@ -251,9 +287,36 @@ pub fn image_current(image: &RunningImage, pool: &Pool) -> Option<bool> {
     Some(current)
 }
 
+/// `image_current` over everything the runner attests: its single image, and its several
+/// against the pool's `images` (`None` when neither can be compared; `Some(false)` when any
+/// is off its current set).
+pub fn state_current(state: &AttestedState, pool: &Pool) -> Option<bool> {
+    let single = image_current(&state.image, pool);
+    let several = if pool.image_policy == ImagePolicy::Off {
+        None
+    } else {
+        images::current(&state.judged_images(), &pool.images)
+    };
+    match (single, several) {
+        (Some(false), _) | (_, Some(false)) => Some(false),
+        (None, None) => None,
+        _ => Some(true),
+    }
+}
+
+/// The refs a recycle must pull: the pool's described images the runner attests off their
+/// current set (or absent where that is not accepted); empty under policy `off`.
+pub fn refs_to_pull(state: &AttestedState, pool: &Pool) -> Vec<String> {
+    if pool.image_policy == ImagePolicy::Off {
+        return Vec::new();
+    }
+    images::to_pull(&state.judged_images(), &pool.images)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::images::{ImageSpec, Undescribed};
     use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
 
     use crate::domain::fixtures::digest;
@@ -272,6 +335,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         };
         Pool::apply(
             PoolName::parse("p").unwrap(),
@@ -297,6 +362,7 @@ mod tests {
                 digest: None,
                 image_ref: None,
             },
+            images: Vec::new(),
         }
     }
 
@@ -423,6 +489,8 @@ mod tests {
             github: None,
             disk_warning: None,
             ejection: Default::default(),
+            images: Vec::new(),
+            undescribed_images: Default::default(),
         };
         let rolled = Pool::apply(first.name.clone(), Some(&first), spec, NOW);
         let on_a = healthy();
@@ -480,6 +548,125 @@ mod tests {
             ejection: None,
         };
         assert_eq!(code(judge(&a, gate, &p, NOW, 300)), "image_drift");
+    }
+
+    fn with_images(policy: ImagePolicy, undescribed: Undescribed) -> Pool {
+        let spec = PoolSpec {
+            gate_mode: Default::default(),
+            image_ref: None,
+            expected_image_ids: vec![],
+            image_policy: policy,
+            image_source: ImageSource::Manual,
+            drift_grace_s: 900,
+            resolve_interval_s: 300,
+            github: None,
+            disk_warning: None,
+            ejection: Default::default(),
+            images: ["node:20", "postgres:16", "redis:7"]
+                .iter()
+                .zip(['a', 'b', 'c'])
+                .map(|(r, c)| ImageSpec {
+                    image_ref: r.to_string(),
+                    expected_image_ids: vec![digest(c)],
+                    drift_grace_s: 900,
+                    absent_ok: false,
+                })
+                .collect(),
+            undescribed_images: undescribed,
+        };
+        spec.validate().unwrap();
+        Pool::apply(PoolName::parse("p").unwrap(), None, spec, NOW)
+    }
+
+    fn on(images: &[(&str, char, &str)]) -> AttestedState {
+        let mut a = healthy();
+        a.images = images
+            .iter()
+            .map(|(r, c, label)| AttestedImage {
+                image_ref: r.to_string(),
+                id: Some(digest(*c)),
+                digest: None,
+                labels: vec![label.to_string()],
+                absent: false,
+            })
+            .collect();
+        a
+    }
+
+    #[test]
+    fn several_images_are_judged_each_against_its_entry() {
+        let p = with_images(ImagePolicy::Enforce, Undescribed::Refuse);
+        let good = on(&[
+            ("node:20", 'a', "ubuntu-latest"),
+            ("postgres:16", 'b', "db"),
+            ("redis:7", 'c', "cache"),
+        ]);
+        assert_eq!(code(judge(&good, GateState::default(), &p, NOW, 300)), "ok");
+        assert_eq!(state_current(&good, &p), Some(true));
+        let one_off = on(&[
+            ("node:20", 'a', "ubuntu-latest"),
+            ("postgres:16", 'e', "db"),
+            ("redis:7", 'c', "cache"),
+        ]);
+        let refusal = judge(&one_off, GateState::default(), &p, NOW, 300).unwrap_err();
+        assert_eq!(refusal.code(), "image_drift");
+        assert_eq!(refusal.status(), RunnerStatus::Drifted);
+        assert!(
+            refusal
+                .detail()
+                .starts_with("image postgres:16 (label db) runs "),
+            "{}",
+            refusal.detail()
+        );
+        assert_eq!(state_current(&one_off, &p), Some(false));
+        assert_eq!(refs_to_pull(&one_off, &p), ["postgres:16"]);
+        // report never refuses but still says what to pull; off ignores every image.
+        let report = with_images(ImagePolicy::Report, Undescribed::Refuse);
+        assert_eq!(
+            code(judge(&one_off, GateState::default(), &report, NOW, 300)),
+            "ok"
+        );
+        assert_eq!(refs_to_pull(&one_off, &report), ["postgres:16"]);
+        let off = with_images(ImagePolicy::Off, Undescribed::Refuse);
+        assert_eq!(
+            code(judge(&one_off, GateState::default(), &off, NOW, 300)),
+            "ok"
+        );
+        assert_eq!(state_current(&one_off, &off), None);
+        assert!(refs_to_pull(&one_off, &off).is_empty());
+        // Nothing attested with a ref: unreported.
+        let mut none = healthy();
+        none.image.image_ref = None;
+        assert_eq!(
+            code(judge(&none, GateState::default(), &p, NOW, 300)),
+            "image_unreported"
+        );
+    }
+
+    #[test]
+    fn an_older_agents_single_image_is_judged_by_its_ref_and_a_pool_without_images_as_before() {
+        let p = with_images(ImagePolicy::Enforce, Undescribed::Refuse);
+        let mut old = healthy();
+        old.image.image_ref = Some("node:20".into());
+        assert_eq!(code(judge(&old, GateState::default(), &p, NOW, 300)), "ok");
+        old.image.image_ref = Some("node:18".into());
+        assert_eq!(
+            code(judge(&old, GateState::default(), &p, NOW, 300)),
+            "image_drift"
+        );
+        let lenient = with_images(ImagePolicy::Enforce, Undescribed::Ignore);
+        assert_eq!(
+            code(judge(&old, GateState::default(), &lenient, NOW, 300)),
+            "ok"
+        );
+        // A pool that describes no images ignores `images` and judges `image` as it always did.
+        let single = pool(ImagePolicy::Enforce, vec![digest('a')]);
+        let new_agent = on(&[("alpine:3", 'f', "tiny")]);
+        assert_eq!(
+            code(judge(&new_agent, GateState::default(), &single, NOW, 300)),
+            "ok"
+        );
+        assert_eq!(state_current(&new_agent, &single), Some(true));
     }
 
     #[test]

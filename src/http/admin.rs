@@ -20,6 +20,7 @@ use crate::domain::ejection::EjectionPolicy;
 use crate::domain::fleet::{self, Filter};
 use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
+use crate::domain::images::{ImageSpec, Undescribed};
 use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
     PoolName, PoolSpec, PoolSpecError,
@@ -104,6 +105,12 @@ struct PoolBody {
     /// When the pool's runners are ejected; null or omitted: the defaults.
     #[serde(default, deserialize_with = "super::json::nested_object")]
     ejection: Option<EjectionBody>,
+    /// The images its runners may run, each judged on its own (`domain::images`).
+    #[serde(default)]
+    images: Vec<ImageBody>,
+    /// `refuse` (default) or `ignore` an attested image the pool does not describe.
+    #[serde(default)]
+    undescribed_images: Undescribed,
 }
 
 /// A pool's `ejection` object; a field left out (or null) takes its default, and unknown
@@ -127,6 +134,54 @@ impl EjectionBody {
             base_s: self.base_s.unwrap_or(d.base_s),
             max_share: self.max_share.unwrap_or(d.max_share),
         }
+    }
+}
+
+/// One of a pool's `images`; unknown fields are refused.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ImageBody {
+    #[serde(rename = "ref")]
+    image_ref: String,
+    expected_image_ids: Vec<String>,
+    /// 0 to 2592000 seconds, default 900.
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    drift_grace_s: Option<i64>,
+    #[serde(default)]
+    absent_ok: bool,
+}
+
+/// The pool's images; a ref named twice is the later entry, as a JSON object's key would be.
+fn image_specs(bodies: Vec<ImageBody>) -> Result<Vec<ImageSpec>, ApiError> {
+    let mut specs: Vec<ImageSpec> = Vec::with_capacity(bodies.len());
+    for (i, body) in bodies.into_iter().enumerate() {
+        let spec = body.checked(i)?;
+        match specs.iter_mut().find(|s| s.image_ref == spec.image_ref) {
+            Some(earlier) => *earlier = spec,
+            None => specs.push(spec),
+        }
+    }
+    Ok(specs)
+}
+
+impl ImageBody {
+    fn checked(self, i: usize) -> Result<ImageSpec, ApiError> {
+        crate::domain::text::without_controls("images[].ref", &self.image_ref)?;
+        Ok(ImageSpec {
+            expected_image_ids: self
+                .expected_image_ids
+                .iter()
+                .enumerate()
+                .map(|(j, id)| {
+                    ImageDigest::parse_image_id(id).map_err(|e| {
+                        ApiError::bad_request(format!("images[{i}].expected_image_ids[{j}]: {e}"))
+                    })
+                })
+                .collect::<Result<_, _>>()?,
+            image_ref: self.image_ref,
+            drift_grace_s: self.drift_grace_s.unwrap_or(DEFAULT_DRIFT_GRACE_S),
+            absent_ok: self.absent_ok,
+        })
     }
 }
 
@@ -202,6 +257,8 @@ fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
         ejection: body
             .ejection
             .map_or_else(EjectionPolicy::default, EjectionBody::policy),
+        images: image_specs(body.images)?,
+        undescribed_images: body.undescribed_images,
     };
     if spec.image_source == ImageSource::Registry
         && let Some(r) = &spec.image_ref
@@ -244,6 +301,8 @@ fn put_body(pool: &Pool) -> Value {
         github,
         disk_warning,
         ejection,
+        images,
+        undescribed_images,
         created_at: _,
         updated_at: _,
     } = pool;
@@ -273,6 +332,18 @@ fn put_body(pool: &Pool) -> Value {
     if let Some(w) = disk_warning {
         body["disk_warning"] = json!(w);
     }
+    if !images.is_empty() {
+        let images: Vec<Value> = images
+            .iter()
+            .map(|i| {
+                let ids: Vec<&str> = i.expected_image_ids.iter().map(|d| d.as_str()).collect();
+                json!({"ref": i.image_ref, "expected_image_ids": ids,
+                       "drift_grace_s": i.drift_grace_s, "absent_ok": i.absent_ok})
+            })
+            .collect();
+        body["images"] = json!(images);
+    }
+    body["undescribed_images"] = json!(undescribed_images);
     // A registry pool's resolved set is the registry's, not part of its body: named in a PUT,
     // it would stand as the operator's own set until the next resolution.
     let resolved = *image_source == ImageSource::Registry && resolved_digest.is_some();
@@ -920,11 +991,13 @@ async fn drift(_: AsViewer, State(state): State<AppState>) -> Result<Json<DriftR
                 pool,
                 running_image_id,
                 expected_image_ids,
+                images,
             } => drifted.push(DriftedRunner {
                 runner_id,
                 pool,
                 running_image_id,
                 expected_image_ids,
+                images,
             }),
             DriftEntry::Skipped { runner_id, reason } => skipped.push(SkippedRunner {
                 runner_id,

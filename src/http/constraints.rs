@@ -218,6 +218,22 @@ pub fn pool_body() -> Value {
             "github": github_pool(),
             "disk_warning": disk_warning(),
             "ejection": ejection_policy(),
+            "images": {
+                "type": "array", "maxItems": crate::domain::images::MAX_IMAGES,
+                "description": "The images the pool's runners may run, each judged on its own against the entry for its ref (as the runner's configuration spells it).",
+                "items": {
+                    "type": "object", "additionalProperties": false,
+                    "required": ["ref", "expected_image_ids"],
+                    "properties": {
+                        "ref": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": no_controls_pattern()},
+                        "expected_image_ids": {"type": "array", "minItems": 1, "items": ids["items"]},
+                        "drift_grace_s": {"type": ["integer", "null"], "minimum": 0, "maximum": 2_592_000},
+                        "absent_ok": {"type": "boolean", "default": false},
+                    },
+                },
+            },
+            "undescribed_images": {"type": "string", "enum": ["refuse", "ignore"], "default": "refuse",
+                                   "description": "What an attested image whose ref the pool does not describe does: refuse the runner, or nothing."},
         },
         "anyOf": [
             {"required": ["image_source", "image_ref"], "properties": {
@@ -232,6 +248,10 @@ pub fn pool_body() -> Value {
             {"required": ["expected_image_ids"], "properties": {
                 "image_source": {"const": "manual"},
                 "expected_image_ids": {"minItems": 1, "items": ids["items"]},
+            }},
+            {"required": ["images"], "properties": {
+                "image_source": {"const": "manual"},
+                "images": {"minItems": 1},
             }},
         ],
     })

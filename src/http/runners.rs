@@ -11,7 +11,7 @@ use crate::app::AppState;
 use crate::domain::ids::RunnerId;
 use crate::domain::text::plain_name;
 use crate::domain::time::Millis;
-use crate::domain::verdict::image_current;
+use crate::domain::verdict::{refs_to_pull, state_current};
 use crate::gate::Purpose;
 use crate::secrets::hash_token;
 use crate::store::NewRunner;
@@ -183,7 +183,9 @@ async fn heartbeat(
         .gate()
         .admit(&body.attestation, Purpose::Heartbeat, now)
         .await?;
-    let current = image_current(&admitted.image, &admitted.pool);
+    let attested = admitted.state();
+    let current = state_current(&attested, &admitted.pool);
+    let pull = refs_to_pull(&attested, &admitted.pool);
     let refusal = admitted.verdict.as_ref().err();
     Ok(Json(Heartbeat {
         runner_id: admitted.runner.id.clone(),
@@ -199,5 +201,6 @@ async fn heartbeat(
             "none"
         }
         .to_string(),
+        pull,
     }))
 }

@@ -9,6 +9,7 @@ use crate::app::Settings;
 use crate::domain::digest::ImageDigest;
 use crate::domain::disk::{DiskFigure, DiskWarning};
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
+use crate::domain::images::Undescribed;
 use crate::domain::job::{Job, JobEvent as StoredJobEvent};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, ResolverStatus};
 use crate::domain::roll::RollHealth;
@@ -215,6 +216,9 @@ pub struct Heartbeat {
     /// `recycle` exactly when `image_current` is false, else `none`.
     #[schema(example = "none")]
     pub action: String,
+    /// The refs of the runner's several images (`images`) off their pool's current sets, or
+    /// absent where the pool does not accept that: what a recycle must pull. Empty otherwise.
+    pub pull: Vec<String>,
 }
 
 /// `200` to `POST /api/v1/gate/check`.
@@ -257,10 +261,13 @@ pub struct DriftedRunner {
     pub runner_id: RunnerId,
     #[schema(value_type = String)]
     pub pool: PoolName,
-    #[schema(value_type = String)]
-    pub running_image_id: ImageDigest,
+    /// Its single image's id; null when only its several images drifted.
+    #[schema(required = true, value_type = Option<String>)]
+    pub running_image_id: Option<ImageDigest>,
     #[schema(value_type = Vec<String>)]
     pub expected_image_ids: Vec<ImageDigest>,
+    /// The refs of its several images (`images`) off their current sets: what to pull.
+    pub images: Vec<String>,
 }
 
 /// A runner the drift report cannot judge, and why.
@@ -364,6 +371,10 @@ pub struct PoolView {
     pub runners_disk_warned: i64,
     /// When its runners are ejected for infrastructure failures in a row.
     pub ejection: crate::domain::ejection::EjectionPolicy,
+    /// The images its runners may run, each with its own sets (`domain::images`).
+    pub images: Vec<PoolImageView>,
+    /// `refuse` or `ignore` an attested image the pool does not describe.
+    pub undescribed_images: Undescribed,
     pub runners_by_status: BTreeMap<&'static str, i64>,
     pub queued_jobs: i64,
     #[schema(required = true, value_type = Option<String>)]
@@ -372,6 +383,21 @@ pub struct PoolView {
     pub created_at: Millis,
     #[schema(value_type = String)]
     pub updated_at: Millis,
+}
+
+/// One image a pool describes.
+#[derive(Serialize, ToSchema)]
+pub struct PoolImageView {
+    #[serde(rename = "ref")]
+    pub image_ref: String,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
+    #[schema(value_type = Vec<String>)]
+    pub previous_image_ids: Vec<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub previous_valid_until: Option<Millis>,
+    pub drift_grace_s: i64,
+    pub absent_ok: bool,
 }
 
 /// A pool's `github` object: where its runners register with GitHub Actions.
@@ -424,6 +450,19 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
         disk_warning: pool.disk_warning,
         runners_disk_warned: standing.disk_warned,
         ejection: pool.ejection,
+        images: pool
+            .images
+            .iter()
+            .map(|i| PoolImageView {
+                image_ref: i.image_ref.clone(),
+                expected_image_ids: i.expected_image_ids.clone(),
+                previous_image_ids: i.previous_image_ids.clone(),
+                previous_valid_until: i.previous_valid_until,
+                drift_grace_s: i.drift_grace_s,
+                absent_ok: i.absent_ok,
+            })
+            .collect(),
+        undescribed_images: pool.undescribed_images,
         runners_by_status: standing.runners_by_status.clone(),
         queued_jobs: depth.queued,
         oldest_queued_at: depth.oldest_queued_at,
@@ -506,6 +545,9 @@ pub struct RunnerView {
     pub disk_warning: Option<String>,
     /// Its standing under its pool's ejection policy.
     pub ejection: EjectionView,
+    /// The several images its latest attestation named (`images`), each as its pool judges
+    /// it; empty when it named none.
+    pub images: Vec<RunnerImageView>,
 }
 
 /// A runner's standing under outlier ejection.
@@ -582,6 +624,23 @@ pub fn ejection(r: &crate::domain::ejection::EjectionRecord) -> EjectionView {
             failures: tally(&w.failures),
         }),
     }
+}
+
+/// One of a runner's several images.
+#[derive(Serialize, ToSchema)]
+pub struct RunnerImageView {
+    #[serde(rename = "ref")]
+    pub image_ref: String,
+    #[schema(required = true, value_type = Option<String>)]
+    pub id: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub digest: Option<ImageDigest>,
+    pub labels: Vec<String>,
+    pub absent: bool,
+    /// On its pool entry's current set; null when the pool does not describe its ref (or its
+    /// policy is `off`).
+    #[schema(required = true)]
+    pub current: Option<bool>,
 }
 
 /// A forge runner bound to a leasegate runner: `uuid` for `forgejo`, `token_sha256` for
@@ -820,6 +879,24 @@ pub fn runner(runner: &Runner, pool: &Pool, settings: &Settings, now: Millis) ->
         disk: probe.map(|p| p.disk.clone()).unwrap_or_default(),
         disk_warning: observed.disk_warning,
         ejection: ejection(&runner.ejection),
+        images: latest.map_or_else(Vec::new, |l| {
+            l.state
+                .images
+                .iter()
+                .map(|i| RunnerImageView {
+                    image_ref: i.image_ref.clone(),
+                    id: i.id.clone(),
+                    digest: i.digest.clone(),
+                    labels: i.labels.clone(),
+                    absent: i.absent,
+                    current: if pool.image_policy == ImagePolicy::Off {
+                        None
+                    } else {
+                        crate::domain::images::current(std::slice::from_ref(i), &pool.images)
+                    },
+                })
+                .collect()
+        }),
     }
 }
 

@@ -170,6 +170,8 @@ mod tests {
                 github: None,
                 disk_warning: None,
                 ejection: Default::default(),
+                images: Vec::new(),
+                undescribed_images: Default::default(),
             },
             Millis(0),
         );

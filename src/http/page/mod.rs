@@ -513,6 +513,7 @@ async fn runner_page(
         .sum();
     let observed = runner.observe(&pool, now, state.settings().status_rules());
     let mut row = views::runner_row(&runner, &observed, refusals_last_hour, now);
+    row.images = views::image_rows(&runner, &pool);
     // Since when it has been in its status: its latest change into it, first on the page.
     row.failing_since = history
         .status_changes

@@ -200,10 +200,52 @@ pub struct RunnerRow {
     pub disk: Vec<String>,
     /// Why its disk is under its pool's warning line, when it is.
     pub disk_warning: Option<String>,
+    /// Its several images: ref, labels, image id (short, whole), and how its pool sees it.
+    pub images: Vec<ImageRow>,
+}
+
+#[derive(Clone, Debug, Default)]
+pub struct ImageRow {
+    pub image_ref: String,
+    pub labels: String,
+    pub running: Option<DigestView>,
+    /// `current`, `superseded`, `absent` or `not described`.
+    pub standing: &'static str,
+    pub class: &'static str,
 }
 
 pub fn is_simulated(runner: &Runner) -> bool {
     runner.labels.get("simulated").is_some_and(|v| v == "true")
+}
+
+/// A runner's several images as its pool sees them.
+pub fn image_rows(runner: &Runner, pool: &Pool) -> Vec<ImageRow> {
+    let Some(latest) = runner.latest.as_ref() else {
+        return Vec::new();
+    };
+    latest
+        .state
+        .images
+        .iter()
+        .map(|i| {
+            let described = pool.images.iter().any(|d| d.image_ref == i.image_ref);
+            let current = crate::domain::images::current(std::slice::from_ref(i), &pool.images);
+            let (standing, class) = match (i.absent, described, current) {
+                (true, _, Some(true)) => ("absent (accepted)", "off"),
+                (true, _, _) => ("absent", "bad"),
+                (false, false, _) => ("not described", "off"),
+                (false, true, Some(false)) => ("superseded", "bad"),
+                (false, true, _) => ("current", "ok"),
+            };
+            ImageRow {
+                image_ref: i.image_ref.clone(),
+                labels: i.labels.join(", "),
+                running: i.id.as_ref().map(DigestView::from),
+                standing,
+                class,
+            }
+        })
+        .collect()
 }
 
 pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Millis) -> RunnerRow {
@@ -264,6 +306,7 @@ pub fn runner_row(runner: &Runner, observed: &Observed, refusals: i64, now: Mill
         failing_since: None,
         disk: probe.map_or_else(Vec::new, |p| p.disk.iter().map(disk_line).collect()),
         disk_warning: observed.disk_warning.clone(),
+        images: Vec::new(),
     }
 }
 
@@ -449,6 +492,7 @@ mod tests {
                         digest: None,
                         image_ref: None,
                     },
+                    images: Vec::new(),
                 },
             }),
             current_lease: None,

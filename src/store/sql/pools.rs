@@ -92,9 +92,10 @@ async fn write<D: Db>(
                 expected_image_ids, \
              previous_image_ids, previous_valid_until, drift_grace_s, resolve_interval_s, \
              resolution_failures, resolved_digest, resolved_image_id, next_resolve_at, \
-             created_at, updated_at, github, disk_warning, ejection) \
+             created_at, updated_at, github, disk_warning, ejection, images, \
+             undescribed_images) \
              VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, \
-             $17, $18, $19) \
+             $17, $18, $19, $20, $21) \
              ON CONFLICT (name) DO UPDATE SET image_ref = excluded.image_ref, \
              image_policy = excluded.image_policy, image_source = excluded.image_source, \
              gate_mode = excluded.gate_mode, expected_image_ids = excluded.expected_image_ids, \
@@ -107,7 +108,8 @@ async fn write<D: Db>(
              excluded.resolved_image_id, \
              next_resolve_at = excluded.next_resolve_at, updated_at = excluded.updated_at, \
              github = excluded.github, disk_warning = excluded.disk_warning, \
-             ejection = excluded.ejection",
+             ejection = excluded.ejection, images = excluded.images, \
+             undescribed_images = excluded.undescribed_images",
         )
         .bind(pool.name.as_str())
         .bind(pool.image_ref.as_deref())
@@ -127,7 +129,9 @@ async fn write<D: Db>(
         .bind(pool.updated_at.0)
         .bind(rows::github_pool_json(pool.github.as_ref()))
         .bind(rows::disk_warning_json(pool.disk_warning.as_ref()))
-        .bind(rows::ejection_policy_json(&pool.ejection)),
+        .bind(rows::ejection_policy_json(&pool.ejection))
+        .bind(rows::pool_images_json(&pool.images))
+        .bind(pool.undescribed_images.as_str()),
     )
     .await?;
     db.changed(Change::Pool(pool.name.clone())).await?;

@@ -475,8 +475,8 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
         format!(
             "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
              probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
-             image_ref, agent, last_status, attestation_seq, quarantined_at, ejected_until, \
-             recent_jtis, \
+             image_ref, images, agent, last_status, attestation_seq, quarantined_at, \
+             ejected_until, recent_jtis, \
              jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
              refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at) \
              AS (VALUES {values}) \
@@ -484,7 +484,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              probe_runtime = v.probe_runtime, probe_runtime_version = v.probe_runtime_version, \
              probe_checked_at = v.probe_checked_at, probe_error = v.probe_error, \
              probe_exit_code = v.probe_exit_code, probe_disk = v.probe_disk, \
-             image_id = v.image_id, \
+             image_id = v.image_id, images = v.images, \
              image_digest = v.image_digest, image_ref = v.image_ref, agent = v.agent, \
              last_status = v.last_status, attestation_seq = v.attestation_seq, \
              quarantined_at = v.quarantined_at, ejected_until = v.ejected_until, \
@@ -497,7 +497,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              FROM v WHERE runners.id = v.id"
         )
     };
-    write_rows(db, updates, 27, sql, |u| {
+    write_rows(db, updates, 28, sql, |u| {
         let rec = u.latest;
         let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
         vec![
@@ -513,6 +513,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
             Param::OptText(image.id.as_ref().map(|d| d.as_str())),
             Param::OptText(image.digest.as_ref().map(|d| d.as_str())),
             Param::OptText(image.image_ref.as_deref()),
+            Param::Owned(rows::attested_images_json(&rec.state.images)),
             Param::OptText(u.agent.as_deref()),
             Param::Text(rec.status.as_str()),
             Param::Int(u.row.attestation_seq),
@@ -818,6 +819,7 @@ mod tests {
                     disk: Vec::new(),
                 },
                 image: RunningImage::default(),
+                images: Vec::new(),
             },
             agent: None,
             status: if ok {

@@ -14,6 +14,7 @@ use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind, ForgeRunner};
 use crate::domain::github::registration::{Registration, State as RegistrationState};
 use crate::domain::github::{GithubPool, GithubScope};
 use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
+use crate::domain::images::{AttestedImage, PoolImage, PoolImageRecord, Undescribed};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
 use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
@@ -54,6 +55,33 @@ fn probe_disk(json: Option<String>) -> StoreResult<Vec<DiskFigure>> {
     match json {
         None => Ok(Vec::new()),
         Some(j) => serde_json::from_str(&j).map_err(|_| corrupt("disk figures", &j)),
+    }
+}
+
+/// A pool's images as their column holds them (JSON), or NULL when it describes none.
+pub fn pool_images_json(images: &[PoolImage]) -> Option<String> {
+    (!images.is_empty()).then(|| {
+        let records: Vec<_> = images.iter().map(PoolImage::record).collect();
+        serde_json::to_string(&records).expect("pool images serialize")
+    })
+}
+
+fn pool_images(json: Option<String>) -> StoreResult<Vec<PoolImage>> {
+    let Some(j) = json else { return Ok(Vec::new()) };
+    let records: Vec<PoolImageRecord> =
+        serde_json::from_str(&j).map_err(|_| corrupt("pool images", &j))?;
+    Ok(records.into_iter().map(PoolImage::from_record).collect())
+}
+
+/// A runner's attested images as their column holds them (JSON), or NULL when none.
+pub fn attested_images_json(images: &[AttestedImage]) -> Option<String> {
+    (!images.is_empty()).then(|| serde_json::to_string(images).expect("attested images serialize"))
+}
+
+fn attested_images(json: Option<String>) -> StoreResult<Vec<AttestedImage>> {
+    match json {
+        None => Ok(Vec::new()),
+        Some(j) => serde_json::from_str(&j).map_err(|_| corrupt("attested images", &j)),
     }
 }
 
@@ -147,6 +175,12 @@ pub fn pool(row: &Row) -> StoreResult<Pool> {
         github: github_pool(row.opt_text("github")?)?,
         disk_warning: disk_warning(row.opt_text("disk_warning")?)?,
         ejection: ejection_policy(row.opt_text("ejection")?)?,
+        images: pool_images(row.opt_text("images")?)?,
+        undescribed_images: match row.opt_text("undescribed_images")?.as_deref() {
+            None | Some("refuse") => Undescribed::Refuse,
+            Some("ignore") => Undescribed::Ignore,
+            Some(other) => return Err(corrupt("undescribed_images", other)),
+        },
         created_at: millis(row, "created_at")?,
         updated_at: millis(row, "updated_at")?,
     })
@@ -227,6 +261,7 @@ fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
                     digest: opt_digest(row.opt_text("image_digest")?)?,
                     image_ref: row.opt_text("image_ref")?,
                 },
+                images: attested_images(row.opt_text("images")?)?,
             },
         }),
         None => None,
@@ -235,8 +270,8 @@ fn latest_attestation(row: &Row) -> StoreResult<Option<LatestAttestation>> {
 
 /// The columns `runner_summary` reads: what judging a runner needs.
 pub const SUMMARY_COLUMNS: &str = "id, name, pool, cordoned, quarantined_at, revoked_at, \
-     attested_at, probe_ok, probe_checked_at, probe_disk, image_id, image_digest, ejected_at, \
-     ejected_until, ejected_failures, ejected_nth";
+     attested_at, probe_ok, probe_checked_at, probe_disk, image_id, image_digest, images, \
+     ejected_at, ejected_until, ejected_failures, ejected_nth";
 
 /// And what the operators' search needs besides.
 pub const SEARCH_COLUMNS: &str = "labels, agent";
@@ -261,6 +296,7 @@ pub fn runner_summary(row: &Row, with_search: bool) -> StoreResult<RunnerSummary
                     digest: opt_digest(row.opt_text("image_digest")?)?,
                     image_ref: None,
                 },
+                images: attested_images(row.opt_text("images")?)?,
             },
         }),
         None => None,
