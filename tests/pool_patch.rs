@@ -117,6 +117,11 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
         // serde would read a struct from an array: a nested object is an object or nothing.
         (json!({"disk_warning": [null, null]}), StatusCode::BAD_REQUEST, "bad_request"),
         (json!({"ejection": [3]}), StatusCode::BAD_REQUEST, "bad_request"),
+        (
+            json!({"disk_warning": {"min_free_bytes": 9_223_372_036_854_775_808_u64}}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         (json!({"github": ["orgs/acme", 1, ["linux"]]}), StatusCode::BAD_REQUEST, "bad_request"),
         (json!({"github": "orgs/acme"}), StatusCode::BAD_REQUEST, "bad_request"),
         (

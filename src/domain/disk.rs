@@ -48,8 +48,18 @@ pub struct DiskWarning {
 }
 
 impl DiskWarning {
-    /// Whether the warning is well formed: a percentage of at most 100.
+    /// Whether the warning is well formed: a percentage of at most 100, and a byte count the
+    /// store's signed 64-bit columns hold (the document's maximum, 2^63 - 1).
     pub fn check(&self) -> Result<(), String> {
+        if self
+            .min_free_bytes
+            .is_some_and(|b| i64::try_from(b).is_err())
+        {
+            return Err(format!(
+                "disk_warning.min_free_bytes must be 0-{}",
+                i64::MAX
+            ));
+        }
         match self.min_free_inodes_percent {
             Some(p) if p > 100 => Err("disk_warning.min_free_inodes_percent must be 0-100".into()),
             _ => Ok(()),
@@ -112,6 +122,17 @@ mod tests {
             free_inodes,
             total_inodes,
         }
+    }
+
+    #[test]
+    fn a_warning_line_is_within_what_the_store_holds() {
+        let line = |bytes: u64, percent: u8| DiskWarning {
+            min_free_bytes: Some(bytes),
+            min_free_inodes_percent: Some(percent),
+        };
+        assert!(line(i64::MAX as u64, 100).check().is_ok());
+        assert!(line(i64::MAX as u64 + 1, 5).check().is_err());
+        assert!(line(0, 101).check().is_err());
     }
 
     #[test]
