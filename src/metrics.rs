@@ -183,10 +183,11 @@ impl Default for Metrics {
             ("failed", "github_refused"),
             ("failed", "github_unavailable"),
         ] {
-            m.github_registrations.get_or_create(&GithubLabels {
+            // Created for its side effect; the guard it hands back is let go at once.
+            drop(m.github_registrations.get_or_create(&GithubLabels {
                 outcome,
                 code: code.to_string(),
-            });
+            }));
         }
         m.registered()
     }
