@@ -180,6 +180,7 @@ on_both_engines! {
             (json!({"images": [{"ref": "x", "expected_image_ids": [IMAGE_A], "pull": true}]}), "unknown field"),
             (json!({"images": [{"ref": "x", "expected_image_ids": ["latest"]}]}), "not a digest"),
             (json!({"images": [{"ref": "", "expected_image_ids": [IMAGE_A]}]}), "empty ref"),
+            (json!({"images": [["x", [IMAGE_A]]]}), "an entry as an array"),
             (json!({"images": [{"ref": "x", "expected_image_ids": [IMAGE_A]}], "undescribed_images": "warn"}), "policy"),
         ] {
             let r = app.admin_put("/api/v1/admin/pools/p", body).await;

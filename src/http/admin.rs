@@ -21,6 +21,7 @@ use crate::domain::fleet::{self, Filter};
 use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
 use crate::domain::images::{ImageSpec, Undescribed};
+use crate::domain::json_object::ObjectOnly;
 use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
     PoolName, PoolSpec, PoolSpecError,
@@ -107,7 +108,7 @@ struct PoolBody {
     ejection: Option<EjectionBody>,
     /// The images its runners may run, each judged on its own (`domain::images`).
     #[serde(default)]
-    images: Vec<ImageBody>,
+    images: Vec<ObjectOnly<ImageBody>>,
     /// `refuse` (default) or `ignore` an attested image the pool does not describe.
     #[serde(default)]
     undescribed_images: Undescribed,
@@ -152,10 +153,11 @@ struct ImageBody {
 }
 
 /// The pool's images; a ref named twice is the later entry, as a JSON object's key would be.
-fn image_specs(bodies: Vec<ImageBody>) -> Result<Vec<ImageSpec>, ApiError> {
+fn image_specs(bodies: Vec<ObjectOnly<ImageBody>>) -> Result<Vec<ImageSpec>, ApiError> {
     let mut specs: Vec<ImageSpec> = Vec::with_capacity(bodies.len());
     for (i, body) in bodies.into_iter().enumerate() {
-        let spec = body.checked(i)?;
+        // Each entry only from a JSON object: serde would read a struct from an array too.
+        let spec = body.0.checked(i)?;
         match specs.iter_mut().find(|s| s.image_ref == spec.image_ref) {
             Some(earlier) => *earlier = spec,
             None => specs.push(spec),
