@@ -18,7 +18,11 @@ async fn a_healthy_podman_info_passes() {
     let (_, version, _) = podman(&["version", "--format", "{{.Client.Version}}"]);
     let ran = run(runner(&["preflight", "--runtime", "podman"])).await;
     assert_eq!(ran.code, 0, "{ran:?}");
-    assert_eq!(ran.stdout, format!("podman {version} ok\n"));
+    // The verdict, then the free space of podman's storage (the probe's disk figures).
+    let line = ran.stdout.strip_suffix('\n').expect("one line");
+    let (verdict, disk) = line.split_once("; ").expect("a verdict and disk figures");
+    assert_eq!(verdict, format!("podman {version} ok"));
+    assert!(disk.contains(" free on /"), "{line}");
     assert_eq!(ran.stderr, "");
 }
 
@@ -119,12 +123,13 @@ async fn a_local_image_reports_its_real_id_and_create_leaves_no_container() {
     .await;
     assert_eq!(ran.code, 0, "{ran:?}");
     assert!(
-        ran.stdout.ends_with(&format!(
-            "ok (created and removed a container); image {}\n",
+        ran.stdout.contains(&format!(
+            "ok (created and removed a container); image {}; ",
             image.id
         )),
         "{ran:?}"
     );
+    assert!(ran.stdout.contains(" free on /"), "{ran:?}");
     let (_, left, _) = podman(&[
         "ps",
         "-a",
