@@ -205,9 +205,12 @@ impl PoolSpec {
             )));
         }
         for (i, image) in self.images.iter().enumerate() {
-            if image.image_ref.is_empty() || image.image_ref.len() > MAX_REF_BYTES {
+            // Counted in characters, as the document's maxLength counts: an attested ref is
+            // at most MAX_REF_BYTES bytes, so an entry no longer than that always can match.
+            let chars = image.image_ref.chars().count();
+            if chars == 0 || chars > MAX_REF_BYTES {
                 return Err(PoolSpecError::OutOfRange(format!(
-                    "images[{i}].ref must be 1 to {MAX_REF_BYTES} bytes"
+                    "images[{i}].ref must be 1 to {MAX_REF_BYTES} characters"
                 )));
             }
             if self.images[..i]

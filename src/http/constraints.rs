@@ -225,7 +225,7 @@ pub fn pool_body() -> Value {
                     "type": "object", "additionalProperties": false,
                     "required": ["ref", "expected_image_ids"],
                     "properties": {
-                        "ref": {"type": "string", "minLength": 1, "maxLength": 128, "pattern": no_controls_pattern()},
+                        "ref": {"type": "string", "minLength": 1, "maxLength": crate::domain::images::MAX_REF_BYTES, "pattern": no_controls_pattern()},
                         "expected_image_ids": {"type": "array", "minItems": 1, "items": ids["items"]},
                         "drift_grace_s": {"type": ["integer", "null"], "minimum": 0, "maximum": 2_592_000},
                         "absent_ok": {"type": "boolean", "default": false},
