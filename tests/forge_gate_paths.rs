@@ -11,7 +11,10 @@
 
 use crate::common;
 
-use common::forges::{self, FETCH_TASK, JOBS_REQUEST, ROUTER_DISCOVERY, TestForge, runner_v1};
+use common::forges::{
+    self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, ROUTER_DISCOVERY, TestForge, UUID,
+    runner_v1,
+};
 use common::*;
 use leasegate::config::ServeArgs;
 use prost::Message;
@@ -19,34 +22,11 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-const UUID: &str = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
-const FORGEJO_TOKEN: &str = "forgejo-runner-token";
 const GITLAB_TOKEN: &str = "glrt-test-runner-token";
 
-struct Gated {
-    app: TestApp,
-    forgejo: TestForge,
-    gitlab: TestForge,
-}
-
+/// The service on `engine` in front of the test forges (`forges::gated`), with `adjust` on top.
 async fn gated(engine: Engine, adjust: impl FnOnce(&mut ServeArgs)) -> Option<Gated> {
-    let forgejo = forges::forgejo().await;
-    let gitlab = forges::gitlab(1).await;
-    forgejo.add_runner(UUID, FORGEJO_TOKEN);
-    gitlab.add_runner(GITLAB_TOKEN, GITLAB_TOKEN);
-    let (f, g) = (forgejo.base.clone(), gitlab.base.clone());
-    let app = spawn_app_on_with(engine, move |a| {
-        a.forgejo_upstream = Some(f);
-        a.gitlab_upstream = Some(g);
-        a.forge_hold_s = 1;
-        adjust(a);
-    })
-    .await?;
-    Some(Gated {
-        app,
-        forgejo,
-        gitlab,
-    })
+    forges::gated(engine, GITLAB_TOKEN, 1, adjust).await
 }
 
 /// A leasegate runner in pool `linux` bound to both forge runners, attesting `healthy` or a

@@ -7,44 +7,24 @@
 
 use crate::common;
 
-use common::forges::{self, FETCH_TASK, JOBS_REQUEST, TestForge, runner_v1};
+use common::forges::{
+    self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, TestForge, UUID, runner_v1,
+};
 use common::*;
 use leasegate::config::ServeArgs;
 use prost::Message;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-const UUID: &str = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
-const FORGEJO_TOKEN: &str = "forgejo-runner-token";
 const FLEET_TOKEN: &str = "glrt-fleet-token";
 const MACHINE_A: &str = "s_0123456789ab";
 const MACHINE_B: &str = "s_ba9876543210";
 
-struct Gated {
-    app: TestApp,
-    forgejo: TestForge,
-    gitlab: TestForge,
-}
-
+/// The service on `engine` in front of the test forges (`forges::gated`), with `adjust` on top.
 async fn gated(engine: Engine, adjust: impl FnOnce(&mut ServeArgs)) -> Option<Gated> {
-    let forgejo = forges::forgejo().await;
-    let gitlab = forges::gitlab(1).await;
-    forgejo.add_runner(UUID, FORGEJO_TOKEN);
-    gitlab.add_runner(FLEET_TOKEN, FLEET_TOKEN);
-    let (f, g) = (forgejo.base.clone(), gitlab.base.clone());
-    let app = spawn_app_on_with(engine, move |a| {
-        a.forgejo_upstream = Some(f);
-        a.gitlab_upstream = Some(g);
-        a.forge_hold_s = 1;
-        adjust(a);
-    })
-    .await?;
-    app.pool("linux", &[IMAGE_A]).await;
-    Some(Gated {
-        app,
-        forgejo,
-        gitlab,
-    })
+    let g = forges::gated(engine, FLEET_TOKEN, 1, adjust).await?;
+    g.app.pool("linux", &[IMAGE_A]).await;
+    Some(g)
 }
 
 fn sha256_hex(s: &str) -> String {

@@ -592,3 +592,42 @@ async fn jobs_request(State(forge): State<TestForge>, req: Request, long_poll_s:
     forge.answered(&r, &Bytes::new());
     r
 }
+
+/// The uuid and token of the Forgejo runner `gated` registers with its test Forgejo.
+pub const UUID: &str = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
+pub const FORGEJO_TOKEN: &str = "forgejo-runner-token";
+
+/// The service in front of a test Forgejo and a test GitLab.
+pub struct Gated {
+    pub app: super::TestApp,
+    pub forgejo: TestForge,
+    pub gitlab: TestForge,
+}
+
+/// The service on `engine` in front of a test Forgejo (its runner `UUID`, `FORGEJO_TOKEN`) and
+/// a test GitLab (its long poll 1 s, its runner `gitlab_token`), holding refused fetches
+/// `hold_s`, with `adjust` on top; `None` when the engine is not available here.
+pub async fn gated(
+    engine: super::Engine,
+    gitlab_token: &str,
+    hold_s: u64,
+    adjust: impl FnOnce(&mut leasegate::config::ServeArgs),
+) -> Option<Gated> {
+    let forgejo = forgejo().await;
+    let gitlab = gitlab(1).await;
+    forgejo.add_runner(UUID, FORGEJO_TOKEN);
+    gitlab.add_runner(gitlab_token, gitlab_token);
+    let (f, g) = (forgejo.base.clone(), gitlab.base.clone());
+    let app = super::spawn_app_on_with(engine, move |a| {
+        a.forgejo_upstream = Some(f);
+        a.gitlab_upstream = Some(g);
+        a.forge_hold_s = hold_s;
+        adjust(a);
+    })
+    .await?;
+    Some(Gated {
+        app,
+        forgejo,
+        gitlab,
+    })
+}
