@@ -12,8 +12,7 @@
 use crate::common;
 
 use common::forges::{
-    self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, ROUTER_DISCOVERY, TestForge, UUID,
-    runner_v1,
+    self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, ROUTER_DISCOVERY, UUID, runner_v1,
 };
 use common::*;
 use leasegate::config::ServeArgs;

@@ -7,9 +7,7 @@
 
 use crate::common;
 
-use common::forges::{
-    self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, TestForge, UUID, runner_v1,
-};
+use common::forges::{self, FETCH_TASK, FORGEJO_TOKEN, Gated, JOBS_REQUEST, UUID, runner_v1};
 use common::*;
 use leasegate::config::ServeArgs;
 use prost::Message;
