@@ -972,40 +972,13 @@ async fn heartbeat_bindings_follow_the_forge_runners_files_within_one_beat() {
     write_runner("7d1c9f0e-2b3a-4c5d-8e9f-0a1b2c3d4e5f", "forgejo-first");
     write_config("glrt-first");
 
-    let key = dir.path().join("runner.key");
-    assert_eq!(
-        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
-            .await
-            .code,
-        0
-    );
-    let state = dir.path().join("runner.json");
     let files = [
         "--forgejo-runner-file",
         dot_runner.to_str().unwrap(),
         "--gitlab-config",
         config.to_str().unwrap(),
     ];
-    let mut args = vec![
-        "register",
-        "--server",
-        &app.base,
-        "--name",
-        "build-01",
-        "--key",
-        key.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-    ];
-    args.extend(files);
-    let mut cmd = runner(&args);
-    cmd.env(
-        "LEASEGATE_REGISTRATION_TOKEN",
-        app.registration_token("linux").await,
-    );
-    let ran = run(cmd).await;
-    assert_eq!(ran.code, 0, "{ran:?}");
-    let id = ran.stdout_json()["runner_id"].as_str().unwrap().to_string();
+    let (key, state, id) = registered(&app, dir.path(), "linux", "build-01", &files).await;
     // What the runner is bound to: (kind, uuid or token hash, token hash or system id).
     let bound = |view: Value| -> Vec<(String, String, String)> {
         let mut b: Vec<_> = view["forge_runners"]

@@ -67,35 +67,7 @@ async fn the_loop_runs_one_job_per_registration_gets_nothing_while_broken_and_pa
     // The machine: a key, its registration, a runtime that breaks when `broken` exists.
     let dir = tempfile::tempdir().unwrap();
     let d = dir.path();
-    let key = d.join("runner.key");
-    let state = d.join("runner.json");
-    assert_eq!(
-        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
-            .await
-            .code,
-        0
-    );
-    let mut register = runner(&[
-        "register",
-        "--server",
-        &app.base,
-        "--name",
-        "build-07",
-        "--key",
-        key.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-    ]);
-    register.env(
-        "LEASEGATE_REGISTRATION_TOKEN",
-        app.registration_token("gh").await,
-    );
-    let registered = run(register).await;
-    assert_eq!(registered.code, 0, "{registered:?}");
-    let runner_id = registered.stdout_json()["runner_id"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let (key, state, runner_id) = registered(&app, d, "gh", "build-07", &[]).await;
     let broken = d.join("broken");
     let runtime = fake_runtime(
         d,

@@ -351,32 +351,7 @@ async fn an_agents_heartbeat_carries_the_work_dirs_real_figures(app: TestApp) {
     app.admin_put("/api/v1/admin/pools/linux", json!({"image_policy": "off"}))
         .await;
     let dir = tempfile::tempdir().unwrap();
-    let key = dir.path().join("runner.key");
-    let state = dir.path().join("runner.json");
-    assert_eq!(
-        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
-            .await
-            .code,
-        0
-    );
-    let mut register = runner(&[
-        "register",
-        "--server",
-        &app.base,
-        "--name",
-        "build-01",
-        "--key",
-        key.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-    ]);
-    register.env(
-        "LEASEGATE_REGISTRATION_TOKEN",
-        app.registration_token("linux").await,
-    );
-    let ran = run(register).await;
-    assert_eq!(ran.code, 0, "{ran:?}");
-    let runner_id = ran.stdout_json()["runner_id"].as_str().unwrap().to_string();
+    let (key, state, runner_id) = registered(&app, dir.path(), "linux", "build-01", &[]).await;
 
     let storage = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();

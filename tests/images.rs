@@ -317,34 +317,7 @@ async fn agent_reads_the_runners_configuration(app: TestApp) {
     )
     .await;
     let dir = tempfile::tempdir().unwrap();
-    let (key, state) = (
-        dir.path().join("runner.key"),
-        dir.path().join("runner.json"),
-    );
-    assert_eq!(
-        run(runner(&["keygen", "--key", key.to_str().unwrap()]))
-            .await
-            .code,
-        0
-    );
-    let mut register = runner(&[
-        "register",
-        "--server",
-        &app.base,
-        "--name",
-        "docker-01",
-        "--key",
-        key.to_str().unwrap(),
-        "--state",
-        state.to_str().unwrap(),
-    ]);
-    register.env(
-        "LEASEGATE_REGISTRATION_TOKEN",
-        app.registration_token("docker").await,
-    );
-    let ran = run(register).await;
-    assert_eq!(ran.code, 0, "{ran:?}");
-    let runner_id = ran.stdout_json()["runner_id"].as_str().unwrap().to_string();
+    let (key, state, runner_id) = registered(&app, dir.path(), "docker", "docker-01", &[]).await;
 
     let forgejo = dir.path().join("config.yml");
     std::fs::write(&forgejo, FORGEJO_CONFIG).unwrap();

@@ -270,3 +270,40 @@ impl Drop for LocalImage {
         let _ = podman(&["rmi", "-f", &self.tag]);
     }
 }
+
+/// A runner of `pool` named `name`, made by the real binary as an operator makes one: `keygen`
+/// into `DIR/runner.key`, then `register` (with `extra` arguments) writing `DIR/runner.json`.
+/// Its key file, its state file and its runner id.
+pub async fn registered(
+    app: &super::TestApp,
+    dir: &Path,
+    pool: &str,
+    name: &str,
+    extra: &[&str],
+) -> (PathBuf, PathBuf, String) {
+    let key = dir.join("runner.key");
+    let state = dir.join("runner.json");
+    let keygen = run(runner(&["keygen", "--key", key.to_str().unwrap()])).await;
+    assert_eq!(keygen.code, 0, "{keygen:?}");
+    let mut args = vec![
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        name,
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let mut register = runner(&args);
+    register.env(
+        "LEASEGATE_REGISTRATION_TOKEN",
+        app.registration_token(pool).await,
+    );
+    let ran = run(register).await;
+    assert_eq!(ran.code, 0, "{ran:?}");
+    let runner_id = ran.stdout_json()["runner_id"].as_str().unwrap().to_string();
+    (key, state, runner_id)
+}
