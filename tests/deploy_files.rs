@@ -1021,15 +1021,7 @@ fn local_haproxy_config(port: u16, backends: &[&TestApp]) -> String {
 
 /// How many requests to `route` this replica has answered, from its own /metrics.
 async fn served(app: &TestApp, route: &str) -> f64 {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     let route = format!("route=\"{route}\"");
     text.lines()
         .filter(|l| {
@@ -1449,15 +1441,7 @@ async fn every_metric_and_label_value_the_rules_name_is_exported_by_the_service(
     );
     app.sweep_ahead(700).await;
 
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     let samples: Vec<(&str, &str)> = text
         .lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())

@@ -235,15 +235,7 @@ fn storage(free_gib: u64, free_inodes: u64) -> Value {
 }
 
 async fn disk_warned_metric(app: &TestApp) -> String {
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     text.lines()
         .find(|l| l.starts_with("leasegate_runners_disk_warned{pool=\"linux\"}"))
         .unwrap_or("absent")

@@ -68,14 +68,7 @@ async fn lease_code(app: &TestApp, runner: &TestRunner) -> (StatusCode, Value) {
 }
 
 async fn metrics(app: &TestApp) -> String {
-    app.client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
+    app.metrics_text().await
 }
 
 on_both_engines! {

@@ -161,16 +161,7 @@ async fn a_refused_forgejo_runner_gets_no_task_and_the_forge_never_hears_of_it(e
         refusal["detail"].as_str().unwrap().contains("crun"),
         "{refusal}"
     );
-    let metrics = g
-        .app
-        .client
-        .get(g.app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = g.app.metrics_text().await;
     assert!(
         metrics.contains(r#"leasegate_forge_fetches_total{forge="forgejo",outcome="refused",code="probe_failed"} 2"#),
         "{metrics}"
@@ -437,16 +428,7 @@ async fn a_pool_that_observes_forwards_and_records_what_it_would_refuse(engine: 
     // Recorded and counted as in enforce.
     let view = g.app.runner(&runner.id).await;
     assert_eq!(view["refusals"][0]["code"], "probe_failed");
-    let metrics = g
-        .app
-        .client
-        .get(g.app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = g.app.metrics_text().await;
     assert!(metrics.contains(r#"leasegate_forge_fetches_total{forge="gitlab",outcome="observed",code="probe_failed"} 1"#), "{metrics}");
     // leasegate's own queue in an observing pool: granted, and marked.
     g.app.enqueue("linux").await;

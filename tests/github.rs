@@ -155,16 +155,7 @@ impl Setup {
     }
 
     async fn metric(&self, outcome: &str, code: &str) -> u64 {
-        let text = self
-            .app
-            .client
-            .get(self.app.url("/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = self.app.metrics_text().await;
         let series = format!(
             "leasegate_github_registrations_total{{outcome=\"{outcome}\",code=\"{code}\"}} "
         );

@@ -115,7 +115,7 @@ async fn metrics_follow_grants_refusals_returns_and_expiries(app) {
     assert_eq!(value(&m, "leasegate_runners", &[("pool", "linux"), ("status", "healthy")]), 1.0);
     assert!(value(&m, "leasegate_http_request_duration_seconds_count", &[("route", "/api/v1/lease"), ("method", "POST")]) >= 10.0);
     // No ids in labels.
-    let text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let text = app.metrics_text().await;
     assert!(!text.contains(&runner.id), "a runner id leaked into a label");
 }
 }
@@ -172,15 +172,7 @@ async fn invented_requests(app: &TestApp, count: usize, connections: usize) {
 }
 
 async fn metrics_size(app: &TestApp) -> usize {
-    app.client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap()
-        .len()
+    app.metrics_text().await.len()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -197,15 +189,7 @@ async fn invented_methods_and_paths_add_no_series() {
         after < before + 512,
         "/metrics grew from {before} to {after} bytes"
     );
-    let text = app
-        .client
-        .get(app.url("/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = app.metrics_text().await;
     assert!(text.contains("method=\"other\""));
     assert!(
         !text.contains("QQQQ") && !text.contains("/made/up"),

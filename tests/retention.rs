@@ -335,7 +335,7 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     assert!(!events.is_empty(), "its events stay with it");
     // The store levels off in bytes too; SQLite's file reuses the pages pruning freed.
     assert!(b60.0 as f64 <= b45.0 as f64 * 1.15, "{} bytes at day 45, {} at day 60", b45.0, b60.0);
-    let metrics_text = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics_text = app.metrics_text().await;
     assert!(metrics_text.contains("leasegate_pruned_rows_total{kind=\"jobs\"}"), "{metrics_text}");
     assert!(pruned_total > 0);
 

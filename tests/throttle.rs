@@ -57,7 +57,7 @@ async fn wrong_tokens_past_the_limit_are_throttled_and_other_clients_are_not(app
     let forge = other.get(app.url("/api/v1/jobs/x")).bearer_auth(FORGE).send().await.unwrap();
     assert_eq!(forge.status(), StatusCode::NOT_FOUND);
     // The failures and the 429s are counted.
-    let metrics = app.client.get(app.url("/metrics")).send().await.unwrap().text().await.unwrap();
+    let metrics = app.metrics_text().await;
     assert!(metrics.contains("leasegate_auth_failures_total{credential=\"admin\"} 21"), "{metrics}");
     assert!(metrics.contains("leasegate_auth_throttled_total{credential=\"admin\"} 2"));
 }

@@ -378,6 +378,13 @@ impl TestApp {
         format!("{}{}", self.base, path)
     }
 
+    /// What `GET /metrics` answers, as text.
+    pub async fn metrics_text(&self) -> String {
+        let r = self.client.get(self.url("/metrics")).send().await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "GET /metrics");
+        r.text().await.unwrap()
+    }
+
     pub async fn admin_put(&self, path: &str, body: Value) -> Response {
         self.client
             .put(self.url(path))
