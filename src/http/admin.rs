@@ -98,14 +98,14 @@ struct PoolBody {
     #[serde(default, deserialize_with = "super::json::whole_number")]
     resolve_interval_s: Option<i64>,
     /// Where the pool's runners register with GitHub Actions; null or omitted: they do not.
-    #[serde(default, deserialize_with = "super::json::nested_object")]
-    github: Option<GithubBody>,
+    #[serde(default)]
+    github: Option<ObjectOnly<GithubBody>>,
     /// Below what disk figures its runners are warned of; null or omitted: never.
-    #[serde(default, deserialize_with = "super::json::nested_object")]
-    disk_warning: Option<DiskWarning>,
+    #[serde(default)]
+    disk_warning: Option<ObjectOnly<DiskWarning>>,
     /// When the pool's runners are ejected; null or omitted: the defaults.
-    #[serde(default, deserialize_with = "super::json::nested_object")]
-    ejection: Option<EjectionBody>,
+    #[serde(default)]
+    ejection: Option<ObjectOnly<EjectionBody>>,
     /// The images its runners may run, each judged on its own (`domain::images`).
     #[serde(default)]
     images: Vec<ObjectOnly<ImageBody>>,
@@ -156,7 +156,6 @@ struct ImageBody {
 fn image_specs(bodies: Vec<ObjectOnly<ImageBody>>) -> Result<Vec<ImageSpec>, ApiError> {
     let mut specs: Vec<ImageSpec> = Vec::with_capacity(bodies.len());
     for (i, body) in bodies.into_iter().enumerate() {
-        // Each entry only from a JSON object: serde would read a struct from an array too.
         let spec = body.0.checked(i)?;
         match specs.iter_mut().find(|s| s.image_ref == spec.image_ref) {
             Some(earlier) => *earlier = spec,
@@ -254,11 +253,13 @@ fn spec_of(body: PoolBody) -> Result<PoolSpec, ApiError> {
         resolve_interval_s: body
             .resolve_interval_s
             .unwrap_or(DEFAULT_RESOLVE_INTERVAL_S),
-        github: body.github.map(GithubBody::checked).transpose()?,
-        disk_warning: body.disk_warning,
+        // Nested objects only from JSON objects (`ObjectOnly`): serde would read a struct
+        // from an array too, which the document does not allow.
+        github: body.github.map(|g| g.0.checked()).transpose()?,
+        disk_warning: body.disk_warning.map(|w| w.0),
         ejection: body
             .ejection
-            .map_or_else(EjectionPolicy::default, EjectionBody::policy),
+            .map_or_else(EjectionPolicy::default, |e| e.0.policy()),
         images: image_specs(body.images)?,
         undescribed_images: body.undescribed_images,
     };

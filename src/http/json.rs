@@ -87,35 +87,6 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for OptionalJ
     }
 }
 
-/// An optional object inside a body, read only from a JSON object (or `null`): serde reads a
-/// struct from an array too (`[null, null]`), which the document does not allow, and the
-/// check of the whole body does not reach its members.
-pub fn nested_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: DeserializeOwned,
-{
-    use serde::Deserialize;
-    use serde::de::{Error, Unexpected};
-    match serde_json::Value::deserialize(deserializer)? {
-        serde_json::Value::Null => Ok(None),
-        object @ serde_json::Value::Object(_) => {
-            T::deserialize(object).map(Some).map_err(D::Error::custom)
-        }
-        serde_json::Value::Array(_) => Err(D::Error::invalid_type(Unexpected::Seq, &"an object")),
-        serde_json::Value::String(s) => {
-            Err(D::Error::invalid_type(Unexpected::Str(&s), &"an object"))
-        }
-        serde_json::Value::Bool(b) => {
-            Err(D::Error::invalid_type(Unexpected::Bool(b), &"an object"))
-        }
-        serde_json::Value::Number(_) => Err(D::Error::invalid_type(
-            Unexpected::Other("a number"),
-            &"an object",
-        )),
-    }
-}
-
 /// An optional integer field, read as JSON Schema reads an integer: a number with no
 /// fractional part (`3` or `3.0`). A fraction, or a number outside `i64`, is refused.
 pub fn whole_number<'de, D>(deserializer: D) -> Result<Option<i64>, D::Error>
