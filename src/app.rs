@@ -245,8 +245,10 @@ impl AppState {
         }
     }
 
-    pub fn forge_gate(&self) -> Option<&crate::forge_gate::ForgeGate> {
-        self.inner.forge_gate.as_deref()
+    /// The gate in front of the forges, when one is set; its routes read it through their own
+    /// state (`forge_gate::GateState`).
+    pub fn forge_gate(&self) -> Option<&Arc<crate::forge_gate::ForgeGate>> {
+        self.inner.forge_gate.as_ref()
     }
 
     /// GitHub Actions' side; `None` when no GitHub credential is set (the feature is off).

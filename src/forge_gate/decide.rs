@@ -13,9 +13,8 @@
 //! token: any other fetch naming its uuid is forwarded untouched, leaving nothing behind (no
 //! header, no last fetch, no refusal), so that knowing a runner's uuid tells nothing of it.
 
-use super::ForgeSettings;
-use crate::app::AppState;
-use crate::domain::forge::{FetchRefusal, FetchRules, ForgeIdentity, ForgeKind, judge_fetch};
+use super::GateState;
+use crate::domain::forge::{FetchRefusal, ForgeIdentity, ForgeKind, judge_fetch};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{GateMode, PoolName};
 use crate::domain::time::Millis;
@@ -192,14 +191,13 @@ impl Recent {
 /// Judges a fetch from `identity` (`None`: the forge runner named itself in no way the gate
 /// reads), presenting `token` (a Forgejo runner's `x-runner-token`), at `now`.
 pub async fn judge(
-    state: &AppState,
-    settings: &ForgeSettings,
+    gate: &GateState,
     identity: Option<&ForgeIdentity>,
     token: Option<&str>,
     now: Millis,
 ) -> StoreResult<Judged> {
     let unbound = || Judged {
-        verdict: if settings.pass_unbound {
+        verdict: if gate.settings().pass_unbound {
             Verdict::Forward
         } else {
             Verdict::Refuse(FetchRefusal::UnknownRunner)
@@ -209,7 +207,7 @@ pub async fn judge(
     let Some(identity) = identity else {
         return Ok(unbound());
     };
-    let store = state.store();
+    let store = gate.store();
     let Some((runner_id, binding)) = store.forge_runner(identity).await? else {
         return Ok(unbound());
     };
@@ -229,12 +227,7 @@ pub async fn judge(
     let Some(pool) = store.gate_pool(&runner.pool).await? else {
         return Ok(unbound());
     };
-    let s = state.settings();
-    let rules = FetchRules {
-        attestation_max_age_s: s.rules.max_age_s,
-        probe_max_age_s: s.probe_max_age_s,
-    };
-    let verdict = match judge_fetch(&runner, &pool, now, rules) {
+    let verdict = match judge_fetch(&runner, &pool, now, gate.rules()) {
         Ok(()) => Verdict::Forward,
         Err(r) if pool.gate_mode == GateMode::Observe => Verdict::Observe(r),
         Err(r) => Verdict::Refuse(r),
@@ -248,8 +241,7 @@ pub async fn judge(
 /// Writes down and logs a refusal (at most once per runner and code per interval, and within
 /// the budgets of lines).
 pub async fn record(
-    state: &AppState,
-    recent: &Recent,
+    gate: &GateState,
     forge: ForgeKind,
     identity: Option<&ForgeIdentity>,
     judged: &Judged,
@@ -260,13 +252,15 @@ pub async fn record(
     };
     let observed = matches!(judged.verdict, Verdict::Observe(_));
     let code = refusal.code();
-    let note = recent.note(judged.subject.as_ref().map(|(r, _)| r), code, now);
+    let note = gate
+        .gate()
+        .recent
+        .note(judged.subject.as_ref().map(|(r, _)| r), code, now);
     match &judged.subject {
         Some((runner, pool)) => {
             if note.record {
                 let detail = format!("{} fetch: {}", forge.as_str(), refusal.detail());
-                state
-                    .store()
+                gate.store()
                     .record_refusal(runner, code, &detail, now)
                     .await?;
             }

@@ -13,13 +13,10 @@
 //! untouched, and learns nothing of the runner (`decide`).
 
 use super::canonical::is_call;
-use super::decide::{self, Verdict};
-use super::{
-    ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, canonical_path, count, peer_of, set_path,
-};
-use crate::app::AppState;
+use super::pipeline::{self, Fetch, Forge};
+use super::upstream::Forwarder;
+use super::{GateState, REFUSAL_HEADER, Upstream, canonical_path, peer_of, set_path};
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
-use crate::domain::time::Millis;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;
@@ -34,7 +31,7 @@ pub const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
 
 /// A Connect unary codec, from the request's `Content-Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Codec {
+pub enum Codec {
     Proto,
     Json,
 }
@@ -59,104 +56,59 @@ impl Codec {
     }
 }
 
-pub async fn handle(State(state): State<AppState>, request: Request) -> Response {
-    let gate = state.forge_gate().expect("routed only with a forge gate");
-    let upstream = gate
-        .settings
-        .forgejo
-        .clone()
-        .expect("routed only with a forgejo upstream");
+/// Forgejo and Gitea on the fetch pipeline: "no work" is answered at once, since the runner
+/// waits its own interval before it asks again.
+pub struct Forgejo;
+
+impl Forge for Forgejo {
+    type NoWork = Option<Codec>;
+    const KIND: ForgeKind = ForgeKind::Forgejo;
+    const HOLDS: bool = false;
+
+    fn route(gate: &GateState) -> (&Forwarder, &Upstream) {
+        let upstream = gate
+            .settings()
+            .forgejo
+            .as_ref()
+            .expect("routed only with a forgejo upstream");
+        (&gate.gate().forwarder, upstream)
+    }
+
+    fn no_work(codec: Option<Codec>, code: &'static str) -> Response {
+        no_work(codec, code)
+    }
+}
+
+pub async fn handle(State(gate): State<GateState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     let path = match canonical_path(&parts, &PREFIXES) {
         Ok(path) => path,
         Err(refused) => return refused,
     };
-    let peer = peer_of(&state, &parts);
+    let peer = peer_of(&gate, &parts);
     // Any method: what a forge would do with another one is the forge's business, not a way
     // around the gate.
     if is_call(&path, FETCH_TASK, false) {
         set_path(&mut parts, FETCH_TASK);
-        let request = Request::from_parts(parts, body);
-        return fetch_task(&state, gate, request, peer, &upstream).await;
+        let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
+        let identity = header("x-runner-uuid").and_then(|u| ForgeIdentity::forgejo(u).ok());
+        let token = header("x-runner-token").map(str::to_string);
+        let codec = Codec::of(header(CONTENT_TYPE.as_str()));
+        let fetch = Fetch::<Forgejo> {
+            request: Request::from_parts(parts, body),
+            peer,
+            identity,
+            token,
+            no_work: codec,
+        };
+        return pipeline::fetch(&gate, fetch).await;
     }
     set_path(&mut parts, &path);
-    gate.forwarder
-        .forward(&upstream, Request::from_parts(parts, body), peer)
-        .await
-}
-
-async fn fetch_task(
-    state: &AppState,
-    gate: &ForgeGate,
-    request: Request,
-    peer: super::upstream::Peer,
-    upstream: &super::Upstream,
-) -> Response {
-    let now = Millis::now();
-    let identity = request
-        .headers()
-        .get("x-runner-uuid")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|u| ForgeIdentity::forgejo(u).ok());
-    let codec = Codec::of(
-        request
-            .headers()
-            .get(CONTENT_TYPE)
-            .and_then(|v| v.to_str().ok()),
-    );
-    let token = request
-        .headers()
-        .get("x-runner-token")
-        .and_then(|v| v.to_str().ok());
-    let judged = match decide::judge(state, &gate.settings, identity.as_ref(), token, now).await {
-        Ok(j) => j,
-        Err(e) => {
-            // Fail closed: without the store the gate cannot tell, so no runner gets work.
-            tracing::warn!(error = %e, "the forge gate cannot judge a fetch: answering no work");
-            state
-                .metrics()
-                .forge_fetch("forgejo", "refused", "unavailable");
-            return no_work(codec, "unavailable", request).await;
-        }
-    };
-    if let Err(e) = decide::record(
-        state,
-        &gate.recent,
-        ForgeKind::Forgejo,
-        identity.as_ref(),
-        &judged,
-        now,
-    )
-    .await
-    {
-        tracing::warn!(error = %e, "cannot record a forge refusal");
-    }
-    count(
-        state,
-        ForgeKind::Forgejo,
-        &judged.verdict,
-        judged.subject.is_some(),
-    );
-    match judged.verdict {
-        Verdict::Forward | Verdict::Untouched => {
-            gate.forwarder.forward(upstream, request, peer).await
-        }
-        Verdict::Observe(refusal) => {
-            let mut answer = gate.forwarder.forward(upstream, request, peer).await;
-            answer.headers_mut().insert(
-                WOULD_REFUSE_HEADER,
-                HeaderValue::from_static(refusal.code()),
-            );
-            answer
-        }
-        Verdict::Refuse(refusal) => no_work(codec, refusal.code(), request).await,
-    }
+    pipeline::forward::<Forgejo>(&gate, Request::from_parts(parts, body), peer).await
 }
 
 /// "No work", in the request's codec, without the forge.
-async fn no_work(codec: Option<Codec>, code: &'static str, request: Request) -> Response {
-    // The request is a few bytes; reading it keeps the connection for the runner's next call.
-    let _ = axum::body::to_bytes(request.into_body(), 64 * 1024).await;
+fn no_work(codec: Option<Codec>, code: &'static str) -> Response {
     let Some(codec) = codec else {
         // Not a Connect unary call (gRPC, say): refused all the same, in Connect's error shape.
         let body = format!(

@@ -19,22 +19,17 @@
 //! GitLab.
 
 use super::canonical::is_call;
-use super::decide::{self, Verdict};
-use super::gitlab_params::{self, JobRequestParams};
-use super::upstream::{ClientBodyError, is_length_limit};
-use super::{
-    ForgeGate, REFUSAL_HEADER, WOULD_REFUSE_HEADER, canonical_path, count, peer_of, set_path,
-};
-use crate::app::AppState;
+use super::gitlab_params;
+use super::pipeline::{self, Fetch, Forge};
+use super::upstream::{ClientBodyError, Forwarder, is_length_limit};
+use super::{GateState, REFUSAL_HEADER, Upstream, canonical_path, peer_of, set_path};
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
-use crate::domain::time::Millis;
 use crate::http::problem::ApiError;
-use axum::body::{Body, Bytes};
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;
 use axum::http::{HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
-use std::time::Duration;
 
 /// The paths the gate serves for a GitLab.
 pub const PREFIX: &str = "/api/v4";
@@ -52,22 +47,37 @@ const NO_ROUTER: &str =
 /// The largest job request read (gitlab-runner sends a few KB of `info`).
 const MAX_REQUEST_BYTES: usize = 256 * 1024;
 
-/// How often a held request is judged again.
-const RECHECK: Duration = Duration::from_secs(1);
+/// GitLab on the fetch pipeline: a refused job request is held, as GitLab holds it, then
+/// answered `204` echoing its `last_update`.
+pub struct Gitlab;
 
-pub async fn handle(State(state): State<AppState>, request: Request) -> Response {
-    let gate = state.forge_gate().expect("routed only with a forge gate");
-    let upstream = gate
-        .settings
-        .gitlab
-        .clone()
-        .expect("routed only with a gitlab upstream");
+impl Forge for Gitlab {
+    /// The request's `last_update`, echoed in the "no job".
+    type NoWork = Option<String>;
+    const KIND: ForgeKind = ForgeKind::Gitlab;
+    const HOLDS: bool = true;
+
+    fn route(gate: &GateState) -> (&Forwarder, &Upstream) {
+        let upstream = gate
+            .settings()
+            .gitlab
+            .as_ref()
+            .expect("routed only with a gitlab upstream");
+        (&gate.gate().forwarder, upstream)
+    }
+
+    fn no_work(last_update: Option<String>, code: &'static str) -> Response {
+        no_job(last_update.as_deref(), code)
+    }
+}
+
+pub async fn handle(State(gate): State<GateState>, request: Request) -> Response {
     let (mut parts, body) = request.into_parts();
     let path = match canonical_path(&parts, &[PREFIX]) {
         Ok(path) => path,
         Err(refused) => return refused,
     };
-    let peer = peer_of(&state, &parts);
+    let peer = peer_of(&gate, &parts);
     if is_call(&path, ROUTER_DISCOVERY, true) {
         return no_router();
     }
@@ -97,85 +107,21 @@ pub async fn handle(State(state): State<AppState>, request: Request) -> Response
                 .into_response();
             }
         };
-        return jobs_request(&state, gate, parts, bytes, asked, peer, &upstream).await;
+        let identity = asked
+            .token
+            .as_deref()
+            .map(|t| ForgeIdentity::gitlab_token(t).on_machine(asked.system_id.clone()));
+        let fetch = Fetch::<Gitlab> {
+            request: Request::from_parts(parts, Body::from(bytes)),
+            peer,
+            identity,
+            token: None,
+            no_work: asked.last_update,
+        };
+        return pipeline::fetch(&gate, fetch).await;
     }
     set_path(&mut parts, &path);
-    gate.forwarder
-        .forward(&upstream, Request::from_parts(parts, body), peer)
-        .await
-}
-
-async fn jobs_request(
-    state: &AppState,
-    gate: &ForgeGate,
-    parts: axum::http::request::Parts,
-    bytes: Bytes,
-    asked: JobRequestParams,
-    peer: super::upstream::Peer,
-    upstream: &super::Upstream,
-) -> Response {
-    let identity = asked
-        .token
-        .as_deref()
-        .map(|t| ForgeIdentity::gitlab_token(t).on_machine(asked.system_id.clone()));
-    let deadline = tokio::time::Instant::now() + gate.settings.hold;
-    let mut recorded = false;
-    let refusal = loop {
-        let now = Millis::now();
-        let code = match decide::judge(state, &gate.settings, identity.as_ref(), None, now).await {
-            Ok(judged) => {
-                if !recorded {
-                    recorded = true;
-                    if let Err(e) = decide::record(
-                        state,
-                        &gate.recent,
-                        ForgeKind::Gitlab,
-                        identity.as_ref(),
-                        &judged,
-                        now,
-                    )
-                    .await
-                    {
-                        tracing::warn!(error = %e, "cannot record a forge refusal");
-                    }
-                }
-                match &judged.verdict {
-                    Verdict::Forward | Verdict::Observe(_) | Verdict::Untouched => {
-                        count(
-                            state,
-                            ForgeKind::Gitlab,
-                            &judged.verdict,
-                            judged.subject.is_some(),
-                        );
-                        let request = Request::from_parts(parts, Body::from(bytes));
-                        let mut answer = gate.forwarder.forward(upstream, request, peer).await;
-                        if let Verdict::Observe(r) = &judged.verdict {
-                            answer
-                                .headers_mut()
-                                .insert(WOULD_REFUSE_HEADER, HeaderValue::from_static(r.code()));
-                        }
-                        return answer;
-                    }
-                    Verdict::Refuse(r) => r.code(),
-                }
-            }
-            Err(e) => {
-                // Fail closed, and held like any refusal.
-                tracing::warn!(error = %e, "the forge gate cannot judge a fetch: answering no job");
-                "unavailable"
-            }
-        };
-        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
-        if left.is_zero() {
-            break code;
-        }
-        tokio::select! {
-            _ = tokio::time::sleep(left.min(RECHECK)) => {}
-            _ = state.shutdown().cancelled() => break code,
-        }
-    };
-    state.metrics().forge_fetch("gitlab", "refused", refusal);
-    no_job(asked.last_update.as_deref(), refusal)
+    pipeline::forward::<Gitlab>(&gate, Request::from_parts(parts, body), peer).await
 }
 
 /// GitLab's answer to discovery without a Job Router.

@@ -7,7 +7,9 @@
 //! lease's rules over the bound runner's latest attestation) and, for a runner the gate
 //! refuses, answered "no work" by leasegate itself: the forge never sees it, so it claims no
 //! job and counts nothing. Every other call (updates, logs, traces, artifacts) is forwarded
-//! even for a refused runner, so a job already running can finish.
+//! even for a refused runner, so a job already running can finish. Every forge's fetch goes
+//! through one pipeline (`pipeline.rs`); a forge says only who calls and what its "no work"
+//! looks like. The routes read the gate's own state (`state.rs`), not the service's.
 //!
 //! What is judged and forwarded is the path in its canonical form (`canonical.rs`), so that
 //! the forge routes exactly what the gate judged; a path without one is refused 400
@@ -23,16 +25,18 @@ mod decide;
 mod forgejo;
 mod gitlab;
 mod gitlab_params;
+mod pipeline;
+mod state;
 mod upload;
 mod upstream;
 
 pub use connections::ForwardCaps;
 pub use decide::Verdict;
 pub use gitlab_params::JobRequestParams;
+pub use state::GateState;
 pub use upstream::Upstream;
 
 use crate::app::AppState;
-use crate::domain::forge::ForgeKind;
 use crate::http::client::{Client, client_of};
 use crate::http::problem::ApiError;
 use axum::Router;
@@ -97,21 +101,21 @@ impl ForgeGate {
 }
 
 /// The forge routes, for the forges that are set; `None` when none is.
-pub fn router(state: &AppState) -> Option<Router<AppState>> {
-    let gate = state.forge_gate()?;
+pub fn router(state: &AppState) -> Option<Router> {
+    let gate = GateState::of(state)?;
     let mut router = Router::new();
-    if gate.settings.forgejo.is_some() {
+    if gate.settings().forgejo.is_some() {
         for prefix in forgejo::PREFIXES {
             router = router.route(&format!("{prefix}/{{*rest}}"), any(forgejo::handle));
         }
     }
-    if gate.settings.gitlab.is_some() {
+    if gate.settings().gitlab.is_some() {
         router = router.route(
             &format!("{}/{{*rest}}", gitlab::PREFIX),
             any(gitlab::handle),
         );
     }
-    Some(router)
+    Some(router.with_state(gate))
 }
 
 /// The canonical path of a request routed by one of `prefixes`, or the 400 that refuses it.
@@ -147,24 +151,12 @@ fn set_path(parts: &mut Parts, path: &str) {
 }
 
 /// Who sent a request, as the client (for logs) and as the peer (for the forge's headers).
-fn peer_of(state: &AppState, parts: &Parts) -> Peer {
+fn peer_of(gate: &GateState, parts: &Parts) -> Peer {
     let peer = parts
         .extensions
         .get::<ConnectInfo<SocketAddr>>()
         .map_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED), |c| c.0.ip());
-    let trusted = &state.settings().listener.trusted_proxies;
+    let trusted = gate.trusted_proxies();
     let client: Client = client_of(peer, &parts.headers, trusted);
     Peer::of(client, peer, trusted.iter().any(|n| n.contains(&peer)))
-}
-
-/// The metric of a fetch's final outcome.
-fn count(state: &AppState, forge: ForgeKind, verdict: &Verdict, bound: bool) {
-    let (outcome, code) = match verdict {
-        Verdict::Forward if bound => ("forwarded", "none"),
-        Verdict::Forward => ("unbound_passed", "none"),
-        Verdict::Untouched => ("untouched", "none"),
-        Verdict::Observe(r) => ("observed", r.code()),
-        Verdict::Refuse(r) => ("refused", r.code()),
-    };
-    state.metrics().forge_fetch(forge.as_str(), outcome, code);
 }

@@ -37,7 +37,7 @@ pub fn router(state: AppState) -> Router {
     let metrics_here = state.settings().metrics_listen.is_none();
     // The forge's routes stay outside the API's layers: forwarded as they came, answered as
     // the forge answered.
-    let forge = crate::forge_gate::router(&state).map(|r| r.with_state(state.clone()));
+    let forge = crate::forge_gate::router(&state);
     let api = with_layers(
         state,
         Router::new()
