@@ -219,34 +219,16 @@ impl AppState {
         tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
     }
 
-    /// What a job's end did to its runner's standing, counted and logged whichever path saw
-    /// it (a lease call, the forge gate).
+    /// What a job's end did to its runner's standing, counted and logged (`job_end_seen`).
     pub fn job_ended(
         &self,
         runner: &crate::domain::ids::RunnerId,
         pool: &crate::domain::pool::PoolName,
         effect: &crate::domain::ejection::Effect,
     ) {
-        use crate::domain::ejection::Effect;
-        let reason = effect.main_reason().map_or("none", |r| r.as_str());
-        match effect {
-            Effect::Ejected(e) => {
-                self.metrics().ejected(pool.as_str(), reason);
-                tracing::warn!(runner_id = %runner, pool = %pool, until = %e.until, nth = e.nth,
-                    failures = %e.failures, "runner ejected");
-            }
-            Effect::Withheld(w) => {
-                self.metrics()
-                    .ejection_withheld(pool.as_str(), w.why.as_str());
-                tracing::warn!(runner_id = %runner, pool = %pool, why = w.why.as_str(),
-                    failures = %w.failures, "runner would be ejected; not ejected");
-            }
-            Effect::None | Effect::Reset | Effect::Counted => {}
-        }
+        job_end_seen(self.metrics(), runner, pool, effect);
     }
 
-    /// The gate in front of the forges, when one is set; its routes read it through their own
-    /// state (`forge_gate::GateState`).
     pub fn forge_gate(&self) -> Option<&Arc<crate::forge_gate::ForgeGate>> {
         self.inner.forge_gate.as_ref()
     }
@@ -266,5 +248,30 @@ impl AppState {
 
     pub fn shutdown(&self) -> &CancellationToken {
         &self.inner.shutdown
+    }
+}
+
+/// What a job's end did to its runner's standing, counted and logged whichever path saw it (a
+/// lease call, the forge gate).
+pub fn job_end_seen(
+    metrics: &crate::metrics::Metrics,
+    runner: &crate::domain::ids::RunnerId,
+    pool: &crate::domain::pool::PoolName,
+    effect: &crate::domain::ejection::Effect,
+) {
+    use crate::domain::ejection::Effect;
+    let reason = effect.main_reason().map_or("none", |r| r.as_str());
+    match effect {
+        Effect::Ejected(e) => {
+            metrics.ejected(pool.as_str(), reason);
+            tracing::warn!(runner_id = %runner, pool = %pool, until = %e.until, nth = e.nth,
+                failures = %e.failures, "runner ejected");
+        }
+        Effect::Withheld(w) => {
+            metrics.ejection_withheld(pool.as_str(), w.why.as_str());
+            tracing::warn!(runner_id = %runner, pool = %pool, why = w.why.as_str(),
+                failures = %w.failures, "runner would be ejected; not ejected");
+        }
+        Effect::None | Effect::Reset | Effect::Counted => {}
     }
 }

@@ -236,7 +236,7 @@ async fn a_forge_jobs_end_counts_once_however_often_it_is_seen(app) {
     let failed = JobEnd::Infrastructure(FailureReason::RunnerSystemFailure);
     let now = Millis::now();
     let first = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
-    assert_eq!(first, Some(Effect::Counted));
+    assert_eq!(first, Some((PoolName::parse("linux").unwrap(), Effect::Counted)));
     for _ in 0..3 {
         // The runner repeats its final update while the forge answers 202.
         let again = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
@@ -245,7 +245,7 @@ async fn a_forge_jobs_end_counts_once_however_often_it_is_seen(app) {
     assert_eq!(app.runner(&runners[0].id).await["ejection"]["failures_in_a_row"], 1);
     store.forge_job_ended("gitlab:2", &id, failed, now, rules).await.unwrap();
     let third = store.forge_job_ended("gitlab:3", &id, failed, now, rules).await.unwrap();
-    assert!(matches!(third, Some(Effect::Ejected(_))), "{third:?}");
+    assert!(matches!(third, Some((_, Effect::Ejected(_)))), "{third:?}");
     let shown = app.runner(&runners[0].id).await;
     assert_eq!(shown["ejection"]["ejected"]["failures"]["runner_system_failure"], 3);
     let unknown = RunnerId("no-such-runner".into());

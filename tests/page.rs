@@ -421,3 +421,63 @@ fn regex_lite_hashes(fragment: &str) -> Vec<String> {
         .map(|rest| rest[..16].to_string())
         .collect()
 }
+
+#[tokio::test]
+async fn an_ejected_runner_is_reinstated_from_its_page() {
+    use leasegate::domain::ejection::{FailureReason, JobEnd};
+    use leasegate::domain::ids::RunnerId;
+    use leasegate::domain::time::Millis;
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let mut runners = Vec::new();
+    for name in ["r1", "r2", "r3"] {
+        let runner = app.register("linux", name).await;
+        assert_eq!(
+            app.heartbeat(&runner.healthy()).await.status(),
+            StatusCode::OK
+        );
+        runners.push(runner);
+    }
+    let store = app.state.store().clone();
+    let rules = app.state.settings().status_rules();
+    let id = RunnerId(runners[0].id.clone());
+    let failed = JobEnd::Infrastructure(FailureReason::RunnerSystemFailure);
+    for job in 1..=3 {
+        store
+            .forge_job_ended(&format!("gitlab:{job}"), &id, failed, Millis::now(), rules)
+            .await
+            .unwrap();
+    }
+    assert_eq!(app.runner(&runners[0].id).await["status"], "ejected");
+    let cookie = login(&app).await;
+    let path = format!("/admin/runners/{}", runners[0].id);
+    let html = page(&app, &path, &cookie).await;
+    assert!(html.contains("Reinstate"), "{html}");
+    // The page says why, how many, and until when.
+    assert!(
+        html.contains("3 infrastructure failures in a row (runner_system_failure ×3) until"),
+        "{html}"
+    );
+    let healthy = page(&app, &format!("/admin/runners/{}", runners[1].id), &cookie).await;
+    assert!(
+        !healthy.contains("Reinstate"),
+        "only an ejected runner offers it"
+    );
+    let r = no_redirects()
+        .post(app.url(&format!("/admin/runners/{}/reinstate", runners[0].id)))
+        .header(COOKIE, &cookie)
+        .form(&[("csrf", csrf_of(&html).as_str()), ("back", path.as_str())])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SEE_OTHER);
+    let shown = app.runner(&runners[0].id).await;
+    assert_eq!(shown["status"], "healthy", "{shown}");
+    let audit: Vec<&str> = shown["audit"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
+    assert!(audit.contains(&"runner_reinstate"), "{audit:?}");
+}

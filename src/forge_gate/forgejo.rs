@@ -13,6 +13,7 @@
 //! untouched, and learns nothing of the runner (`decide`).
 
 use super::canonical::is_call;
+use super::job_watch::{self, ReportKind};
 use super::pipeline::{self, Fetch, Forge};
 use super::upstream::Forwarder;
 use super::{GateState, REFUSAL_HEADER, Upstream, canonical_path, peer_of, set_path};
@@ -28,6 +29,10 @@ pub const PREFIXES: [&str; 3] = ["/api/actions", "/api/actions_pipeline", "/twir
 
 /// The one call the gate answers itself.
 pub const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
+
+/// The call with which a runner reports its task's state, and at its end the result, which
+/// the gate reads for ejection (`job_watch`).
+pub const UPDATE_TASK: &str = "/api/actions/runner.v1.RunnerService/UpdateTask";
 
 /// A Connect unary codec, from the request's `Content-Type`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,7 +109,12 @@ pub async fn handle(State(gate): State<GateState>, request: Request) -> Response
         return pipeline::fetch(&gate, fetch).await;
     }
     set_path(&mut parts, &path);
-    pipeline::forward::<Forgejo>(&gate, Request::from_parts(parts, body), peer).await
+    let request = Request::from_parts(parts, body);
+    if is_call(&path, UPDATE_TASK, false) {
+        let kind = ReportKind::ForgejoUpdateTask;
+        return job_watch::forward_report::<Forgejo>(&gate, kind, request, peer).await;
+    }
+    pipeline::forward::<Forgejo>(&gate, request, peer).await
 }
 
 /// "No work", in the request's codec, without the forge.

@@ -20,15 +20,18 @@
 
 use super::canonical::is_call;
 use super::gitlab_params;
+use super::job_ends;
+use super::job_watch::{self, ReportKind};
 use super::pipeline::{self, Fetch, Forge};
 use super::upstream::{ClientBodyError, Forwarder, is_length_limit};
 use super::{GateState, REFUSAL_HEADER, Upstream, canonical_path, peer_of, set_path};
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
+use crate::domain::ids::RunnerId;
 use crate::http::problem::ApiError;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;
-use axum::http::{HeaderValue, StatusCode};
+use axum::http::{HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 
 /// The paths the gate serves for a GitLab.
@@ -68,6 +71,11 @@ impl Forge for Gitlab {
 
     fn no_work(last_update: Option<String>, code: &'static str) -> Response {
         no_job(last_update.as_deref(), code)
+    }
+
+    /// A `201` hands out a job: whose it is is kept, for its end (`job_watch`).
+    async fn handed_out(gate: &GateState, runner: &RunnerId, answer: Response) -> Response {
+        job_watch::job_taken(gate, runner, answer).await
     }
 }
 
@@ -121,7 +129,14 @@ pub async fn handle(State(gate): State<GateState>, request: Request) -> Response
         return pipeline::fetch(&gate, fetch).await;
     }
     set_path(&mut parts, &path);
-    pipeline::forward::<Gitlab>(&gate, Request::from_parts(parts, body), peer).await
+    let is_put = parts.method == Method::PUT;
+    let request = Request::from_parts(parts, body);
+    // A job's update, whose final one says how the job ended (`job_watch`).
+    if let Some(job) = job_ends::gitlab_update_job(&path).filter(|_| is_put) {
+        let kind = ReportKind::GitlabJobUpdate(job);
+        return job_watch::forward_report::<Gitlab>(&gate, kind, request, peer).await;
+    }
+    pipeline::forward::<Gitlab>(&gate, request, peer).await
 }
 
 /// GitLab's answer to discovery without a Job Router.

@@ -25,6 +25,8 @@ mod decide;
 mod forgejo;
 mod gitlab;
 mod gitlab_params;
+mod job_ends;
+mod job_watch;
 mod pipeline;
 mod state;
 mod upload;

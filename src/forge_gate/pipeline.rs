@@ -18,6 +18,7 @@ use super::decide::{self, Judged, Verdict};
 use super::upstream::{Forwarder, Peer};
 use super::{GateState, Upstream, WOULD_REFUSE_HEADER};
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
+use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
 use axum::extract::Request;
 use axum::http::{HeaderMap, HeaderValue, Method, Uri};
@@ -58,6 +59,16 @@ pub trait Forge: Send + Sync + 'static {
     /// The forge's "no work", answered without the forge, carrying the refusal's `code` where
     /// the forge's runners and their operators can read it (`REFUSAL_HEADER`).
     fn no_work(how: Self::NoWork, code: &'static str) -> Response;
+
+    /// The forge's answer to a fetch it got for the bound `runner`, before it goes back to the
+    /// runner: where a forge notes the job it handed out (GitLab: `job_watch::job_taken`).
+    fn handed_out(
+        _gate: &GateState,
+        _runner: &RunnerId,
+        answer: Response,
+    ) -> impl Future<Output = Response> + Send {
+        std::future::ready(answer)
+    }
 
     /// A forwarded request's `head` and the forge's `answer`, before it goes back to the
     /// runner.
@@ -181,6 +192,9 @@ async fn admitted<F: Forge>(gate: &GateState, fetch: Fetch<F>, judged: Judged) -
     } else {
         forward::<F>(gate, request, peer).await
     };
+    if let Some((runner, _)) = &judged.subject {
+        answer = F::handed_out(gate, runner, answer).await;
+    }
     if let Verdict::Observe(r) = &judged.verdict {
         answer
             .headers_mut()

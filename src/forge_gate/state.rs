@@ -1,5 +1,6 @@
 //! What the forge gate reads while it serves: its own settings and forwarder, the store, the
-//! metrics, the rules a fetch is judged by, the trusted proxies and the shutdown signal.
+//! metrics, the rules a fetch is judged by (and a job's end counted by), the trusted proxies
+//! and the shutdown signal.
 //!
 //! The gate takes these out of the service's state once, when its routes are made, rather
 //! than borrowing the whole `AppState`: what a forge's calls may touch is then written here.
@@ -7,6 +8,7 @@
 use super::{ForgeGate, ForgeSettings};
 use crate::app::AppState;
 use crate::domain::forge::FetchRules;
+use crate::domain::runner::StatusRules;
 use crate::metrics::Metrics;
 use crate::store::DynStore;
 use std::sync::Arc;
@@ -19,6 +21,8 @@ pub struct GateState {
     store: DynStore,
     metrics: Arc<Metrics>,
     rules: FetchRules,
+    /// The status rules a job's end is counted under (ejection).
+    status_rules: StatusRules,
     trusted_proxies: Arc<[ipnet::IpNet]>,
     shutdown: CancellationToken,
 }
@@ -36,6 +40,7 @@ impl GateState {
                 attestation_max_age_s: s.rules.max_age_s,
                 probe_max_age_s: s.probe_max_age_s,
             },
+            status_rules: s.status_rules(),
             trusted_proxies: s.listener.trusted_proxies.clone().into(),
             shutdown: state.shutdown().clone(),
         })
@@ -59,6 +64,10 @@ impl GateState {
 
     pub fn rules(&self) -> FetchRules {
         self.rules
+    }
+
+    pub fn status_rules(&self) -> StatusRules {
+        self.status_rules
     }
 
     pub fn trusted_proxies(&self) -> &[ipnet::IpNet] {

@@ -506,12 +506,27 @@ where
         end: JobEnd,
         now: Millis,
         rules: StatusRules,
-    ) -> StoreResult<Option<Effect>> {
+    ) -> StoreResult<Option<(PoolName, Effect)>> {
         let args = (key.to_string(), runner.clone(), end, now, rules);
         self.write(args, |db, (key, runner, end, now, rules)| {
             Box::pin(sql::ejection::forge_job_ended(
                 db, key, runner, *end, *now, *rules,
             ))
+        })
+        .await
+    }
+
+    async fn forge_job_taken(&self, key: &str, runner: &RunnerId, now: Millis) -> StoreResult<()> {
+        let args = (key.to_string(), runner.clone(), now);
+        self.write(args, |db, (key, runner, now)| {
+            Box::pin(sql::ejection::forge_job_taken(db, key, runner, *now))
+        })
+        .await
+    }
+
+    async fn forge_job_runner(&self, key: &str) -> StoreResult<Option<RunnerId>> {
+        self.read(key.to_string(), |db, key| {
+            Box::pin(sql::ejection::forge_job_runner(db, key))
         })
         .await
     }

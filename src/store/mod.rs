@@ -526,7 +526,8 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<LeaseCallDone, LeaseCallFailure>;
 
     /// A job's end seen through the forge gate (`key` names the forge's job) counted against
-    /// `runner`, once however often it is seen: `None` for a repeat or an unknown runner.
+    /// `runner`, once however often it is seen: the runner's pool and what the end did, `None`
+    /// for a repeat or an unknown runner.
     async fn forge_job_ended(
         &self,
         key: &str,
@@ -534,7 +535,14 @@ pub trait Store: Send + Sync + 'static {
         end: crate::domain::ejection::JobEnd,
         now: Millis,
         rules: StatusRules,
-    ) -> StoreResult<Option<crate::domain::ejection::Effect>>;
+    ) -> StoreResult<Option<(PoolName, crate::domain::ejection::Effect)>>;
+
+    /// Notes that `runner` took the forge's job `key` (the gate relayed the forge's answer
+    /// handing it out); the first runner named keeps it.
+    async fn forge_job_taken(&self, key: &str, runner: &RunnerId, now: Millis) -> StoreResult<()>;
+
+    /// The runner that took the forge's job `key`, if the gate saw it taken.
+    async fn forge_job_runner(&self, key: &str) -> StoreResult<Option<RunnerId>>;
 
     /// An operator's reinstatement of an ejected (or would-be ejected) runner: out at once,
     /// its failures in a row forgotten; `None` (nothing recorded) for an unknown runner.

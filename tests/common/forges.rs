@@ -67,6 +67,48 @@ pub mod runner_v1 {
     }
 
     #[derive(Clone, PartialEq, prost::Message)]
+    pub struct UpdateTaskRequest {
+        #[prost(message, optional, tag = "1")]
+        pub state: Option<TaskState>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct TaskState {
+        #[prost(int64, tag = "1")]
+        pub id: i64,
+        /// `Result`: 0 unspecified, 1 success, 2 failure, 3 cancelled, 4 skipped.
+        #[prost(int32, tag = "2")]
+        pub result: i32,
+        #[prost(message, optional, tag = "3")]
+        pub started_at: Option<Timestamp>,
+        #[prost(message, optional, tag = "4")]
+        pub stopped_at: Option<Timestamp>,
+        #[prost(message, repeated, tag = "5")]
+        pub steps: Vec<StepState>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct StepState {
+        #[prost(int64, tag = "1")]
+        pub id: i64,
+        #[prost(int32, tag = "2")]
+        pub result: i32,
+        #[prost(message, optional, tag = "3")]
+        pub started_at: Option<Timestamp>,
+        #[prost(message, optional, tag = "4")]
+        pub stopped_at: Option<Timestamp>,
+    }
+
+    /// `google.protobuf.Timestamp`.
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Timestamp {
+        #[prost(int64, tag = "1")]
+        pub seconds: i64,
+        #[prost(int32, tag = "2")]
+        pub nanos: i32,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
     pub struct UpdateLogResponse {
         #[prost(int64, tag = "1")]
         pub ack_index: i64,
@@ -97,6 +139,9 @@ struct Shared {
     version: i64,
     /// The last answer to a fetch, as sent (status, headers, body).
     last_answer: Option<(u16, HeaderMap, Bytes)>,
+    /// Whether job reports (GitLab's `PUT /jobs/{id}`, Forgejo's `UpdateTask`) are checked as
+    /// the forge checks them (`check_reports`); otherwise they are echoed like any other call.
+    check_reports: bool,
 }
 
 /// A running test forge.
@@ -151,6 +196,27 @@ impl TestForge {
         s.claimed.push((id, who.to_string()));
         s.version += 1;
         Some(id)
+    }
+
+    /// From now on, job reports are checked as the forge checks them: GitLab's `PUT
+    /// /api/v4/jobs/{id}` needs the job's token (`job-token-{id}`) of a job it handed out, and
+    /// Forgejo's `UpdateTask` a known runner's uuid and token; a report that passes is `200`,
+    /// one that does not `403` (GitLab) or `401` (Forgejo).
+    pub fn check_reports(&self) {
+        self.shared.lock().unwrap().check_reports = true;
+    }
+
+    fn checks_reports(&self) -> bool {
+        self.shared.lock().unwrap().check_reports
+    }
+
+    fn handed_out(&self, id: i64) -> bool {
+        self.shared
+            .lock()
+            .unwrap()
+            .claimed
+            .iter()
+            .any(|(j, _)| *j == id)
     }
 
     fn knows(&self, id: &str, token: &str) -> bool {
@@ -366,6 +432,10 @@ pub async fn forgejo() -> TestForge {
             "/api/actions/runner.v1.RunnerService/UpdateLog",
             post(update_log),
         )
+        .route(
+            "/api/actions/runner.v1.RunnerService/UpdateTask",
+            post(update_task),
+        )
         .merge(common_routes("/api/actions_pipeline"))
         .merge(common_routes("/twirp"))
         .merge(common_routes("/api/actions"))
@@ -376,6 +446,32 @@ pub async fn forgejo() -> TestForge {
         base: format!("http://{addr}"),
         ..forge
     }
+}
+
+/// `UpdateTask`: checked (`check_reports`), a known runner's report answered with an empty
+/// `UpdateTaskResponse`.
+async fn update_task(State(forge): State<TestForge>, req: Request) -> Response {
+    if !forge.checks_reports() {
+        return echo(req).await;
+    }
+    let header = |k: &str| {
+        req.headers()
+            .get(k)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string()
+    };
+    if !forge.knows(&header("x-runner-uuid"), &header("x-runner-token")) {
+        return connect_error(
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+            "unregistered runner",
+        );
+    }
+    let mut r = Response::new(Body::empty());
+    r.headers_mut()
+        .insert("content-type", "application/proto".parse().unwrap());
+    r
 }
 
 fn connect_error(status: StatusCode, code: &str, message: &str) -> Response {
@@ -488,6 +584,7 @@ pub async fn gitlab(long_poll_s: u64) -> TestForge {
             any(move |s, r| jobs_request(s, r, long_poll_s)),
         )
         .route("/api/v4/runners/verify", post(verify))
+        .route("/api/v4/jobs/{id}", any(update_job))
         .route(ROUTER_DISCOVERY, any(discovery))
         .merge(common_routes("/api/v4"))
         .layer(axum::middleware::from_fn_with_state(forge.clone(), record))
@@ -497,6 +594,27 @@ pub async fn gitlab(long_poll_s: u64) -> TestForge {
         base: format!("http://{addr}"),
         ..forge
     }
+}
+
+/// `PUT /api/v4/jobs/{id}`: checked (`check_reports`), the job's token of a job handed out.
+async fn update_job(
+    State(forge): State<TestForge>,
+    Path(id): Path<String>,
+    req: Request,
+) -> Response {
+    if req.method() != axum::http::Method::PUT || !forge.checks_reports() {
+        return echo(req).await;
+    }
+    let (_, body) = req.into_parts();
+    let body = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let v: Value = serde_json::from_slice(&body).unwrap_or(json!({}));
+    let Ok(id) = id.parse::<i64>() else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    if !forge.handed_out(id) || token_of(&v) != format!("job-token-{id}") {
+        return StatusCode::FORBIDDEN.into_response();
+    }
+    (StatusCode::OK, axum::Json(json!({}))).into_response()
 }
 
 fn token_of(body: &Value) -> &str {

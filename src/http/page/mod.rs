@@ -524,11 +524,15 @@ async fn runner_page(
         .last_rejection
         .as_ref()
         .map(|r| (r.at.rfc3339(), r.code.clone(), r.detail.clone()));
-    let actions = if row.cordoned {
+    let mut actions = if row.cordoned {
         vec![("uncordon", "Uncordon")]
     } else {
         vec![("cordon", "Cordon")]
     };
+    // An ejection (or one the rule called for and held back) an operator may end at once.
+    if runner.ejection.ejected.is_some() || runner.ejection.would_eject.is_some() {
+        actions.push(("reinstate", "Reinstate"));
+    }
     let audit = store
         .audit_trail(&AuditFilter {
             target: Some(id.to_string()),
@@ -617,7 +621,7 @@ async fn runner_page(
 #[utoipa::path(post, path = "/admin/runners/{id}/{action}", tag = "page",
     request_body(content = CsrfForm, content_type = "application/x-www-form-urlencoded", description = "Without a session the answer is the redirect, whatever the body."),
     security((), ("admin_token" = [])),
-    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"), ("action" = String, Path, description = "`cordon`, `uncordon` or `revoke`.")),
+    params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$"), ("action" = String, Path, description = "`cordon`, `uncordon`, `reinstate` or `revoke`.")),
     responses(
         (status = 303, description = "Done: back to the form's `back` (default `/admin`), or no session: to `/admin/login`."),
         (status = 403, description = "`forbidden`: a missing or wrong CSRF token, another site's `Origin`, or a viewer.", body = Problem, content_type = "application/problem+json"),
@@ -660,6 +664,11 @@ async fn runner_action(
         "uncordon" => {
             store
                 .set_cordoned(&id, false, &audit(Action::RunnerUncordon))
+                .await?
+        }
+        "reinstate" => {
+            store
+                .reinstate_runner(&id, &audit(Action::RunnerReinstate))
                 .await?
         }
         "revoke" => {

@@ -126,7 +126,8 @@ pub async fn job_ended<D: Db>(
 }
 
 /// A job's end seen through the forge gate (`key` names the forge's job), counted against
-/// `runner` once however often it is seen: `None` for a repeat, or an unknown runner.
+/// `runner` once however often it is seen: the runner's pool and what it did, `None` for a
+/// repeat, or an unknown runner.
 pub async fn forge_job_ended<D: Db>(
     db: &mut D,
     key: &str,
@@ -134,7 +135,7 @@ pub async fn forge_job_ended<D: Db>(
     end: JobEnd,
     now: Millis,
     rules: StatusRules,
-) -> StoreResult<Option<Effect>> {
+) -> StoreResult<Option<(PoolName, Effect)>> {
     let found = fetch_optional(
         db,
         Statement::new("SELECT pool FROM runners WHERE id = $1").bind(runner.as_str()),
@@ -157,9 +158,41 @@ pub async fn forge_job_ended<D: Db>(
     if first != 1 {
         return Ok(None);
     }
-    job_ended(db, runner, &pool, end, now, rules, "forge")
-        .await
-        .map(Some)
+    let effect = job_ended(db, runner, &pool, end, now, rules, "forge").await?;
+    Ok(Some((pool, effect)))
+}
+
+/// Notes that `runner` took the forge's job `key` (a job request the gate relayed), so that
+/// the job's end can be counted against it. The first runner named keeps the job.
+pub async fn forge_job_taken<D: Db>(
+    db: &mut D,
+    key: &str,
+    runner: &RunnerId,
+    now: Millis,
+) -> StoreResult<()> {
+    db.execute(
+        Statement::new(
+            "INSERT INTO forge_jobs (key, runner_id, at) VALUES ($1, $2, $3) \
+             ON CONFLICT (key) DO NOTHING",
+        )
+        .bind(key)
+        .bind(runner.as_str())
+        .bind(now.0),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The runner that took the forge's job `key`, if the gate saw it taken.
+pub async fn forge_job_runner<D: Db>(db: &mut D, key: &str) -> StoreResult<Option<RunnerId>> {
+    let found = fetch_optional(
+        db,
+        Statement::new("SELECT runner_id FROM forge_jobs WHERE key = $1").bind(key),
+    )
+    .await?;
+    found
+        .map(|row| Ok(RunnerId(row.text("runner_id")?)))
+        .transpose()
 }
 
 /// An operator's reinstatement: the runner after it, and whether it changed anything; `None`

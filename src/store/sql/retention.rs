@@ -87,7 +87,7 @@ pub async fn jobs_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<P
 pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<PruneReport> {
     let history = horizons.history.0;
     let mut report = PruneReport::default();
-    let deletes: [(&str, &'static str, i64); 8] = [
+    let deletes: [(&str, &'static str, i64); 9] = [
         (
             "refusals",
             "DELETE FROM refusals WHERE (runner_id, slot) IN (SELECT runner_id, slot FROM \
@@ -123,6 +123,11 @@ pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResul
             "DELETE FROM registration_tokens WHERE token_hash IN (SELECT token_hash FROM \
              registration_tokens WHERE expires_at < $1 OR used_at < $1 LIMIT $2)",
             horizons.tokens.0,
+        ),
+        (
+            "forge_jobs",
+            "DELETE FROM forge_jobs WHERE key IN (SELECT key FROM forge_jobs WHERE at < $1 LIMIT $2)",
+            history,
         ),
         // A forge's runner repeats a job's final update for minutes, not days.
         (
