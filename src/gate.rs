@@ -27,8 +27,11 @@ use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, Refusal, RunnerStatus, judge};
-use crate::store::{AttestationRecord, Claim, DynStore, Lease, Rejection, RoundItem, StoreError};
+use crate::store::{
+    AttestationRecord, Claim, DynStore, GateRunner, Lease, Rejection, RoundItem, StoreError,
+};
 use crate::verifier::{INVALID_SIGNATURE_DETAIL, VerifyError, read_header};
+use std::sync::Arc;
 
 /// Why an attestation was not admitted (rules 1–6, or a bad request).
 #[derive(Debug, thiserror::Error)]
@@ -93,7 +96,8 @@ pub enum Purpose {
 /// An admitted attestation and the verdict it earned.
 #[derive(Debug)]
 pub struct Admitted {
-    pub runner: Runner,
+    /// Shared with the gate's cache.
+    pub runner: Arc<Runner>,
     pub pool: Pool,
     pub attestation: Attestation,
     pub image: RunningImage,
@@ -143,7 +147,7 @@ pub struct Gate {
     pub store: DynStore,
     pub rules: AttestationRules,
     pub probe_max_age_s: i64,
-    pub metrics: std::sync::Arc<crate::metrics::Metrics>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 impl Gate {
@@ -218,12 +222,15 @@ impl Gate {
         claim: impl FnOnce(&Admitted) -> Option<Claim> + Send,
     ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
         let unverified = read_header(token)?;
-        let runner = self
+        let GateRunner {
+            record: runner,
+            key,
+        } = self
             .store
             .gate_runner(&unverified.kid)
             .await?
             .ok_or_else(|| AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()))?;
-        let attestation = match unverified.verify(&runner.public_key_x, &self.rules, now) {
+        let attestation = match unverified.verify(&key, &self.rules, now) {
             Ok(a) => a,
             Err(VerifyError::Claims(e)) => {
                 // Signed by the runner's own key: what it sent is wrong (its clock, most

@@ -9,6 +9,10 @@
 //! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S`, where the
 //! plain Ed25519 check (what JWT libraries call) lets a forged signature pass for a weak key.
 //! The claims are then parsed strictly by `domain::attestation`.
+//!
+//! The runner's key arrives decoded (`RunnerKey`): decompressing its point costs a good part
+//! of a verification, so it is done once, when the runner's record enters the gate's cache,
+//! and each attestation is verified straight with the decompressed point.
 
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, check_claims};
 use crate::domain::ids::RunnerId;
@@ -122,6 +126,17 @@ pub fn runner_key(public_key_x: &str) -> Option<VerifyingKey> {
     VerifyingKey::from_bytes(&bytes).ok()
 }
 
+/// A runner's registered key, decoded and its point decompressed once (`runner_key`). A key
+/// that is not a point is kept as such: every signature is refused for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RunnerKey(Option<VerifyingKey>);
+
+impl RunnerKey {
+    pub fn parse(public_key_x: &str) -> Self {
+        RunnerKey(runner_key(public_key_x))
+    }
+}
+
 /// Rule 2: `signature_b64` is `key`'s signature of `signing_input`, checked strictly (no weak
 /// key, no small-order `R`, no non-canonical `S`).
 pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: &str) -> bool {
@@ -137,15 +152,15 @@ pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: 
 }
 
 impl Unverified<'_> {
-    /// Rules 2–4 with the key registered for `kid` (`x` of its Ed25519 JWK).
+    /// Rules 2–4 with the key registered for `kid`.
     pub fn verify(
         &self,
-        public_key_x: &str,
+        key: &RunnerKey,
         rules: &AttestationRules,
         now: Millis,
     ) -> Result<Attestation, VerifyError> {
-        let key = runner_key(public_key_x).ok_or_else(invalid)?;
-        if !signature_valid(&key, self.signing_input.as_bytes(), self.signature_b64) {
+        let key = key.0.as_ref().ok_or_else(invalid)?;
+        if !signature_valid(key, self.signing_input.as_bytes(), self.signature_b64) {
             return Err(invalid());
         }
         let payload = URL_SAFE_NO_PAD

@@ -137,7 +137,7 @@ async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiEr
             Admission::Granted(mark_observed(granted(state, token, lease, job), observed))
         }
         None => Admission::Wait {
-            runner_id: admitted.runner.id,
+            runner_id: admitted.runner.id.clone(),
             pool: admitted.pool.name,
             observed,
         },

@@ -13,7 +13,7 @@ use super::group_commit::GroupCommit;
 use super::retry::retrying;
 use super::signal::JobSignal;
 use super::sql::{self, round::RoundItem, round::RoundOutcome};
-use super::verdict_cache::VerdictCache;
+use super::verdict_cache::{GateRunner, VerdictCache};
 use super::*;
 use crate::domain::audit::Entry;
 use crate::domain::ejection::{Effect, JobEnd};
@@ -414,16 +414,17 @@ where
         self.rounds.submit(item).await
     }
 
-    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
+    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<GateRunner>> {
         if let Some(runner) = self.held.cache.runner(id) {
             return Ok(Some(runner));
         }
         let generation = self.held.cache.generation();
-        let runner = self.get_runner(id).await?;
-        if let Some(r) = &runner {
-            self.held.cache.keep_runner(generation, r);
-        }
-        Ok(runner)
+        let Some(runner) = self.get_runner(id).await? else {
+            return Ok(None);
+        };
+        let runner = GateRunner::new(runner);
+        self.held.cache.keep_runner(generation, &runner);
+        Ok(Some(runner))
     }
 
     async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {

@@ -25,6 +25,7 @@ pub use signal::JobSignal;
 pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 pub use sql::round::{Rejection, RoundItem, RoundOutcome};
 pub use sql::runners::Followed;
+pub use verdict_cache::GateRunner;
 
 use crate::domain::attestation::RunningImage;
 use crate::domain::audit::{Entry, Recorded};
@@ -498,9 +499,9 @@ pub trait Store: Send + Sync + 'static {
     /// attestation, then its claim. Answered once the round that holds it has committed.
     async fn submit(&self, item: RoundItem) -> StoreResult<RoundOutcome>;
 
-    /// The runner as the gate judges it: key, pool, cordon, quarantine, revocation. May come
-    /// from a cache kept true by invalidation; views use `get_runner`.
-    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>>;
+    /// The runner as the gate judges it: key (decoded), pool, cordon, quarantine, revocation.
+    /// May come from a cache kept true by invalidation; views use `get_runner`.
+    async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<GateRunner>>;
 
     /// The pool as the gate judges with it (from the same cache).
     async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;

@@ -1,6 +1,10 @@
 //! The gate's inputs kept in memory: each runner's key, pool, cordon, quarantine and
 //! revocation, and each pool's expected images.
 //!
+//! A runner's key is kept decoded beside its record (`GateRunner`): decompressing the point
+//! is a good part of a verification's cost, and the key can only change with the record, so
+//! whatever drops the record drops its key. The record is shared, not copied, by each request.
+//!
 //! Every attestation needs them and they change rarely (an operator's cordon, a revocation, an
 //! abandoned lease's quarantine, a pool edit or a registry roll), so reading them from the
 //! database on every request would double its reads. Entries are dropped by the writes that
@@ -18,6 +22,7 @@
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::{Pool, PoolName};
 use crate::domain::runner::Runner;
+use crate::verifier::RunnerKey;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -27,6 +32,22 @@ use std::time::{Duration, Instant};
 /// cross-replica notification be lost.
 pub const TTL: Duration = Duration::from_secs(30);
 
+/// A runner as the gate judges it: its record and its key, decoded from the record.
+#[derive(Clone, Debug)]
+pub struct GateRunner {
+    pub record: Arc<Runner>,
+    pub key: RunnerKey,
+}
+
+impl GateRunner {
+    pub fn new(runner: Runner) -> Self {
+        GateRunner {
+            key: RunnerKey::parse(&runner.public_key_x),
+            record: Arc::new(runner),
+        }
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct VerdictCache {
     inner: Arc<Inner>,
@@ -35,7 +56,7 @@ pub struct VerdictCache {
 #[derive(Default)]
 struct Inner {
     generation: AtomicU64,
-    runners: RwLock<HashMap<RunnerId, (Runner, Instant)>>,
+    runners: RwLock<HashMap<RunnerId, (GateRunner, Instant)>>,
     pools: RwLock<HashMap<PoolName, (Pool, Instant)>>,
 }
 
@@ -45,7 +66,7 @@ impl VerdictCache {
         self.inner.generation.load(Ordering::Acquire)
     }
 
-    pub fn runner(&self, id: &RunnerId) -> Option<Runner> {
+    pub fn runner(&self, id: &RunnerId) -> Option<GateRunner> {
         let map = self.inner.runners.read().unwrap_or_else(|e| e.into_inner());
         map.get(id)
             .filter(|(_, at)| at.elapsed() < TTL)
@@ -60,7 +81,7 @@ impl VerdictCache {
     }
 
     /// Keeps `runner`, read under `generation`, unless something was invalidated since.
-    pub fn keep_runner(&self, generation: u64, runner: &Runner) {
+    pub fn keep_runner(&self, generation: u64, runner: &GateRunner) {
         let mut map = self
             .inner
             .runners
@@ -68,7 +89,7 @@ impl VerdictCache {
             .unwrap_or_else(|e| e.into_inner());
         // Checked under the write lock: invalidations take it too, after bumping.
         if self.generation() == generation {
-            map.insert(runner.id.clone(), (runner.clone(), Instant::now()));
+            map.insert(runner.record.id.clone(), (runner.clone(), Instant::now()));
         }
     }
 
@@ -147,9 +168,9 @@ mod tests {
         let cache = VerdictCache::default();
         let before = cache.generation();
         cache.forget_runner(&RunnerId("r1".into()));
-        cache.keep_runner(before, &runner("r1"));
+        cache.keep_runner(before, &GateRunner::new(runner("r1")));
         assert!(cache.runner(&RunnerId("r1".into())).is_none());
-        cache.keep_runner(cache.generation(), &runner("r1"));
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r1")));
         assert!(cache.runner(&RunnerId("r1".into())).is_some());
     }
 
@@ -175,8 +196,8 @@ mod tests {
             },
             Millis(0),
         );
-        cache.keep_runner(cache.generation(), &runner("r1"));
-        cache.keep_runner(cache.generation(), &runner("r2"));
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r1")));
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r2")));
         cache.keep_pool(cache.generation(), &pool);
         cache.forget_runner(&RunnerId("r1".into()));
         assert!(cache.runner(&RunnerId("r1".into())).is_none());
@@ -185,5 +206,36 @@ mod tests {
         assert!(cache.pool(&pool.name).is_none());
         cache.forget_all();
         assert!(cache.runner(&RunnerId("r2".into())).is_none());
+    }
+
+    #[test]
+    fn a_runners_key_is_dropped_with_its_record_and_read_again_from_the_new_one() {
+        use base64::Engine;
+        let x = |seed: u8| {
+            let key = ed25519_dalek::SigningKey::from_bytes(&[seed; 32]).verifying_key();
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(key.as_bytes())
+        };
+        let cache = VerdictCache::default();
+        let id = RunnerId("r1".into());
+        let mut old = runner("r1");
+        old.public_key_x = x(1);
+        cache.keep_runner(cache.generation(), &GateRunner::new(old));
+        assert_eq!(cache.runner(&id).unwrap().key, RunnerKey::parse(&x(1)));
+        // A write that changes the runner (a revocation, another key) forgets it: the next
+        // read keeps the record as it is now, key and all.
+        let before = cache.generation();
+        cache.forget_runner(&id);
+        let mut new = runner("r1");
+        new.public_key_x = x(2);
+        cache.keep_runner(before, &GateRunner::new(new.clone()));
+        assert!(
+            cache.runner(&id).is_none(),
+            "read before the change: not kept"
+        );
+        cache.keep_runner(cache.generation(), &GateRunner::new(new));
+        let kept = cache.runner(&id).unwrap();
+        assert_eq!(kept.key, RunnerKey::parse(&x(2)));
+        assert_ne!(kept.key, RunnerKey::parse(&x(1)));
+        assert_eq!(RunnerKey::parse(&kept.record.public_key_x), kept.key);
     }
 }
