@@ -1172,7 +1172,7 @@ async fn the_heartbeat_reports_status_and_image_currency(app) {
         json!({
             "runner_id": runner.id, "status": "healthy", "code": null, "detail": null,
             "expected_image_ids": [IMAGE_A], "image_current": true, "next_heartbeat_s": 15,
-            "action": "none", "pull": [],
+            "action": "none", "pull": [], "expected_images": [],
         })
     );
 

@@ -113,6 +113,10 @@ on_both_engines! {
         let hb: Value = r.json().await.unwrap();
         assert_eq!((hb["status"].as_str(), hb["action"].as_str()), (Some("healthy"), Some("recycle")));
         assert_eq!(hb["pull"], json!(["node:20-bookworm"]));
+        // What to come onto, by ref: an agent recycles once per such set, and the pool has
+        // no set of its own to key on.
+        assert_eq!(hb["expected_images"], json!([{"ref": "node:20-bookworm", "expected_image_ids": [IMAGE_D]}]));
+        assert_eq!(hb["expected_image_ids"], json!([]));
         let r = app.lease(&runner.attest(running(IMAGE_A, IMAGE_E, IMAGE_C))).await;
         assert_eq!(r.status(), StatusCode::OK);
     }

@@ -11,8 +11,8 @@
 
 use super::clock::{self, ClockOffset, ClockWatch};
 use super::net_error::{self, Cause, Timeouts};
-use serde::Deserialize;
 use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 use std::fmt;
@@ -156,8 +156,22 @@ pub struct HeartbeatAnswer {
     pub image_current: Option<bool>,
     pub next_heartbeat_s: u64,
     pub action: Action,
+    /// The refs of the runner's several images a recycle must pull (older services: none).
+    #[serde(default)]
+    pub pull: Vec<String>,
+    /// The current set of each of those.
+    #[serde(default)]
+    pub expected_images: Vec<ExpectedImage>,
     #[serde(skip)]
     pub raw: Value,
+}
+
+/// One image's current set, by ref, as the heartbeat answers it and the recycle memory keeps it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ExpectedImage {
+    #[serde(rename = "ref")]
+    pub image_ref: String,
+    pub expected_image_ids: Vec<String>,
 }
 
 /// A job as the lease answers show it.

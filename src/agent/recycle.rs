@@ -8,14 +8,17 @@
 //! as long as the image stays missing.
 //!
 //! So the heartbeat remembers, in a file beside the runner's state file
-//! (`runner.json` → `runner.recycled.json`), the expected set it last asked to recycle for.
+//! (`runner.json` → `runner.recycled.json`), the expected set it last asked to recycle for,
+//! and for a runner of several images the current set of each image it was to pull
+//! (`expected_images`): a pool that describes only `images` has no set of its own, and one
+//! of its entries rolling on (by its operator, or its registry) is a new set all the same.
 //! Asked to recycle for that same set again, it stays up and says at WARN what it is waiting
 //! for (the runner to come onto that image: pull it, restart the runner). A set it has not
 //! recycled for yet (the pool rolled on) is recycled for once more. The memory is forgotten
 //! when the service says the runner is on its pool's current image, so a pool that later rolls
 //! back to an image recycled for before is recycled for again.
 
-use super::client::{Action, HeartbeatAnswer};
+use super::client::{Action, ExpectedImage, HeartbeatAnswer};
 use super::exit::Exit;
 use serde::{Deserialize, Serialize};
 use std::io::Write;
@@ -36,6 +39,10 @@ pub struct Recycled {
     /// The image the runner ran then.
     #[serde(default)]
     pub running: Option<String>,
+    /// The current set of each of its several images it was to pull, by ref, each sorted
+    /// (none in a memory written before several images).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub expected_images: Vec<ExpectedImage>,
 }
 
 /// The heartbeat's memory of its last recycle, and its decisions.
@@ -51,6 +58,20 @@ fn as_set(ids: &[String]) -> Vec<String> {
     set.sort();
     set.dedup();
     set
+}
+
+/// Images' sets, each as a set, by ref: comparable whatever order the service sent them in.
+fn as_sets(images: &[ExpectedImage]) -> Vec<ExpectedImage> {
+    let mut sets: Vec<ExpectedImage> = images
+        .iter()
+        .map(|i| ExpectedImage {
+            image_ref: i.image_ref.clone(),
+            expected_image_ids: as_set(&i.expected_image_ids),
+        })
+        .collect();
+    sets.sort_by(|a, b| a.image_ref.cmp(&b.image_ref));
+    sets.dedup();
+    sets
 }
 
 impl Recycler {
@@ -131,11 +152,12 @@ impl Recycler {
             return None;
         }
         let expected = as_set(&answer.expected_image_ids);
+        let images = as_sets(&answer.expected_images);
         let wanted = expected.join(" or ");
-        if let Some(before) = self
-            .remembered()
-            .filter(|r| as_set(&r.expected_image_ids) == expected)
-        {
+        let pull = answer.pull.join(", ");
+        if let Some(before) = self.remembered().filter(|r| {
+            as_set(&r.expected_image_ids) == expected && as_sets(&r.expected_images) == images
+        }) {
             let due = self
                 .warned_waiting
                 .is_none_or(|at| at.elapsed() >= WAITING_WARN_EVERY);
@@ -145,6 +167,7 @@ impl Recycler {
                     runner_id = %answer.runner_id,
                     running = running.unwrap_or("-"),
                     expected = %wanted,
+                    pull = %pull,
                     recycled_at = %before.recycled_at,
                     memory = %self.path.display(),
                     "waiting for this runner to come onto its pool's current image: it was \
@@ -158,6 +181,7 @@ impl Recycler {
             runner_id = %answer.runner_id,
             running = running.unwrap_or("-"),
             expected = %wanted,
+            pull = %pull,
             "the service asks to recycle this runner onto its pool's current image; exiting with status {}",
             Exit::Recycle as u8
         );
@@ -165,6 +189,7 @@ impl Recycler {
             expected_image_ids: expected,
             recycled_at: crate::domain::time::Millis::now().rfc3339(),
             running: running.map(str::to_string),
+            expected_images: images,
         };
         if let Err(e) = self.remember(&recycled) {
             tracing::warn!(
@@ -192,8 +217,58 @@ mod tests {
             image_current: current,
             next_heartbeat_s: 15,
             action,
+            pull: Vec::new(),
+            expected_images: Vec::new(),
             raw: serde_json::Value::Null,
         }
+    }
+
+    /// A runner of several images off one of them: the pool has no set of its own.
+    fn image_off(image_ref: &str, ids: &[&str]) -> HeartbeatAnswer {
+        let mut a = answer(Action::Recycle, Some(false), &[]);
+        a.pull = vec![image_ref.to_string()];
+        a.expected_images = vec![ExpectedImage {
+            image_ref: image_ref.into(),
+            expected_image_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }];
+        a
+    }
+
+    #[test]
+    fn once_per_set_of_each_image_for_a_pool_of_images_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("runner.json");
+        let mut r = Recycler::beside(&state);
+        assert_eq!(
+            r.after(&image_off("node:20", &["b", "a"]), None),
+            Some(Exit::Recycle)
+        );
+        let memory = r.remembered().unwrap();
+        assert_eq!(memory.expected_images[0].expected_image_ids, ["a", "b"]);
+        // The same set again, in another order: waits.
+        let mut r = Recycler::beside(&state);
+        assert_eq!(r.after(&image_off("node:20", &["a", "b"]), None), None);
+        // The entry rolled on (its operator, or its registry): recycled for once more.
+        assert_eq!(
+            r.after(&image_off("node:20", &["c"]), None),
+            Some(Exit::Recycle)
+        );
+        assert_eq!(r.after(&image_off("node:20", &["c"]), None), None);
+        // Another image off its set is another set too.
+        assert_eq!(
+            r.after(&image_off("postgres:16", &["c"]), None),
+            Some(Exit::Recycle)
+        );
+        // A memory written before several images reads, and is a set with no images.
+        std::fs::write(
+            r.path(),
+            r#"{"expected_image_ids":["a"],"recycled_at":"2026-12-01T00:00:00Z"}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            r.after(&answer(Action::Recycle, Some(false), &["a"]), None),
+            None
+        );
     }
 
     #[test]

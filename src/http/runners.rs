@@ -6,7 +6,7 @@ use super::forge_bindings::{ForgeRunnerSpec, identities};
 use super::json::JsonBody;
 use super::problem::ApiError;
 use super::schema::Problem;
-use super::views::{Heartbeat, Registered};
+use super::views::{ExpectedImage, Heartbeat, Registered};
 use crate::app::AppState;
 use crate::domain::ids::RunnerId;
 use crate::domain::text::plain_name;
@@ -186,6 +186,16 @@ async fn heartbeat(
     let attested = admitted.state();
     let current = state_current(&attested, &admitted.pool);
     let pull = refs_to_pull(&attested, &admitted.pool);
+    let expected_images = admitted
+        .pool
+        .images
+        .iter()
+        .filter(|i| pull.contains(&i.image_ref))
+        .map(|i| ExpectedImage {
+            image_ref: i.image_ref.clone(),
+            expected_image_ids: i.expected_image_ids.clone(),
+        })
+        .collect();
     let refusal = admitted.verdict.as_ref().err();
     Ok(Json(Heartbeat {
         runner_id: admitted.runner.id.clone(),
@@ -202,5 +212,6 @@ async fn heartbeat(
         }
         .to_string(),
         pull,
+        expected_images,
     }))
 }

@@ -219,6 +219,18 @@ pub struct Heartbeat {
     /// The refs of the runner's several images (`images`) off their pool's current sets, or
     /// absent where the pool does not accept that: what a recycle must pull. Empty otherwise.
     pub pull: Vec<String>,
+    /// The current set of each image in `pull`, by ref: what the runner must come onto (and
+    /// what an agent that recycles once per set remembers, as it does `expected_image_ids`).
+    pub expected_images: Vec<ExpectedImage>,
+}
+
+/// One image's current set, in a heartbeat's answer.
+#[derive(Serialize, ToSchema)]
+pub struct ExpectedImage {
+    #[serde(rename = "ref")]
+    pub image_ref: String,
+    #[schema(value_type = Vec<String>)]
+    pub expected_image_ids: Vec<ImageDigest>,
 }
 
 /// `200` to `POST /api/v1/gate/check`.
