@@ -117,6 +117,11 @@ on_both_engines! {
         // no set of its own to key on.
         assert_eq!(hb["expected_images"], json!([{"ref": "node:20-bookworm", "expected_image_ids": [IMAGE_D]}]));
         assert_eq!(hb["expected_image_ids"], json!([]));
+        // Its roll counts it: one live runner, off one image.
+        let drift: Value = app.admin_get("/api/v1/admin/drift").await.json().await.unwrap();
+        assert_eq!(drift["pools"], json!([{"pool": "docker", "roll_stalled": true, "drifted": 1, "live": 1}]));
+        let page = app.page_text("/admin").await;
+        assert!(page.contains("3 images") && page.contains("<code>node:20-bookworm</code>"), "{page}");
         let r = app.lease(&runner.attest(running(IMAGE_A, IMAGE_E, IMAGE_C))).await;
         assert_eq!(r.status(), StatusCode::OK);
     }

@@ -10,7 +10,7 @@
 use super::pool::{ImagePolicy, Pool};
 use super::runner::{RunnerSummary, StatusRules};
 use super::time::Millis;
-use super::verdict::image_current;
+use super::verdict::{image_current, refs_to_pull};
 
 /// Default share of live runners on a superseded image above which a roll is stalled.
 pub const DEFAULT_ROLL_STALLED_SHARE: f64 = 0.5;
@@ -21,7 +21,8 @@ pub struct RollHealth {
     /// Runners that are not revoked and attested within the staleness window.
     pub live: usize,
     /// Live runners whose reported `image.id` (and `image.digest`) is outside the current
-    /// set: after the grace window they are refused with `image_drift`.
+    /// set, or any of whose several images is off its entry's current set (or absent where
+    /// that is not accepted): after the grace window they are refused with `image_drift`.
     pub drifted: usize,
     /// `drifted` is more than the configured share of `live`, in an `enforce` pool.
     pub roll_stalled: bool,
@@ -53,13 +54,10 @@ pub fn roll_health(
         .filter(|r| r.pool == pool.name && is_live(r, now, rules))
     {
         health.live += 1;
-        let image = &runner
-            .latest
-            .as_ref()
-            .expect("live runners attested")
-            .state
-            .image;
-        if image.id.is_some() && image_current(image, pool) == Some(false) {
+        let state = &runner.latest.as_ref().expect("live runners attested").state;
+        let single_off =
+            state.image.id.is_some() && image_current(&state.image, pool) == Some(false);
+        if single_off || !refs_to_pull(state, pool).is_empty() {
             health.drifted += 1;
         }
     }
@@ -196,5 +194,45 @@ mod tests {
         );
         assert!(rolled.accepts(&digest('a'), NOW));
         assert!(roll_health(&rolled, &all_old, NOW, RULES, 0.5).roll_stalled);
+    }
+
+    #[test]
+    fn a_runner_off_one_of_its_several_images_counts_as_drifted() {
+        use crate::domain::images::{AttestedImage, ImageSpec};
+        let spec = PoolSpec {
+            gate_mode: Default::default(),
+            image_ref: None,
+            expected_image_ids: Vec::new(),
+            image_policy: ImagePolicy::Enforce,
+            image_source: ImageSource::Manual,
+            drift_grace_s: 900,
+            resolve_interval_s: 300,
+            github: None,
+            disk_warning: None,
+            ejection: Default::default(),
+            images: vec![ImageSpec {
+                image_ref: "node:20".into(),
+                image_source: ImageSource::Manual,
+                expected_image_ids: vec![digest('b')],
+                drift_grace_s: 900,
+                absent_ok: false,
+            }],
+            undescribed_images: Default::default(),
+        };
+        let p = Pool::apply(PoolName::parse("p").unwrap(), None, spec, NOW);
+        let on = |n, id| {
+            let mut r = runner("p", n, None, Some(5));
+            r.latest.as_mut().unwrap().state.images = vec![AttestedImage {
+                image_ref: "node:20".into(),
+                id: Some(digest(id)),
+                digest: None,
+                labels: Vec::new(),
+                absent: false,
+            }];
+            r
+        };
+        let runners = [on(1, 'a'), on(2, 'a'), on(3, 'b')];
+        let h = roll_health(&p, &runners, NOW, RULES, 0.5);
+        assert_eq!((h.live, h.drifted, h.roll_stalled), (3, 2, true));
     }
 }

@@ -385,6 +385,35 @@ impl TestApp {
         r.text().await.unwrap()
     }
 
+    /// A page of the operators' site, as an admin who logged in through the form sees it.
+    pub async fn page_text(&self, path: &str) -> String {
+        let login = reqwest::Client::builder()
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .unwrap()
+            .post(self.url("/admin/login"))
+            .form(&[("token", ADMIN)])
+            .send()
+            .await
+            .unwrap();
+        let cookie = login.headers()[reqwest::header::SET_COOKIE]
+            .to_str()
+            .unwrap()
+            .split(';')
+            .next()
+            .unwrap()
+            .to_string();
+        let r = self
+            .client
+            .get(self.url(path))
+            .header(reqwest::header::COOKIE, cookie)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "GET {path}");
+        r.text().await.unwrap()
+    }
+
     pub async fn admin_put(&self, path: &str, body: Value) -> Response {
         self.client
             .put(self.url(path))

@@ -315,7 +315,9 @@ async fn fleet_view(
         .map(|(runner, pool)| {
             let observed = runner.observe(pool, now, rules);
             let refused = refusals.get(&runner.id).copied().unwrap_or(0);
-            views::runner_row(runner, &observed, refused, now)
+            let mut row = views::runner_row(runner, &observed, refused, now);
+            row.images = views::image_rows(runner, pool);
+            row
         })
         .collect();
     let mut depths = store.queue_depths().await?;

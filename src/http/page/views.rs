@@ -214,6 +214,13 @@ pub struct ImageRow {
     pub class: &'static str,
 }
 
+impl ImageRow {
+    /// Whether the fleet table lists it: what needs attention; the current ones are counted.
+    pub fn needs_attention(&self) -> bool {
+        self.standing != "current"
+    }
+}
+
 pub fn is_simulated(runner: &Runner) -> bool {
     runner.labels.get("simulated").is_some_and(|v| v == "true")
 }
