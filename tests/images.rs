@@ -191,6 +191,8 @@ on_both_engines! {
             (json!({"images": [{"ref": "", "expected_image_ids": [IMAGE_A]}]}), "empty ref"),
             (json!({"images": [["x", [IMAGE_A]]]}), "an entry as an array"),
             (json!({"images": [{"ref": "x", "expected_image_ids": [IMAGE_A]}], "undescribed_images": "warn"}), "policy"),
+            (json!({"images": [{"ref": "x", "image_source": "mirror"}]}), "source"),
+            (json!({"images": [{"ref": "Not A/Reference", "image_source": "registry"}]}), "a registry entry's ref that does not parse"),
         ] {
             let r = app.admin_put("/api/v1/admin/pools/p", body).await;
             expect_problem(r, case, StatusCode::BAD_REQUEST, "bad_request").await;
@@ -200,8 +202,9 @@ on_both_engines! {
             {"ref": "x", "expected_image_ids": [IMAGE_A]},
             {"ref": "x", "expected_image_ids": [IMAGE_B]},
         ]})).await;
-        assert_eq!(pool["images"], json!([{"ref": "x", "expected_image_ids": [IMAGE_B],
-            "previous_image_ids": [], "previous_valid_until": null, "drift_grace_s": 900, "absent_ok": false}]));
+        assert_eq!(pool["images"], json!([{"ref": "x", "image_source": "manual", "expected_image_ids": [IMAGE_B],
+            "previous_image_ids": [], "previous_valid_until": null, "drift_grace_s": 900, "absent_ok": false,
+            "resolved_digest": null, "resolved_image_id": null, "last_resolution": null, "resolution_failures": 0}]));
         let runner = app.register("docker", "r").await;
         let r = app.heartbeat(&runner.attest(json!({"images": [{"ref": "x"}]}))).await;
         expect_problem(r, "no id", StatusCode::UNAUTHORIZED, "attestation_invalid").await;

@@ -42,6 +42,7 @@ on_both_engines_fn!(
     a_pool_follows_its_tag_through_a_roll,
     a_registry_outage_keeps_the_last_known_good_set,
     two_pools_resolve_independently,
+    an_images_entry_follows_its_tag_as_a_pool_does,
 );
 
 /// A service on `engine` that reaches `insecure` over plain HTTP.
@@ -406,6 +407,182 @@ async fn a_registry_outage_keeps_the_last_known_good_set(engine: Engine) {
         pool["expected_image_ids"], good["expected_image_ids"],
         "{pool}"
     );
+}
+
+/// A pool of several images, one of them resolved from the registry (`image_source:
+/// registry` on the entry) and one named by its operator: the entry resolves at once, a runner
+/// on it is healthy; the tag moves and, after `resolve`, the runner still on the old image is
+/// told to recycle naming the ref and its new set, counted in the roll (stalled), and refused
+/// `image_drift` naming the ref and its label after the entry's grace. An entry whose tag does
+/// not exist is `pool_image_unresolved`, naming it. The registry goes away: `resolve` is a 502
+/// naming the entry, which keeps its set and counts the failure.
+async fn an_images_entry_follows_its_tag_as_a_pool_does(engine: Engine) {
+    if !tools().await {
+        return;
+    }
+    let mut registry = TestRegistry::start().await;
+    let Some(app) = app_for(engine, &[registry.host()]).await else {
+        return;
+    };
+    let node = registry.image_ref("ci/node:20");
+    let a = LocalImage::build("node image A", None).await;
+    a.push(&node).await;
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/docker",
+            json!({"images": [
+                {"ref": node, "image_source": "registry", "drift_grace_s": 6},
+                {"ref": "postgres:16", "expected_image_ids": [IMAGE_B]},
+            ]}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let pool = wait_for_pool(&app, "docker", "the entry's first resolution", |p| {
+        p["images"][0]["last_resolution"]["ok"] == true
+    })
+    .await;
+    let entry = &pool["images"][0];
+    assert_eq!(entry["image_source"], "registry", "{pool}");
+    assert!(has(entry, "expected_image_ids", &a.id), "{pool}");
+    assert_eq!(entry["resolved_image_id"], a.id.as_str(), "{pool}");
+    assert_eq!(entry["resolution_failures"], 0, "{pool}");
+    assert_eq!(pool["images"][1]["image_source"], "manual", "{pool}");
+    assert_eq!(
+        pool["resolver_status"],
+        Value::Null,
+        "a manual pool: {pool}"
+    );
+    // A patch keeps the entry's resolved set as the registry's, as it does a pool's own.
+    let r = app
+        .admin_patch(
+            "/api/v1/admin/pools/docker",
+            json!({"undescribed_images": "ignore"}),
+        )
+        .await;
+    let patched: Value = r.json().await.unwrap();
+    assert_eq!(
+        patched["images"][0]["image_source"], "registry",
+        "{patched}"
+    );
+    for field in ["expected_image_ids", "resolved_digest", "last_resolution"] {
+        assert_eq!(
+            patched["images"][0][field], entry[field],
+            "{field}: {patched}"
+        );
+    }
+
+    let runner = app.register("docker", "build-01").await;
+    let on = |node_id: &str| {
+        json!({"images": [
+            {"ref": node, "id": node_id, "labels": ["ubuntu-latest"]},
+            {"ref": "postgres:16", "id": IMAGE_B},
+        ]})
+    };
+    let hb: Value = app
+        .heartbeat(&runner.attest(on(&a.id)))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (hb["status"].as_str(), hb["image_current"].as_bool()),
+        (Some("healthy"), Some(true)),
+        "{hb}"
+    );
+
+    // The tag moves: the entry rolls with its own grace.
+    let b = LocalImage::build("node image B", None).await;
+    b.push(&node).await;
+    let pool = resolve_ok(&app, "docker").await;
+    let entry = &pool["images"][0];
+    assert!(has(entry, "expected_image_ids", &b.id), "{pool}");
+    assert!(has(entry, "previous_image_ids", &a.id), "{pool}");
+    let hb: Value = app
+        .heartbeat(&runner.attest(on(&a.id)))
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (hb["status"].as_str(), hb["action"].as_str()),
+        (Some("healthy"), Some("recycle")),
+        "{hb}"
+    );
+    assert_eq!(hb["pull"], json!([node]), "{hb}");
+    assert_eq!(hb["expected_images"][0]["ref"], node.as_str(), "{hb}");
+    assert!(
+        has(&hb["expected_images"][0], "expected_image_ids", &b.id),
+        "{hb}"
+    );
+    let drift: Value = app
+        .admin_get("/api/v1/admin/drift")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(drift["drifted"][0]["images"], json!([node]), "{drift}");
+    assert_eq!(
+        drift["pools"],
+        json!([{"pool": "docker", "roll_stalled": true, "drifted": 1, "live": 1}]),
+        "{drift}"
+    );
+
+    sleep_past(&entry["previous_valid_until"]).await;
+    app.enqueue("docker").await;
+    let body = problem(
+        app.lease(&runner.attest(on(&a.id))).await,
+        StatusCode::CONFLICT,
+    )
+    .await;
+    assert_eq!(body["code"], "image_drift", "{body}");
+    let detail = body["detail"].as_str().unwrap();
+    assert!(
+        detail.starts_with(&format!("image {node} (label ubuntu-latest) runs {}", a.id))
+            && detail.contains(&b.id),
+        "{detail}"
+    );
+    let r = app.lease(&runner.attest(on(&b.id))).await;
+    assert_eq!(r.status(), StatusCode::OK, "on the new image");
+
+    // A tag that does not exist: nothing to judge that image with.
+    let nosuch = registry.image_ref("ci/node:nosuch");
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/typo",
+            json!({"images": [{"ref": nosuch, "image_source": "registry"}]}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    wait_for_pool(&app, "typo", "a failed resolution", |p| {
+        p["images"][0]["last_resolution"]["ok"] == false
+    })
+    .await;
+    let stranded = app.register("typo", "r2").await;
+    app.enqueue("typo").await;
+    let attest = stranded.attest(json!({"images": [{"ref": nosuch, "id": a.id}]}));
+    let body = problem(app.lease(&attest).await, StatusCode::CONFLICT).await;
+    assert_eq!(body["code"], "pool_image_unresolved", "{body}");
+    assert!(body["detail"].as_str().unwrap().contains(&nosuch), "{body}");
+
+    // The registry goes away: the entry keeps its set and counts the failure.
+    let good = get_pool(&app, "docker").await;
+    registry.kill().await;
+    let body = problem(resolve(&app, "docker").await, StatusCode::BAD_GATEWAY).await;
+    assert_eq!(body["code"], "pool_resolution_failed", "{body}");
+    assert!(
+        body["detail"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("image {node}: ")),
+        "{body}"
+    );
+    let pool = get_pool(&app, "docker").await;
+    assert_eq!(
+        pool["images"][0]["expected_image_ids"], good["images"][0]["expected_image_ids"],
+        "{pool}"
+    );
+    assert_eq!(pool["images"][0]["resolution_failures"], 1, "{pool}");
+    assert_eq!(pool["images"][0]["last_resolution"]["ok"], false, "{pool}");
 }
 
 /// Two pools on two references: each resolves to its own image, gates on its own set, and a

@@ -8,8 +8,14 @@
 //! (current set, previous set inside its grace), and the first that is not accepted refuses
 //! the runner, named by its ref and labels. Refs are compared as written: the pool describes
 //! them as the runner's configuration spells them.
+//!
+//! An entry's set comes from its operator (`manual`) or from its ref resolved against its
+//! registry (`registry`), exactly as a registry pool's single image: the same resolution
+//! rolls it, and a failure keeps its last known good set. The pool's resolver resolves its
+//! registry entries on the pool's schedule (`domain::pool`, `registry::resolver`).
 
 use super::digest::{ImageDigest, NotADigest};
+use super::pool::{ImageSource, Resolution, ResolutionOutcome, roll_sets};
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -90,10 +96,14 @@ impl Undescribed {
     }
 }
 
-/// What an operator asks of one image: its expected set, its grace, whether it may be absent.
+/// What an operator asks of one image: its expected set (or that its registry gives it), its
+/// grace, whether it may be absent.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ImageSpec {
     pub image_ref: String,
+    /// `registry`: the set is what `image_ref` resolves to; a set named here stands until
+    /// the next resolution, and none keeps what the entry resolved to.
+    pub image_source: ImageSource,
     pub expected_image_ids: Vec<ImageDigest>,
     pub drift_grace_s: i64,
     /// A runner that pulls at every job (`force_pull`) may not have it yet: absent is fine.
@@ -101,43 +111,140 @@ pub struct ImageSpec {
 }
 
 /// One image a pool describes, as stored: its current set, and the set it replaced with the
-/// end of that one's grace.
+/// end of that one's grace; for a registry entry, its resolver record too.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PoolImage {
     pub image_ref: String,
+    pub image_source: ImageSource,
     pub expected_image_ids: Vec<ImageDigest>,
     pub previous_image_ids: Vec<ImageDigest>,
     pub previous_valid_until: Option<Millis>,
     pub drift_grace_s: i64,
     pub absent_ok: bool,
+    /// The digest its ref last resolved to (registry entries), `None` before the first
+    /// success or after its operator named a set.
+    pub resolved_digest: Option<ImageDigest>,
+    /// The config digest of the service's platform in that resolution.
+    pub resolved_image_id: Option<ImageDigest>,
+    pub last_resolution: Option<Resolution>,
+    /// Consecutive failed resolutions since the last success.
+    pub resolution_failures: i64,
 }
 
 impl PoolImage {
     /// The entries `specs` make of `current` at `now`: an entry whose set changes keeps the set
-    /// it replaces accepted for the spec's grace, as a pool's single image does.
+    /// it replaces accepted for the spec's grace, as a pool's single image does. A registry
+    /// entry given no set keeps what it resolved to; one given a set takes it until the next
+    /// resolution, which then fetches everything again.
     pub fn apply(current: &[PoolImage], specs: Vec<ImageSpec>, now: Millis) -> Vec<PoolImage> {
         specs
             .into_iter()
             .map(|spec| {
                 let old = current.iter().find(|c| c.image_ref == spec.image_ref);
-                let (expected, previous, until) = super::pool::roll_sets(
-                    old.map_or(&[][..], |o| &o.expected_image_ids),
-                    old.map_or(&[][..], |o| &o.previous_image_ids),
-                    old.and_then(|o| o.previous_valid_until),
-                    spec.expected_image_ids,
-                    spec.drift_grace_s,
-                    now,
-                );
+                let registry = spec.image_source == ImageSource::Registry;
+                let keep_resolved = registry && spec.expected_image_ids.is_empty();
+                let (expected, previous, until) = match old {
+                    Some(old) if keep_resolved => (
+                        old.expected_image_ids.clone(),
+                        old.previous_image_ids.clone(),
+                        old.previous_valid_until,
+                    ),
+                    _ => roll_sets(
+                        old.map_or(&[][..], |o| &o.expected_image_ids),
+                        old.map_or(&[][..], |o| &o.previous_image_ids),
+                        old.and_then(|o| o.previous_valid_until),
+                        spec.expected_image_ids,
+                        spec.drift_grace_s,
+                        now,
+                    ),
+                };
+                // The resolver record of the same registry entry carries on; any other
+                // starts afresh.
+                let was_registry = old.filter(|o| registry && o.is_registry());
+                let (resolved_digest, resolved_image_id) = match was_registry {
+                    Some(o) if keep_resolved => {
+                        (o.resolved_digest.clone(), o.resolved_image_id.clone())
+                    }
+                    _ => (None, None),
+                };
                 PoolImage {
                     image_ref: spec.image_ref,
+                    image_source: spec.image_source,
                     expected_image_ids: expected,
                     previous_image_ids: previous,
                     previous_valid_until: until,
                     drift_grace_s: spec.drift_grace_s,
                     absent_ok: spec.absent_ok,
+                    resolved_digest,
+                    resolved_image_id,
+                    last_resolution: was_registry.and_then(|o| o.last_resolution.clone()),
+                    resolution_failures: was_registry.map_or(0, |o| o.resolution_failures),
                 }
             })
             .collect()
+    }
+
+    pub fn is_registry(&self) -> bool {
+        self.image_source == ImageSource::Registry
+    }
+
+    /// Whether it has a set to judge with (a registry entry has none until it first resolves).
+    pub fn is_resolved(&self) -> bool {
+        !self.expected_image_ids.is_empty()
+    }
+
+    /// The entry after a resolution of its ref came to `outcome` at `now`, as a registry
+    /// pool's single image takes one (`Pool::apply_resolution`): a new set rolls with the
+    /// entry's grace, a failure keeps every set and is counted. `None` when it does not apply
+    /// (not a registry entry, or an `Unchanged` about another digest).
+    pub fn apply_resolution(&self, outcome: &ResolutionOutcome, now: Millis) -> Option<PoolImage> {
+        if !self.is_registry() {
+            return None;
+        }
+        let mut next = self.clone();
+        let succeeded = Some(Resolution {
+            at: now,
+            ok: true,
+            error: None,
+        });
+        match outcome {
+            ResolutionOutcome::Resolved(image) => {
+                let (expected, previous, until) = roll_sets(
+                    &self.expected_image_ids,
+                    &self.previous_image_ids,
+                    self.previous_valid_until,
+                    image.accepted.clone(),
+                    self.drift_grace_s,
+                    now,
+                );
+                if expected.is_empty() {
+                    return None;
+                }
+                next.expected_image_ids = expected;
+                next.previous_image_ids = previous;
+                next.previous_valid_until = until;
+                next.resolved_digest = Some(image.digest.clone());
+                next.resolved_image_id = image.image_id.clone();
+                next.resolution_failures = 0;
+                next.last_resolution = succeeded;
+            }
+            ResolutionOutcome::Unchanged { digest } => {
+                if self.resolved_digest.as_ref() != Some(digest) {
+                    return None;
+                }
+                next.resolution_failures = 0;
+                next.last_resolution = succeeded;
+            }
+            ResolutionOutcome::Failed { error } => {
+                next.resolution_failures = self.resolution_failures.saturating_add(1);
+                next.last_resolution = Some(Resolution {
+                    at: now,
+                    ok: false,
+                    error: Some(error.clone()),
+                });
+            }
+        }
+        Some(next)
     }
 
     fn is_current(&self, image: &AttestedImage) -> bool {
@@ -161,36 +268,74 @@ impl PoolImage {
     pub fn record(&self) -> PoolImageRecord {
         PoolImageRecord {
             image_ref: self.image_ref.clone(),
+            image_source: self.image_source,
             expected_image_ids: self.expected_image_ids.clone(),
             previous_image_ids: self.previous_image_ids.clone(),
             previous_valid_until_ms: self.previous_valid_until.map(|m| m.0),
             drift_grace_s: self.drift_grace_s,
             absent_ok: self.absent_ok,
+            resolved_digest: self.resolved_digest.clone(),
+            resolved_image_id: self.resolved_image_id.clone(),
+            last_resolution: self.last_resolution.as_ref().map(|r| ResolutionRecord {
+                at_ms: r.at.0,
+                ok: r.ok,
+                error: r.error.clone(),
+            }),
+            resolution_failures: self.resolution_failures,
         }
     }
 
     pub fn from_record(r: PoolImageRecord) -> PoolImage {
         PoolImage {
             image_ref: r.image_ref,
+            image_source: r.image_source,
             expected_image_ids: r.expected_image_ids,
             previous_image_ids: r.previous_image_ids,
             previous_valid_until: r.previous_valid_until_ms.map(Millis),
             drift_grace_s: r.drift_grace_s,
             absent_ok: r.absent_ok,
+            resolved_digest: r.resolved_digest,
+            resolved_image_id: r.resolved_image_id,
+            last_resolution: r.last_resolution.map(|l| Resolution {
+                at: Millis(l.at_ms),
+                ok: l.ok,
+                error: l.error,
+            }),
+            resolution_failures: r.resolution_failures,
         }
     }
 }
 
-/// A pool's image entry in storage (instants as milliseconds).
+/// A pool's image entry in storage (instants as milliseconds). What entries written before
+/// registry entries existed lack reads as a manual entry's.
 #[derive(Serialize, Deserialize)]
 pub struct PoolImageRecord {
     #[serde(rename = "ref")]
     pub image_ref: String,
+    #[serde(default)]
+    pub image_source: ImageSource,
     pub expected_image_ids: Vec<ImageDigest>,
     pub previous_image_ids: Vec<ImageDigest>,
     pub previous_valid_until_ms: Option<i64>,
     pub drift_grace_s: i64,
     pub absent_ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_digest: Option<ImageDigest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resolved_image_id: Option<ImageDigest>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_resolution: Option<ResolutionRecord>,
+    #[serde(default)]
+    pub resolution_failures: i64,
+}
+
+/// An entry's last resolution in storage.
+#[derive(Serialize, Deserialize)]
+pub struct ResolutionRecord {
+    pub at_ms: i64,
+    pub ok: bool,
+    #[serde(default)]
+    pub error: Option<String>,
 }
 
 /// Why one attested image is not accepted.
@@ -198,6 +343,9 @@ pub struct PoolImageRecord {
 pub enum Problem {
     /// The pool does not describe its ref, and refuses what it does not describe.
     Undescribed,
+    /// Its entry takes its set from its registry and has not resolved yet: nothing to judge
+    /// with (`pool_image_unresolved`, as a registry pool that never resolved).
+    Unresolved,
     /// Not on the runner, and the pool's entry does not allow that.
     Absent,
     /// Neither its id nor its digest is accepted.
@@ -221,6 +369,9 @@ impl ImageRefusal {
             Problem::Undescribed => {
                 format!("{named} is not one its pool describes (undescribed_images: refuse)")
             }
+            Problem::Unresolved => format!(
+                "{named} has no accepted set yet: its pool's entry has not resolved from its registry"
+            ),
             Problem::Absent => format!(
                 "{named} is not present on the runner, and its pool does not accept it absent"
             ),
@@ -255,6 +406,9 @@ pub fn judge(
             }
             continue;
         };
+        if !entry.is_resolved() {
+            return refuse(Problem::Unresolved);
+        }
         match (&image.id, image.absent) {
             (_, true) if entry.absent_ok => {}
             (None, _) if image.digest.is_none() => {
@@ -280,14 +434,15 @@ pub fn judge(
 }
 
 /// The described refs among `attested` whose image is not the entry's current one (absent
-/// ones too, unless the entry accepts them absent): what a recycle must pull.
+/// ones too, unless the entry accepts them absent): what a recycle must pull. An entry with
+/// no set yet (a registry entry that never resolved) has nothing to pull.
 pub fn to_pull(attested: &[AttestedImage], described: &[PoolImage]) -> Vec<String> {
     let mut refs: Vec<String> = attested
         .iter()
         .filter(|image| {
             described
                 .iter()
-                .find(|d| d.image_ref == image.image_ref)
+                .find(|d| d.image_ref == image.image_ref && d.is_resolved())
                 .is_some_and(|entry| {
                     let present = !image.absent && (image.id.is_some() || image.digest.is_some());
                     if present {
@@ -305,11 +460,13 @@ pub fn to_pull(attested: &[AttestedImage], described: &[PoolImage]) -> Vec<Strin
 }
 
 /// Whether every described image the runner attests is on its entry's current set: `None`
-/// when none of them is described (nothing to compare).
+/// when none of them is described with a set (nothing to compare).
 pub fn current(attested: &[AttestedImage], described: &[PoolImage]) -> Option<bool> {
-    let compared = attested
-        .iter()
-        .any(|image| described.iter().any(|d| d.image_ref == image.image_ref));
+    let compared = attested.iter().any(|image| {
+        described
+            .iter()
+            .any(|d| d.image_ref == image.image_ref && d.is_resolved())
+    });
     compared.then(|| to_pull(attested, described).is_empty())
 }
 
@@ -323,6 +480,7 @@ mod tests {
     fn spec(image_ref: &str, ids: &[char], grace: i64) -> ImageSpec {
         ImageSpec {
             image_ref: image_ref.into(),
+            image_source: ImageSource::Manual,
             expected_image_ids: ids.iter().map(|c| digest(*c)).collect(),
             drift_grace_s: grace,
             absent_ok: false,
@@ -469,5 +627,95 @@ mod tests {
             })
             .collect();
         assert_eq!(back, rolled);
+    }
+
+    fn registry_spec(image_ref: &str, grace: i64) -> ImageSpec {
+        ImageSpec {
+            image_source: ImageSource::Registry,
+            ..spec(image_ref, &[], grace)
+        }
+    }
+
+    fn resolved(top: char, config: char) -> ResolutionOutcome {
+        ResolutionOutcome::Resolved(super::super::pool::ResolvedImage {
+            digest: digest(top),
+            image_id: Some(digest(config)),
+            accepted: vec![digest(top), digest(config)],
+        })
+    }
+
+    #[test]
+    fn a_registry_entry_judges_nothing_until_it_resolves_then_rolls_and_keeps_its_last_good_set() {
+        let fresh = PoolImage::apply(&[], vec![registry_spec("reg.test/node:20", 60)], NOW);
+        let on_a = vec![running("reg.test/node:20", 'b', &["ubuntu-latest"])];
+        let refusal = judge(&on_a, &fresh, Undescribed::Refuse, NOW).unwrap_err();
+        assert_eq!(refusal.problem, Problem::Unresolved);
+        assert!(
+            refusal.detail().contains("has not resolved"),
+            "{}",
+            refusal.detail()
+        );
+        assert_eq!(current(&on_a, &fresh), None, "nothing to compare yet");
+        assert!(to_pull(&on_a, &fresh).is_empty());
+
+        let first = fresh[0].apply_resolution(&resolved('a', 'b'), NOW).unwrap();
+        assert_eq!(first.expected_image_ids, [digest('a'), digest('b')]);
+        assert_eq!(first.resolved_image_id, Some(digest('b')));
+        let pool = vec![first.clone()];
+        assert_eq!(judge(&on_a, &pool, Undescribed::Refuse, NOW), Ok(()));
+
+        // A PUT that names no set keeps what it resolved to.
+        let again = PoolImage::apply(&pool, vec![registry_spec("reg.test/node:20", 60)], NOW);
+        assert_eq!(again, pool);
+
+        // The tag moves: the old set is accepted for the entry's grace.
+        let t1 = NOW.plus_secs(5);
+        let moved = first.apply_resolution(&resolved('c', 'd'), t1).unwrap();
+        assert_eq!(moved.previous_valid_until, Some(t1.plus_secs(60)));
+        let pool = vec![moved.clone()];
+        assert_eq!(judge(&on_a, &pool, Undescribed::Refuse, t1), Ok(()));
+        assert_eq!(to_pull(&on_a, &pool), ["reg.test/node:20"]);
+        assert!(judge(&on_a, &pool, Undescribed::Refuse, t1.plus_secs(60)).is_err());
+
+        // Failures keep the sets and are counted; an Unchanged about another digest is stale.
+        let failed = moved
+            .apply_resolution(
+                &ResolutionOutcome::Failed {
+                    error: "cannot reach".into(),
+                },
+                t1,
+            )
+            .unwrap();
+        assert_eq!(failed.expected_image_ids, moved.expected_image_ids);
+        assert_eq!(failed.resolution_failures, 1);
+        assert_eq!(
+            failed.apply_resolution(
+                &ResolutionOutcome::Unchanged {
+                    digest: digest('a')
+                },
+                t1
+            ),
+            None
+        );
+        let back = failed
+            .apply_resolution(
+                &ResolutionOutcome::Unchanged {
+                    digest: digest('c'),
+                },
+                t1,
+            )
+            .unwrap();
+        assert_eq!(back.resolution_failures, 0);
+        // A manual entry takes no resolution; the record keeps everything.
+        assert_eq!(three()[0].apply_resolution(&resolved('a', 'b'), NOW), None);
+        let json = serde_json::to_string(&failed.record()).unwrap();
+        assert_eq!(
+            PoolImage::from_record(serde_json::from_str(&json).unwrap()),
+            failed
+        );
+        // An entry stored before registry entries existed reads as manual.
+        let old = r#"{"ref":"x","expected_image_ids":[],"previous_image_ids":[],"previous_valid_until_ms":null,"drift_grace_s":9,"absent_ok":false}"#;
+        let old = PoolImage::from_record(serde_json::from_str(old).unwrap());
+        assert_eq!(old.image_source, ImageSource::Manual);
     }
 }

@@ -222,9 +222,10 @@ impl PoolSpec {
                     image.image_ref
                 )));
             }
-            if image.expected_image_ids.is_empty() {
+            if image.expected_image_ids.is_empty() && image.image_source == ImageSource::Manual {
                 return Err(PoolSpecError::OutOfRange(format!(
-                    "images[{i}].expected_image_ids must name at least one image id"
+                    "images[{i}].expected_image_ids must name at least one image id \
+                     (or its image_source be registry)"
                 )));
             }
             if !(0..=30 * 86_400).contains(&image.drift_grace_s) {
@@ -385,9 +386,10 @@ impl Pool {
         });
         // The schedule follows the spec's interval from the last attempt (a PUT may change it).
         let next_after_last = current
-            .and_then(|old| old.last_resolution.as_ref())
-            .map(|last| last.at.plus_secs(spec.resolve_interval_s))
+            .and_then(Pool::last_attempt_at)
+            .map(|at| at.plus_secs(spec.resolve_interval_s))
             .or(Some(now));
+        let images = PoolImage::apply(current.map_or(&[][..], |p| &p.images), spec.images, now);
         let (resolved_digest, resolved_image_id, resolution_failures, next_resolve_at) =
             match (spec.image_source, same_reference) {
                 (ImageSource::Manual, _) => (None, None, 0, None),
@@ -404,6 +406,20 @@ impl Pool {
                     (None, None, old.resolution_failures, next_after_last)
                 }
             };
+        // Registry entries resolve on the pool's schedule too, a new one at once.
+        let new_entry = images.iter().any(|i| {
+            i.is_registry()
+                && !current.is_some_and(|old| {
+                    old.images
+                        .iter()
+                        .any(|o| o.is_registry() && o.image_ref == i.image_ref)
+                })
+        });
+        let next_resolve_at = match next_resolve_at {
+            _ if new_entry => Some(now),
+            None if images.iter().any(PoolImage::is_registry) => next_after_last,
+            other => other,
+        };
         Pool {
             name,
             image_ref: spec.image_ref,
@@ -423,7 +439,7 @@ impl Pool {
             github: spec.github,
             disk_warning: spec.disk_warning,
             ejection: spec.ejection,
-            images: PoolImage::apply(current.map_or(&[][..], |p| &p.images), spec.images, now),
+            images,
             undescribed_images: spec.undescribed_images,
             created_at: current.map_or(now, |p| p.created_at),
             updated_at: now,
@@ -501,10 +517,61 @@ impl Pool {
         Some(next)
     }
 
+    /// Whether anything of it is resolved against a registry: its single image, or an entry
+    /// of its `images`.
+    pub fn resolves(&self) -> bool {
+        self.image_source == ImageSource::Registry || self.images.iter().any(PoolImage::is_registry)
+    }
+
+    /// The last resolution attempt of its single image or of any of its entries.
+    fn last_attempt_at(&self) -> Option<Millis> {
+        self.images
+            .iter()
+            .filter_map(|i| i.last_resolution.as_ref())
+            .chain(self.last_resolution.as_ref())
+            .map(|r| r.at)
+            .max()
+    }
+
     /// Whether the background resolver should resolve this pool at `now`.
     pub fn resolution_due(&self, now: Millis) -> bool {
-        self.image_source == ImageSource::Registry
-            && self.next_resolve_at.is_none_or(|at| at <= now)
+        self.resolves() && self.next_resolve_at.is_none_or(|at| at <= now)
+    }
+
+    /// The pool after its registry entries' resolutions (`(ref, outcome)`) came to what they
+    /// did at `now`, each applied as `PoolImage::apply_resolution` says (an outcome for a ref
+    /// that is no longer a registry entry is dropped), and the next attempt scheduled.
+    pub fn apply_image_resolutions(
+        &self,
+        outcomes: &[(String, ResolutionOutcome)],
+        now: Millis,
+    ) -> Pool {
+        let mut next = self.clone();
+        for (image_ref, outcome) in outcomes {
+            let Some(entry) = next.images.iter_mut().find(|i| &i.image_ref == image_ref) else {
+                continue;
+            };
+            if let Some(resolved) = entry.apply_resolution(outcome, now) {
+                if resolved.expected_image_ids != entry.expected_image_ids {
+                    next.updated_at = now;
+                }
+                *entry = resolved;
+            }
+        }
+        if next.resolves() {
+            next.next_resolve_at = Some(now.plus_secs(self.resolve_interval_s));
+        }
+        next
+    }
+
+    /// The digests its registry-resolved parts last resolved to: its single image's and its
+    /// entries'.
+    pub fn resolved_digests(&self) -> impl Iterator<Item = &ImageDigest> {
+        self.resolved_digest.iter().chain(
+            self.images
+                .iter()
+                .filter_map(|i| i.resolved_digest.as_ref()),
+        )
     }
 
     /// The resolver's status, `None` for manual pools. `failure_threshold` consecutive

@@ -7,7 +7,7 @@
 use super::attestation::{Probe, RunningImage};
 use super::digest::ImageDigest;
 use super::ejection::Ejection;
-use super::images::{self, AttestedImage, ImageRefusal};
+use super::images::{self, AttestedImage, ImageRefusal, Problem};
 use super::pool::{ImagePolicy, Pool};
 use super::time::Millis;
 
@@ -86,6 +86,9 @@ impl Refusal {
             Refusal::ProbeStale { .. } => "probe_stale",
             Refusal::PoolImageUnresolved { .. } => "pool_image_unresolved",
             Refusal::ImageUnreported => "image_unreported",
+            Refusal::ImageNotAccepted(r) if r.problem == Problem::Unresolved => {
+                "pool_image_unresolved"
+            }
             Refusal::ImageDrift { .. } | Refusal::ImageNotAccepted(_) => "image_drift",
             Refusal::Quarantined => "runner_quarantined",
             Refusal::Ejected(_) => "runner_ejected",
@@ -132,6 +135,9 @@ impl Refusal {
             Refusal::ProbeStale { .. } => RunnerStatus::ProbeStale,
             Refusal::PoolImageUnresolved { .. } => RunnerStatus::PoolImageUnresolved,
             Refusal::ImageUnreported => RunnerStatus::ImageUnreported,
+            Refusal::ImageNotAccepted(r) if r.problem == Problem::Unresolved => {
+                RunnerStatus::PoolImageUnresolved
+            }
             Refusal::ImageDrift { .. } | Refusal::ImageNotAccepted(_) => RunnerStatus::Drifted,
             Refusal::Quarantined => RunnerStatus::Quarantined,
             Refusal::Ejected(_) => RunnerStatus::Ejected,
@@ -142,6 +148,7 @@ impl Refusal {
     pub fn retry_after_s(&self, heartbeat_interval_s: i64) -> i64 {
         match self {
             Refusal::Cordoned | Refusal::PoolImageUnresolved { .. } => 60,
+            Refusal::ImageNotAccepted(r) if r.problem == Problem::Unresolved => 60,
             _ => heartbeat_interval_s.max(1),
         }
     }
@@ -567,6 +574,7 @@ mod tests {
                 .zip(['a', 'b', 'c'])
                 .map(|(r, c)| ImageSpec {
                     image_ref: r.to_string(),
+                    image_source: ImageSource::Manual,
                     expected_image_ids: vec![digest(c)],
                     drift_grace_s: 900,
                     absent_ok: false,

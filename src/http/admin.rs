@@ -144,6 +144,11 @@ impl EjectionBody {
 struct ImageBody {
     #[serde(rename = "ref")]
     image_ref: String,
+    /// `manual` (default): `expected_image_ids` is the set. `registry`: the set is what the
+    /// ref resolves to; ids named here stand until the next resolution.
+    #[serde(default)]
+    image_source: ImageSource,
+    #[serde(default)]
     expected_image_ids: Vec<String>,
     /// 0 to 2592000 seconds, default 900.
     #[serde(default, deserialize_with = "super::json::whole_number")]
@@ -168,7 +173,12 @@ fn image_specs(bodies: Vec<ObjectOnly<ImageBody>>) -> Result<Vec<ImageSpec>, Api
 impl ImageBody {
     fn checked(self, i: usize) -> Result<ImageSpec, ApiError> {
         crate::domain::text::without_controls("images[].ref", &self.image_ref)?;
+        if self.image_source == ImageSource::Registry {
+            ImageRef::parse(&self.image_ref)
+                .map_err(|e| ApiError::bad_request(format!("images[{i}].ref: {e}")))?;
+        }
         Ok(ImageSpec {
+            image_source: self.image_source,
             expected_image_ids: self
                 .expected_image_ids
                 .iter()
@@ -339,9 +349,14 @@ fn put_body(pool: &Pool) -> Value {
         let images: Vec<Value> = images
             .iter()
             .map(|i| {
-                let ids: Vec<&str> = i.expected_image_ids.iter().map(|d| d.as_str()).collect();
-                json!({"ref": i.image_ref, "expected_image_ids": ids,
-                       "drift_grace_s": i.drift_grace_s, "absent_ok": i.absent_ok})
+                let mut entry = json!({"ref": i.image_ref, "image_source": i.image_source,
+                       "drift_grace_s": i.drift_grace_s, "absent_ok": i.absent_ok});
+                // As for the pool's own set: a resolved set is the registry's, not the body's.
+                if !(i.is_registry() && i.resolved_digest.is_some()) {
+                    let ids: Vec<&str> = i.expected_image_ids.iter().map(|d| d.as_str()).collect();
+                    entry["expected_image_ids"] = json!(ids);
+                }
+                entry
             })
             .collect();
         body["images"] = json!(images);

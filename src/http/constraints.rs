@@ -223,13 +223,25 @@ pub fn pool_body() -> Value {
                 "description": "The images the pool's runners may run, each judged on its own against the entry for its ref (as the runner's configuration spells it).",
                 "items": {
                     "type": "object", "additionalProperties": false,
-                    "required": ["ref", "expected_image_ids"],
+                    "required": ["ref"],
                     "properties": {
                         "ref": {"type": "string", "minLength": 1, "maxLength": crate::domain::images::MAX_REF_BYTES, "pattern": no_controls_pattern()},
-                        "expected_image_ids": {"type": "array", "minItems": 1, "items": ids["items"]},
+                        "image_source": {"type": "string", "enum": ["manual", "registry"], "default": "manual",
+                                         "description": "manual: expected_image_ids is the set; registry: the set is what ref resolves to in its registry (ids named here stand until the next resolution)."},
+                        "expected_image_ids": {"type": "array", "items": ids["items"]},
                         "drift_grace_s": {"type": ["integer", "null"], "minimum": 0, "maximum": 2_592_000},
                         "absent_ok": {"type": "boolean", "default": false},
                     },
+                    "anyOf": [
+                        {"required": ["expected_image_ids"], "properties": {
+                            "image_source": {"const": "manual"},
+                            "expected_image_ids": {"minItems": 1},
+                        }},
+                        {"required": ["image_source"], "properties": {
+                            "image_source": {"const": "registry"},
+                            "ref": {"maxLength": 237, "pattern": image_ref_pattern()},
+                        }},
+                    ],
                 },
             },
             "undescribed_images": {"type": "string", "enum": ["refuse", "ignore"], "default": "refuse",

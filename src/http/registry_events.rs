@@ -2,7 +2,8 @@
 //!
 //! The distribution registry's notification envelope (`application/vnd.docker.distribution.
 //! events.v1+json`, accepted whatever the content type) lists events; every `push` of a tag
-//! starts a resolution of each registry pool whose `image_ref` names that repository and tag.
+//! starts a resolution of each pool whose `image_ref` (a registry pool) or registry entry of
+//! `images` names that repository and tag.
 //! The answer is 202 at once, with the pools being resolved: a registry waits for its
 //! notification endpoint only briefly and retries on a timeout, so the resolutions run in the
 //! background and their outcome shows on the pools. The registry notifies a manifest push
@@ -109,21 +110,27 @@ async fn registry_events(
     let mut pools = Vec::new();
     if !pushed.is_empty() {
         for pool in state.store().list_pools().await? {
-            if pool.image_source != ImageSource::Registry {
-                continue;
-            }
-            let Some(image) = pool
+            // Its single image's reference (a registry pool), and its registry entries'.
+            let single = pool
                 .image_ref
                 .as_deref()
-                .and_then(|r| ImageRef::parse(r).ok())
-            else {
-                continue;
-            };
-            // The last push of the pool's tag in the envelope is the one the tag ends on.
-            let last = pushed
+                .filter(|_| pool.image_source == ImageSource::Registry);
+            let entries = pool
+                .images
                 .iter()
-                .rev()
-                .find(|p| image.repository == p.repository && image.moving_tag() == Some(p.tag));
+                .filter(|i| i.is_registry())
+                .map(|i| i.image_ref.as_str());
+            let references: Vec<ImageRef> = single
+                .into_iter()
+                .chain(entries)
+                .filter_map(|r| ImageRef::parse(r).ok())
+                .collect();
+            // The last push of one of the pool's tags in the envelope is the one it ends on.
+            let last = pushed.iter().rev().find(|p| {
+                references.iter().any(|image| {
+                    image.repository == p.repository && image.moving_tag() == Some(p.tag)
+                })
+            });
             if let Some(push) = last {
                 let digest = push.digest.clone();
                 pools.push((pool, digest));

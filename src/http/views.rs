@@ -402,6 +402,8 @@ pub struct PoolView {
 pub struct PoolImageView {
     #[serde(rename = "ref")]
     pub image_ref: String,
+    /// `manual`, or `registry`: its set is what `ref` resolves to.
+    pub image_source: ImageSource,
     #[schema(value_type = Vec<String>)]
     pub expected_image_ids: Vec<ImageDigest>,
     #[schema(value_type = Vec<String>)]
@@ -410,6 +412,14 @@ pub struct PoolImageView {
     pub previous_valid_until: Option<Millis>,
     pub drift_grace_s: i64,
     pub absent_ok: bool,
+    /// A registry entry's resolver record, as a registry pool's own (null for manual ones).
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_digest: Option<ImageDigest>,
+    #[schema(required = true, value_type = Option<String>)]
+    pub resolved_image_id: Option<ImageDigest>,
+    #[schema(required = true)]
+    pub last_resolution: Option<Resolution>,
+    pub resolution_failures: i64,
 }
 
 /// A pool's `github` object: where its runners register with GitHub Actions.
@@ -467,11 +477,20 @@ pub fn pool(pool: &Pool, standing: &PoolStanding, depth: QueueDepth) -> PoolView
             .iter()
             .map(|i| PoolImageView {
                 image_ref: i.image_ref.clone(),
+                image_source: i.image_source,
                 expected_image_ids: i.expected_image_ids.clone(),
                 previous_image_ids: i.previous_image_ids.clone(),
                 previous_valid_until: i.previous_valid_until,
                 drift_grace_s: i.drift_grace_s,
                 absent_ok: i.absent_ok,
+                resolved_digest: i.resolved_digest.clone(),
+                resolved_image_id: i.resolved_image_id.clone(),
+                last_resolution: i.last_resolution.as_ref().map(|r| Resolution {
+                    at: r.at,
+                    ok: r.ok,
+                    error: r.error.clone(),
+                }),
+                resolution_failures: i.resolution_failures,
             })
             .collect(),
         undescribed_images: pool.undescribed_images,

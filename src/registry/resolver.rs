@@ -1,6 +1,10 @@
 //! Resolving pools: one attempt for one pool (the admin `resolve` call, a registry push
 //! notification, the background task), and the background task itself.
 //!
+//! An attempt resolves what of the pool follows a registry: its single `image_ref` (a
+//! `registry` pool), then each of its registry entries (`images` with `image_source:
+//! registry`), one after the other, recorded together by `Store::record_image_resolutions`.
+//!
 //! An attempt reads the pool, asks the registry (network, outside any transaction), then
 //! records the outcome through `Store::record_resolution`, which applies the pure
 //! `Pool::apply_resolution` under the pool's row lock. If an operator changed the pool's
@@ -15,6 +19,7 @@
 
 use super::Registry;
 use crate::domain::digest::ImageDigest;
+use crate::domain::images::PoolImage;
 use crate::domain::pool::{ImageSource, Pool, PoolName, ResolutionOutcome};
 use crate::domain::time::Millis;
 use crate::store::{DynStore, StoreError};
@@ -34,7 +39,9 @@ pub const CONCURRENCY: usize = 4;
 pub enum ResolvePoolError {
     #[error("no such pool")]
     NotFound,
-    #[error("pool {0} takes its images from its operator (image_source manual), not a registry")]
+    #[error(
+        "pool {0} takes its images from its operator (image_source manual, and no registry entry in images), not a registry"
+    )]
     NotRegistry(PoolName),
     /// The attempt failed; the pool (with the failure recorded) kept its set.
     #[error("{error}")]
@@ -59,16 +66,104 @@ pub async fn resolve_pool(
     resolve_loaded(store, registry, pool).await
 }
 
-/// One attempt on a pool already read (or claimed).
+/// One attempt on a pool already read (or claimed): its single image, then its registry
+/// entries. A failure of either is the attempt's failure, after both were tried.
 async fn resolve_loaded(
     store: &DynStore,
     registry: &Registry,
     pool: Pool,
 ) -> Result<Pool, ResolvePoolError> {
+    if !pool.resolves() {
+        return Err(ResolvePoolError::NotRegistry(pool.name));
+    }
+    let mut pool = pool;
+    let mut failed = None;
+    if pool.image_source == ImageSource::Registry {
+        match resolve_single(store, registry, pool).await {
+            Ok(p) => pool = p,
+            Err(ResolvePoolError::Failed { pool: p, error }) => {
+                pool = *p;
+                failed = Some(error);
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    if pool.images.iter().any(PoolImage::is_registry) {
+        let (p, entry_failure) = resolve_entries(store, registry, pool).await?;
+        pool = p;
+        failed = failed.or(entry_failure);
+    }
+    match failed {
+        Some(error) => Err(ResolvePoolError::Failed {
+            pool: Box::new(pool),
+            error,
+        }),
+        None => Ok(pool),
+    }
+}
+
+/// Resolves each registry entry of `pool` (with a `HEAD` first where it resolved before),
+/// records them together; the pool, and the first entry's failure in words naming its ref.
+async fn resolve_entries(
+    store: &DynStore,
+    registry: &Registry,
+    pool: Pool,
+) -> Result<(Pool, Option<String>), ResolvePoolError> {
+    let mut outcomes = Vec::new();
+    for entry in pool.images.iter().filter(|i| i.is_registry()) {
+        let outcome = registry
+            .resolve(&entry.image_ref, entry.resolved_digest.as_ref())
+            .await;
+        outcomes.push((entry.image_ref.clone(), outcome));
+    }
+    let recorded = store
+        .record_image_resolutions(&pool.name, &outcomes, Millis::now())
+        .await?
+        .ok_or(ResolvePoolError::NotFound)?;
+    let mut failure = None;
+    for (image_ref, outcome) in &outcomes {
+        let before = pool.images.iter().find(|i| &i.image_ref == image_ref);
+        let after = recorded.images.iter().find(|i| &i.image_ref == image_ref);
+        match outcome {
+            ResolutionOutcome::Resolved(image)
+                if before.map(|b| &b.expected_image_ids)
+                    != after.map(|a| &a.expected_image_ids) =>
+            {
+                tracing::info!(
+                    pool = %pool.name,
+                    image_ref,
+                    digest = %image.digest,
+                    image_id = image.image_id.as_ref().map(|d| d.to_string()),
+                    "pool image entry resolved to a new set"
+                );
+            }
+            ResolutionOutcome::Resolved(_) | ResolutionOutcome::Unchanged { .. } => {
+                tracing::debug!(pool = %pool.name, image_ref, "pool image entry resolved, unchanged");
+            }
+            ResolutionOutcome::Failed { error } => {
+                tracing::warn!(
+                    pool = %pool.name,
+                    image_ref,
+                    failures = after.map(|a| a.resolution_failures),
+                    error,
+                    "pool image entry resolution failed; keeping its last known good set"
+                );
+                failure.get_or_insert_with(|| format!("image {image_ref}: {error}"));
+            }
+        }
+    }
+    Ok((recorded, failure))
+}
+
+/// Resolves a registry pool's single `image_ref` and records it.
+async fn resolve_single(
+    store: &DynStore,
+    registry: &Registry,
+    pool: Pool,
+) -> Result<Pool, ResolvePoolError> {
     let name = pool.name.clone();
-    let image_ref = match (&pool.image_source, &pool.image_ref) {
-        (ImageSource::Registry, Some(r)) => r.clone(),
-        _ => return Err(ResolvePoolError::NotRegistry(name)),
+    let Some(image_ref) = pool.image_ref.clone() else {
+        return Err(ResolvePoolError::NotRegistry(name));
     };
     let outcome = registry
         .resolve(&image_ref, pool.resolved_digest.as_ref())
@@ -137,12 +232,15 @@ async fn start_due(
     running: &mut JoinSet<()>,
     now: Millis,
 ) -> Result<usize, StoreError> {
-    let claim_for = registry.settings().timeout.as_secs() as i64 * 4 + 30;
+    let per_reference = registry.settings().timeout.as_secs() as i64 * 4 + 30;
     let mut started = 0;
     for pool in store.list_pools().await? {
         if !pool.resolution_due(now) {
             continue;
         }
+        // Its references are resolved one after the other: the claim covers them all.
+        let references = 1 + pool.images.iter().filter(|i| i.is_registry()).count() as i64;
+        let claim_for = per_reference * references;
         let Ok(permit) = permits.clone().try_acquire_owned() else {
             break;
         };
@@ -211,7 +309,11 @@ pub fn spawn_resolutions(
                     }
                 }
                 match resolve_loaded(&store, &registry, current.clone()).await {
-                    Ok(resolved) if pushed.is_none() || resolved.resolved_digest == pushed => {
+                    Ok(resolved)
+                        if pushed
+                            .as_ref()
+                            .is_none_or(|p| resolved.resolved_digests().any(|d| d == p)) =>
+                    {
                         return;
                     }
                     Ok(_) => {}

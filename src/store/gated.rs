@@ -302,6 +302,21 @@ where
         .await
     }
 
+    async fn record_image_resolutions(
+        &self,
+        name: &PoolName,
+        outcomes: &[(String, ResolutionOutcome)],
+        now: Millis,
+    ) -> StoreResult<Option<Pool>> {
+        let args = (name.clone(), outcomes.to_vec(), now);
+        self.write(args, |db, (name, outcomes, now)| {
+            Box::pin(sql::pools::record_image_resolutions(
+                db, name, outcomes, *now,
+            ))
+        })
+        .await
+    }
+
     async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>> {
         self.read((), |db, ()| Box::pin(sql::jobs::queue_depths(db)))
             .await

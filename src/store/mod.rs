@@ -423,7 +423,8 @@ pub trait Store: Send + Sync + 'static {
     /// Claims the registry pool `name` for a background resolution until `until`, if it is
     /// due at `now` (`next_resolve_at` passed) and no replica holds an unexpired claim. The
     /// due check and the claim are one atomic statement, so that replicas never stampede.
-    /// `None` when the pool is not due, is claimed, is not a registry pool, or does not exist.
+    /// `None` when the pool is not due, is claimed, resolves nothing (neither a registry pool
+    /// nor one with a registry entry), or does not exist.
     async fn claim_resolution(
         &self,
         name: &PoolName,
@@ -440,6 +441,16 @@ pub trait Store: Send + Sync + 'static {
         name: &PoolName,
         image_ref: &str,
         outcome: &ResolutionOutcome,
+        now: Millis,
+    ) -> StoreResult<Option<Pool>>;
+
+    /// Records what resolving the pool's registry entries came to (`(ref, outcome)`), in one
+    /// transaction: the pool as `Pool::apply_image_resolutions` makes it, and the claim
+    /// released. `None` when the pool is gone.
+    async fn record_image_resolutions(
+        &self,
+        name: &PoolName,
+        outcomes: &[(String, ResolutionOutcome)],
         now: Millis,
     ) -> StoreResult<Option<Pool>>;
     async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>>;

@@ -209,7 +209,8 @@ pub struct ImageRow {
     pub image_ref: String,
     pub labels: String,
     pub running: Option<DigestView>,
-    /// `current`, `superseded`, `absent` or `not described`.
+    /// `current`, `superseded`, `absent`, `absent (accepted)`, `unresolved` (its entry has
+    /// no set yet) or `not described`.
     pub standing: &'static str,
     pub class: &'static str,
 }
@@ -235,14 +236,15 @@ pub fn image_rows(runner: &Runner, pool: &Pool) -> Vec<ImageRow> {
         .images
         .iter()
         .map(|i| {
-            let described = pool.images.iter().any(|d| d.image_ref == i.image_ref);
+            let entry = pool.images.iter().find(|d| d.image_ref == i.image_ref);
             let current = crate::domain::images::current(std::slice::from_ref(i), &pool.images);
-            let (standing, class) = match (i.absent, described, current) {
+            let (standing, class) = match (i.absent, entry, current) {
+                (_, Some(e), _) if !e.is_resolved() => ("unresolved", "off"),
                 (true, _, Some(true)) => ("absent (accepted)", "off"),
                 (true, _, _) => ("absent", "bad"),
-                (false, false, _) => ("not described", "off"),
-                (false, true, Some(false)) => ("superseded", "bad"),
-                (false, true, _) => ("current", "ok"),
+                (false, None, _) => ("not described", "off"),
+                (false, Some(_), Some(false)) => ("superseded", "bad"),
+                (false, Some(_), _) => ("current", "ok"),
             };
             ImageRow {
                 image_ref: i.image_ref.clone(),

@@ -140,7 +140,8 @@ async fn write<D: Db>(
 
 /// Claims the registry pool `name` for a resolution until `until` if it is due at `now` and
 /// unclaimed: the due check and the claim in one statement, so that of several replicas that
-/// find it due at once exactly one gets it.
+/// find it due at once exactly one gets it. A manual pool is claimed only for its registry
+/// entries, and only such a pool has a `next_resolve_at` (`Pool::apply`).
 pub async fn claim_resolution<D: Db>(
     db: &mut D,
     name: &PoolName,
@@ -151,7 +152,7 @@ pub async fn claim_resolution<D: Db>(
         db,
         Statement::new(
             "UPDATE pools SET resolve_claimed_until = $3 \
-             WHERE name = $1 AND image_source = 'registry' \
+             WHERE name = $1 AND (image_source = 'registry' OR next_resolve_at IS NOT NULL) \
              AND (next_resolve_at IS NULL OR next_resolve_at <= $2) \
              AND (resolve_claimed_until IS NULL OR resolve_claimed_until <= $2) \
              RETURNING *",
@@ -201,6 +202,33 @@ pub async fn record_resolution<D: Db>(
         .bind(pool.resolution_failures)
         .bind(pool.resolved_digest.as_ref().map(|d| d.to_string()))
         .bind(pool.resolved_image_id.as_ref().map(|d| d.to_string()))
+        .bind(pool.next_resolve_at.map(|m| m.0))
+        .bind(pool.updated_at.0),
+    )
+    .await?;
+    db.changed(Change::Pool(pool.name.clone())).await?;
+    Ok(Some(pool))
+}
+
+/// Records what resolving the pool's registry entries came to, the pool as
+/// `Pool::apply_image_resolutions` makes it, and releases the claim; `None` when it is gone.
+pub async fn record_image_resolutions<D: Db>(
+    db: &mut D,
+    name: &PoolName,
+    outcomes: &[(String, ResolutionOutcome)],
+    now: Millis,
+) -> StoreResult<Option<Pool>> {
+    let Some(current) = locked(db, name).await? else {
+        return Ok(None);
+    };
+    let pool = current.apply_image_resolutions(outcomes, now);
+    db.execute(
+        Statement::new(
+            "UPDATE pools SET images = $2, next_resolve_at = $3, resolve_claimed_until = NULL, \
+             updated_at = $4 WHERE name = $1",
+        )
+        .bind(pool.name.as_str())
+        .bind(rows::pool_images_json(&pool.images))
         .bind(pool.next_resolve_at.map(|m| m.0))
         .bind(pool.updated_at.0),
     )
