@@ -31,6 +31,7 @@ mod forge_machines;
 mod github;
 mod history;
 mod images;
+mod images_forge_gate;
 mod lease_flow;
 mod metrics;
 mod openapi;
