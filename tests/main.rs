@@ -34,6 +34,7 @@ mod images;
 mod images_forge_gate;
 mod lease_flow;
 mod metrics;
+mod migration_parity;
 mod openapi;
 mod operators;
 mod outage_sqlite;
