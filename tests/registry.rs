@@ -718,6 +718,20 @@ async fn a_push_notification_resolves_the_pools_of_that_tag() {
         has(p, "expected_image_ids", &a.id)
     })
     .await;
+    // A pool one of whose images follows another tag is notified of that tag's pushes too.
+    let node = registry.image_ref("ci/node:20");
+    a.push(&node).await;
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/entries",
+            json!({"images": [{"ref": node, "image_source": "registry"}], "resolve_interval_s": 86400}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    wait_for_pool(&app, "entries", "the entry's first resolution", |p| {
+        has(&p["images"][0], "expected_image_ids", &a.id)
+    })
+    .await;
 
     let b = LocalImage::build("image B", None).await;
     b.push(&image_ref).await;
@@ -729,6 +743,18 @@ async fn a_push_notification_resolves_the_pools_of_that_tag() {
     )
     .await;
     assert!(has(&pool, "previous_image_ids", &a.id), "{pool}");
+    b.push(&node).await;
+    let pool = wait_for_pool(
+        &app,
+        "entries",
+        "the entry's resolution on the push notification",
+        |p| has(&p["images"][0], "expected_image_ids", &b.id),
+    )
+    .await;
+    assert!(
+        has(&pool["images"][0], "previous_image_ids", &a.id),
+        "{pool}"
+    );
 
     // The envelope by hand: only a push of the pool's repository and tag names it.
     let envelope = |repository: &str, tag: &str| {
@@ -755,6 +781,11 @@ async fn a_push_notification_resolves_the_pools_of_that_tag() {
     assert_eq!(
         r.json::<Value>().await.unwrap(),
         json!({"pools": ["notified"]})
+    );
+    let r = post(envelope("ci/node", "20"), ADMIN).await.unwrap();
+    assert_eq!(
+        r.json::<Value>().await.unwrap(),
+        json!({"pools": ["entries"]})
     );
     let r = post(envelope("ci/runner", "other"), ADMIN).await.unwrap();
     assert_eq!(r.json::<Value>().await.unwrap(), json!({"pools": []}));
