@@ -106,8 +106,44 @@ async fn register_with(app: &TestApp, token: &str, name: &str) -> Response {
     .await
 }
 
-on_both_engines! {
-async fn malformed_json_is_a_bad_request(app) {
+each_engine!(
+    malformed_json_is_a_bad_request,
+    json_with_trailing_characters_is_a_bad_request,
+    a_wrong_field_type_is_a_bad_request_naming_the_field,
+    an_empty_body_is_a_bad_request,
+    wait_s_outside_0_to_30_is_a_bad_request_and_spends_nothing,
+    missing_or_bad_credentials_are_unauthorized_with_www_authenticate,
+    the_other_party_token_is_forbidden,
+    unknown_things_are_not_found,
+    a_wrong_method_is_method_not_allowed,
+    a_body_over_the_limit_is_payload_too_large,
+    a_chunked_body_over_the_limit_is_payload_too_large,
+    a_body_at_the_limit_is_read,
+    a_request_head_over_8_kib_is_refused_and_the_service_goes_on,
+    registration_tokens_are_single_use_and_expire,
+    a_taken_name_is_runner_exists_and_keeps_the_token,
+    enqueue_to_an_unknown_pool_is_unknown_pool,
+    a_manual_enforce_pool_without_images_is_unprocessable,
+    idempotency_key_returns_the_existing_job_even_when_the_body_differs,
+    a_cordoned_runner_is_refused_until_uncordoned,
+    a_stale_probe_is_refused,
+    an_unresolved_registry_pool_refuses_leases,
+    an_enforce_pool_needs_an_image_id,
+    the_runner_list_pages_and_filters_on_the_server,
+    a_pool_put_without_grace_replaces_its_image_at_once,
+    image_drift_names_both_digests,
+    report_and_off_pools_never_refuse_for_images,
+    the_heartbeat_reports_status_and_image_currency,
+    gate_check_answers_allow_or_refuse_with_200,
+    the_drift_report_fails_closed,
+    the_previous_image_leases_inside_the_grace_but_is_told_to_recycle,
+    without_a_grace_the_previous_image_is_refused_at_once,
+);
+
+async fn malformed_json_is_a_bad_request(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let post = reqwest::Method::POST;
     for (case, path, token, body) in [
@@ -150,7 +186,10 @@ async fn malformed_json_is_a_bad_request(app) {
     assert_eq!(pools["pools"][0]["queued_jobs"], 0);
 }
 
-async fn json_with_trailing_characters_is_a_bad_request(app) {
+async fn json_with_trailing_characters_is_a_bad_request(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     for (case, body) in [
         ("trailing garbage", r#"{"pool": "linux"} x"#),
@@ -176,7 +215,10 @@ async fn json_with_trailing_characters_is_a_bad_request(app) {
     assert_eq!(pool["queued_jobs"], 0);
 }
 
-async fn a_wrong_field_type_is_a_bad_request_naming_the_field(app) {
+async fn a_wrong_field_type_is_a_bad_request_naming_the_field(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let cases = [
         (
@@ -282,7 +324,10 @@ async fn a_wrong_field_type_is_a_bad_request_naming_the_field(app) {
     assert_eq!(pool["drift_grace_s"], 900);
 }
 
-async fn an_empty_body_is_a_bad_request(app) {
+async fn an_empty_body_is_a_bad_request(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     for (case, path, token) in [
         ("heartbeat", "/api/v1/runners/heartbeat", None),
         ("lease", "/api/v1/lease", None),
@@ -295,7 +340,10 @@ async fn an_empty_body_is_a_bad_request(app) {
     }
 }
 
-async fn wait_s_outside_0_to_30_is_a_bad_request_and_spends_nothing(app) {
+async fn wait_s_outside_0_to_30_is_a_bad_request_and_spends_nothing(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let attestation = runner.healthy();
@@ -328,8 +376,10 @@ async fn wait_s_outside_0_to_30_is_a_bad_request_and_spends_nothing(app) {
 // ---------------------------------------------------------------------------------------------
 // 401 unauthorized, 403 forbidden
 // ---------------------------------------------------------------------------------------------
-
-async fn missing_or_bad_credentials_are_unauthorized_with_www_authenticate(app) {
+async fn missing_or_bad_credentials_are_unauthorized_with_www_authenticate(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let job = app.enqueue("linux").await;
     let endpoints: Vec<(reqwest::Method, String, Option<Value>)> = vec![
@@ -402,7 +452,10 @@ async fn missing_or_bad_credentials_are_unauthorized_with_www_authenticate(app) 
     );
 }
 
-async fn the_other_party_token_is_forbidden(app) {
+async fn the_other_party_token_is_forbidden(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let job = app.enqueue("linux").await;
     let runner = app.register("linux", "r1").await;
@@ -500,8 +553,10 @@ async fn the_other_party_token_is_forbidden(app) {
 // ---------------------------------------------------------------------------------------------
 // 404 not_found, 405 method_not_allowed, 413 payload_too_large
 // ---------------------------------------------------------------------------------------------
-
-async fn unknown_things_are_not_found(app) {
+async fn unknown_things_are_not_found(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let nobody = uuid::Uuid::now_v7().to_string();
     let cases = [
@@ -565,7 +620,10 @@ async fn unknown_things_are_not_found(app) {
     }
 }
 
-async fn a_wrong_method_is_method_not_allowed(app) {
+async fn a_wrong_method_is_method_not_allowed(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     for (method, path) in [
         (reqwest::Method::DELETE, "/livez"),
         (reqwest::Method::POST, "/livez"),
@@ -590,7 +648,10 @@ async fn a_wrong_method_is_method_not_allowed(app) {
     }
 }
 
-async fn a_body_over_the_limit_is_payload_too_large(app) {
+async fn a_body_over_the_limit_is_payload_too_large(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let r = send_raw(
         &app,
         reqwest::Method::POST,
@@ -608,7 +669,10 @@ async fn a_body_over_the_limit_is_payload_too_large(app) {
     .await;
 }
 
-async fn a_chunked_body_over_the_limit_is_payload_too_large(app) {
+async fn a_chunked_body_over_the_limit_is_payload_too_large(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let body = oversized_heartbeat();
     let mut request = format!(
         "POST /api/v1/runners/heartbeat HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n\
@@ -627,7 +691,10 @@ async fn a_chunked_body_over_the_limit_is_payload_too_large(app) {
     assert!(body.contains("\"code\":\"payload_too_large\""), "{body}");
 }
 
-async fn a_body_at_the_limit_is_read(app) {
+async fn a_body_at_the_limit_is_read(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // Exactly 65536 bytes: not too large, so it is judged (and here rejected as an attestation).
     let skeleton = json!({"attestation": ""}).to_string().len();
     let body = json!({"attestation": "a".repeat(65_536 - skeleton)}).to_string();
@@ -649,7 +716,10 @@ async fn a_body_at_the_limit_is_read(app) {
     .await;
 }
 
-async fn a_request_head_over_8_kib_is_refused_and_the_service_goes_on(app) {
+async fn a_request_head_over_8_kib_is_refused_and_the_service_goes_on(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // The service reads request heads into a buffer of 8 KiB (`http::listener`), so that the
     // connections of waiting long polls stay small; a bigger head is refused by hyper.
     let request = format!(
@@ -672,9 +742,10 @@ async fn a_request_head_over_8_kib_is_refused_and_the_service_goes_on(app) {
 // ---------------------------------------------------------------------------------------------
 // Registration
 // ---------------------------------------------------------------------------------------------
-
-
-async fn registration_tokens_are_single_use_and_expire(app) {
+async fn registration_tokens_are_single_use_and_expire(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
 
     let r = register_with(&app, "lgr_no-such-token", "r0").await;
@@ -739,7 +810,10 @@ async fn registration_tokens_are_single_use_and_expire(app) {
     assert_eq!(names, ["r1"]);
 }
 
-async fn a_taken_name_is_runner_exists_and_keeps_the_token(app) {
+async fn a_taken_name_is_runner_exists_and_keeps_the_token(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     app.pool("other", &[IMAGE_A]).await;
     app.register("linux", "r1").await;
@@ -769,8 +843,10 @@ async fn a_taken_name_is_runner_exists_and_keeps_the_token(app) {
 // ---------------------------------------------------------------------------------------------
 // Pools and the forge
 // ---------------------------------------------------------------------------------------------
-
-async fn enqueue_to_an_unknown_pool_is_unknown_pool(app) {
+async fn enqueue_to_an_unknown_pool_is_unknown_pool(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     for pool in ["nope", "Not A Pool Name", ""] {
         let r = app
@@ -794,7 +870,10 @@ async fn enqueue_to_an_unknown_pool_is_unknown_pool(app) {
     assert_eq!(pools["pools"][0]["queued_jobs"], 0);
 }
 
-async fn a_manual_enforce_pool_without_images_is_unprocessable(app) {
+async fn a_manual_enforce_pool_without_images_is_unprocessable(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     for (case, body) in [
         ("empty list, defaults", json!({"expected_image_ids": []})),
         ("no list at all", json!({"image_ref": "ci/runner:stable"})),
@@ -842,7 +921,12 @@ async fn a_manual_enforce_pool_without_images_is_unprocessable(app) {
     }
 }
 
-async fn idempotency_key_returns_the_existing_job_even_when_the_body_differs(app) {
+async fn idempotency_key_returns_the_existing_job_even_when_the_body_differs(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let r = app
         .forge_post(
@@ -889,8 +973,10 @@ async fn idempotency_key_returns_the_existing_job_even_when_the_body_differs(app
 // ---------------------------------------------------------------------------------------------
 // Lease refusals, rules 7–12
 // ---------------------------------------------------------------------------------------------
-
-async fn a_cordoned_runner_is_refused_until_uncordoned(app) {
+async fn a_cordoned_runner_is_refused_until_uncordoned(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -935,7 +1021,10 @@ async fn a_cordoned_runner_is_refused_until_uncordoned(app) {
     assert_eq!(app.grant(&runner).await.job_id, job);
 }
 
-async fn a_stale_probe_is_refused(app) {
+async fn a_stale_probe_is_refused(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -955,7 +1044,10 @@ async fn a_stale_probe_is_refused(app) {
     assert_eq!(app.lease(&fresh).await.status(), StatusCode::OK);
 }
 
-async fn an_unresolved_registry_pool_refuses_leases(app) {
+async fn an_unresolved_registry_pool_refuses_leases(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let r = put_pool(
         &app,
         "reg",
@@ -985,7 +1077,10 @@ async fn an_unresolved_registry_pool_refuses_leases(app) {
     assert_eq!(hb["action"], "none");
 }
 
-async fn an_enforce_pool_needs_an_image_id(app) {
+async fn an_enforce_pool_needs_an_image_id(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -1009,41 +1104,76 @@ async fn an_enforce_pool_needs_an_image_id(app) {
     assert_eq!(hb["action"], "none");
 }
 
-async fn the_runner_list_pages_and_filters_on_the_server(app) {
+async fn the_runner_list_pages_and_filters_on_the_server(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     for i in 0..5 {
         let r = app.register("linux", &format!("r{i}")).await;
         if i < 4 {
-            app.heartbeat(&r.attest(json!({"host": format!("host-{i}.ci"), "agent": {"version": "1.2.3"}}))).await;
+            app.heartbeat(
+                &r.attest(json!({"host": format!("host-{i}.ci"), "agent": {"version": "1.2.3"}})),
+            )
+            .await;
         }
     }
     let mut seen = Vec::new();
     let mut query = "limit=2".to_string();
     loop {
-        let page: Value = app.admin_get(&format!("/api/v1/admin/runners?{query}")).await.json().await.unwrap();
+        let page: Value = app
+            .admin_get(&format!("/api/v1/admin/runners?{query}"))
+            .await
+            .json()
+            .await
+            .unwrap();
         let runners = page["runners"].as_array().unwrap();
         assert!(runners.len() <= 2, "{page}");
-        seen.extend(runners.iter().map(|r| r["name"].as_str().unwrap().to_string()));
+        seen.extend(
+            runners
+                .iter()
+                .map(|r| r["name"].as_str().unwrap().to_string()),
+        );
         match page["next_cursor"].as_str() {
             Some(c) => query = format!("limit=2&cursor={c}"),
             None => break,
         }
     }
     assert_eq!(seen, ["r0", "r1", "r2", "r3", "r4"]);
-    let found: Value = app.admin_get("/api/v1/admin/runners?q=HOST-3").await.json().await.unwrap();
+    let found: Value = app
+        .admin_get("/api/v1/admin/runners?q=HOST-3")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(found["runners"].as_array().unwrap().len(), 1, "{found}");
     assert_eq!(found["runners"][0]["host"], "host-3.ci");
     assert_eq!(found["runners"][0]["agent_version"], "1.2.3");
     assert!(found["next_cursor"].is_null());
-    let unknown: Value = app.admin_get("/api/v1/admin/runners?status=unknown").await.json().await.unwrap();
+    let unknown: Value = app
+        .admin_get("/api/v1/admin/runners?status=unknown")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(unknown["runners"].as_array().unwrap().len(), 1, "{unknown}");
     // A status filter pages too, and a listed runner is the whole runner (its lease, its
     // host), as its own detail shows it: the list judges from summaries, then reads the page.
     app.enqueue("linux").await;
     let r1 = app.register("linux", "r1b").await;
     let granted = app.grant(&r1).await;
-    let healthy: Value = app.admin_get("/api/v1/admin/runners?status=healthy&limit=3").await.json().await.unwrap();
-    let names: Vec<&str> = healthy["runners"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let healthy: Value = app
+        .admin_get("/api/v1/admin/runners?status=healthy&limit=3")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = healthy["runners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["r0", "r1", "r1b"], "{healthy}");
     assert_eq!(healthy["next_cursor"], "3");
     let listed = &healthy["runners"][2];
@@ -1051,8 +1181,18 @@ async fn the_runner_list_pages_and_filters_on_the_server(app) {
     let detail = app.runner(&r1.id).await;
     assert_eq!(listed["current_lease"], detail["current_lease"], "{detail}");
     assert_eq!(healthy["runners"][0]["host"], "host-0.ci");
-    let rest: Value = app.admin_get("/api/v1/admin/runners?status=healthy&limit=3&cursor=3").await.json().await.unwrap();
-    let names: Vec<&str> = rest["runners"].as_array().unwrap().iter().map(|r| r["name"].as_str().unwrap()).collect();
+    let rest: Value = app
+        .admin_get("/api/v1/admin/runners?status=healthy&limit=3&cursor=3")
+        .await
+        .json()
+        .await
+        .unwrap();
+    let names: Vec<&str> = rest["runners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].as_str().unwrap())
+        .collect();
     assert_eq!(names, ["r2", "r3"], "{rest}");
     for bad in ["limit=0", "limit=1001", "cursor=x", "status=sleepy"] {
         let r = app.admin_get(&format!("/api/v1/admin/runners?{bad}")).await;
@@ -1060,34 +1200,58 @@ async fn the_runner_list_pages_and_filters_on_the_server(app) {
     }
 }
 
-async fn a_pool_put_without_grace_replaces_its_image_at_once(app) {
+async fn a_pool_put_without_grace_replaces_its_image_at_once(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // podman's `{{.Id}}` prints the bare hex: accepted, and stored as a full digest.
     let bare_a = IMAGE_A.trim_start_matches("sha256:");
     let pool = app.pool("linux", &[bare_a]).await;
     assert_eq!(pool["expected_image_ids"], json!([IMAGE_A]), "{pool}");
     let runner = app.register("linux", "r1").await;
-    assert_eq!(app.lease(&runner.healthy()).await.status(), StatusCode::NO_CONTENT);
+    assert_eq!(
+        app.lease(&runner.healthy()).await.status(),
+        StatusCode::NO_CONTENT
+    );
     // A wrong image fixed with `drift_grace_s: 0`: the replaced one is refused from now on.
     let r = app
-        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}))
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     refused(&app, "replaced at once", &runner.healthy(), "image_drift").await;
     // With the default grace the replaced set would still lease.
     let r = app
-        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": [IMAGE_A]}))
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_A]}),
+        )
         .await;
     assert_eq!(r.status(), StatusCode::OK);
     let on_b = runner.attest(json!({"image": {"id": IMAGE_B}}));
     assert_eq!(app.lease(&on_b).await.status(), StatusCode::NO_CONTENT);
     let r = app
-        .admin_put("/api/v1/admin/pools/linux", json!({"expected_image_ids": ["ABC"]}))
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": ["ABC"]}),
+        )
         .await;
     let p = expect_problem(r, "not an image id", StatusCode::BAD_REQUEST, "bad_request").await;
-    assert!(p["detail"].as_str().unwrap().starts_with("expected_image_ids[0]"), "{p}");
+    assert!(
+        p["detail"]
+            .as_str()
+            .unwrap()
+            .starts_with("expected_image_ids[0]"),
+        "{p}"
+    );
 }
 
-async fn image_drift_names_both_digests(app) {
+async fn image_drift_names_both_digests(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -1107,7 +1271,10 @@ async fn image_drift_names_both_digests(app) {
     assert_eq!(app.lease(&by_digest).await.status(), StatusCode::OK);
 }
 
-async fn report_and_off_pools_never_refuse_for_images(app) {
+async fn report_and_off_pools_never_refuse_for_images(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     put_pool(
         &app,
         "rep",
@@ -1149,8 +1316,10 @@ async fn report_and_off_pools_never_refuse_for_images(app) {
 // ---------------------------------------------------------------------------------------------
 // What the heartbeat and gate/check answer
 // ---------------------------------------------------------------------------------------------
-
-async fn the_heartbeat_reports_status_and_image_currency(app) {
+async fn the_heartbeat_reports_status_and_image_currency(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     put_pool(
         &app,
@@ -1220,7 +1389,10 @@ async fn the_heartbeat_reports_status_and_image_currency(app) {
     }
 }
 
-async fn gate_check_answers_allow_or_refuse_with_200(app) {
+async fn gate_check_answers_allow_or_refuse_with_200(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
 
@@ -1255,8 +1427,10 @@ async fn gate_check_answers_allow_or_refuse_with_200(app) {
 // ---------------------------------------------------------------------------------------------
 // The drift report and the pool grace
 // ---------------------------------------------------------------------------------------------
-
-async fn the_drift_report_fails_closed(app) {
+async fn the_drift_report_fails_closed(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     put_pool(
         &app,
@@ -1326,7 +1500,10 @@ async fn the_drift_report_fails_closed(app) {
     assert!(!skipped.contains(&drifted.id.as_str()), "{report}");
 }
 
-async fn the_previous_image_leases_inside_the_grace_but_is_told_to_recycle(app) {
+async fn the_previous_image_leases_inside_the_grace_but_is_told_to_recycle(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     heartbeat_body(&app, &runner.healthy()).await;
@@ -1375,7 +1552,10 @@ async fn the_previous_image_leases_inside_the_grace_but_is_told_to_recycle(app) 
     );
 }
 
-async fn without_a_grace_the_previous_image_is_refused_at_once(app) {
+async fn without_a_grace_the_previous_image_is_refused_at_once(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -1405,5 +1585,4 @@ async fn without_a_grace_the_previous_image_is_refused_at_once(app) {
         .lease(&runner.attest(json!({"image": {"id": IMAGE_B}})))
         .await;
     assert_eq!(lease.status(), StatusCode::OK);
-}
 }

@@ -131,8 +131,39 @@ async fn with_runner(app: TestApp) -> (TestApp, TestRunner) {
     (app, runner)
 }
 
-on_both_engines! {
-async fn alg_none_in_any_casing_is_invalid(app) {
+each_engine!(
+    alg_none_in_any_casing_is_invalid,
+    hmac_keyed_with_the_public_key_is_invalid,
+    other_alg_names_over_an_eddsa_signature_are_invalid,
+    a_valid_token_from_an_unregistered_key_is_invalid,
+    unknown_kid_is_indistinguishable_from_a_bad_signature,
+    kid_and_typ_are_required_and_exact,
+    audience_must_name_this_gatekeeper,
+    iss_and_sub_must_both_be_the_kid,
+    numeric_dates_must_be_numbers,
+    required_claims_must_be_present_with_their_type,
+    jti_is_16_to_128_characters,
+    time_rules_answer_expired_and_lifetime_answers_invalid,
+    probe_claims_are_checked_before_anything_is_recorded,
+    a_jti_is_accepted_once_across_heartbeat_lease_and_gate_check,
+    a_tampered_token_no_longer_verifies,
+    malformed_compact_serialisations_are_invalid,
+    rejected_attestations_write_nothing_and_spend_no_jti,
+    short_image_ids_and_tags_are_bad_requests_and_record_nothing,
+    a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again,
+    revoked_runner_is_refused_after_the_replay_check,
+    duplicate_members_are_invalid,
+    a_header_that_is_not_a_json_object_is_invalid,
+    claims_that_are_not_a_json_object_are_invalid,
+    claims_with_trailing_bytes_are_invalid,
+    critical_header_extensions_are_invalid,
+    weak_and_non_canonical_keys_are_refused_at_registration,
+);
+
+async fn alg_none_in_any_casing_is_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for alg in ["none", "None", "NONE", "nOnE"] {
         let header = json!({"alg": alg, "typ": TYP, "kid": runner.id});
@@ -159,7 +190,10 @@ async fn alg_none_in_any_casing_is_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn hmac_keyed_with_the_public_key_is_invalid(app) {
+async fn hmac_keyed_with_the_public_key_is_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let x = runner.key.public_x();
     let raw = URL_SAFE_NO_PAD.decode(&x).unwrap();
@@ -186,7 +220,10 @@ async fn hmac_keyed_with_the_public_key_is_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn other_alg_names_over_an_eddsa_signature_are_invalid(app) {
+async fn other_alg_names_over_an_eddsa_signature_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for alg in [
         "RS256", "RS512", "PS256", "ES256", "ES384", "ES512", "ES256K", "Ed25519", "Ed448",
@@ -222,7 +259,10 @@ async fn other_alg_names_over_an_eddsa_signature_are_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn a_valid_token_from_an_unregistered_key_is_invalid(app) {
+async fn a_valid_token_from_an_unregistered_key_is_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let attacker = RunnerKey::generate();
     let forged = attacker.sign_attestation(&runner.id, &runner.claims());
@@ -255,7 +295,10 @@ async fn a_valid_token_from_an_unregistered_key_is_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn unknown_kid_is_indistinguishable_from_a_bad_signature(app) {
+async fn unknown_kid_is_indistinguishable_from_a_bad_signature(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let attacker = RunnerKey::generate();
 
@@ -331,7 +374,10 @@ async fn unknown_kid_is_indistinguishable_from_a_bad_signature(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn kid_and_typ_are_required_and_exact(app) {
+async fn kid_and_typ_are_required_and_exact(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let claims = runner.claims();
     for (case, header) in [
@@ -367,7 +413,10 @@ async fn kid_and_typ_are_required_and_exact(app) {
     accepted(&app, "hand-built honest token", &honest).await;
 }
 
-async fn audience_must_name_this_gatekeeper(app) {
+async fn audience_must_name_this_gatekeeper(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for aud in [
         json!("other"),
@@ -406,7 +455,10 @@ async fn audience_must_name_this_gatekeeper(app) {
     .await;
 }
 
-async fn iss_and_sub_must_both_be_the_kid(app) {
+async fn iss_and_sub_must_both_be_the_kid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "attacker").await;
     let victim = app.register("linux", "victim").await;
@@ -444,7 +496,10 @@ async fn iss_and_sub_must_both_be_the_kid(app) {
     assert_nothing_recorded(&app, &victim).await;
 }
 
-async fn numeric_dates_must_be_numbers(app) {
+async fn numeric_dates_must_be_numbers(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let now = now_s();
     for (case, patch) in [
@@ -472,7 +527,10 @@ async fn numeric_dates_must_be_numbers(app) {
     accepted(&app, "fractional NumericDates", &fractional).await;
 }
 
-async fn required_claims_must_be_present_with_their_type(app) {
+async fn required_claims_must_be_present_with_their_type(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for claim in ["jti", "exp", "aud", "iat", "probe", "iss", "sub"] {
         let token = runner.attest(json!({ claim: null }));
@@ -517,7 +575,10 @@ async fn required_claims_must_be_present_with_their_type(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn jti_is_16_to_128_characters(app) {
+async fn jti_is_16_to_128_characters(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for (case, jti) in [
         ("jti of 15", "j".repeat(15)),
@@ -542,7 +603,10 @@ async fn jti_is_16_to_128_characters(app) {
     .await;
 }
 
-async fn time_rules_answer_expired_and_lifetime_answers_invalid(app) {
+async fn time_rules_answer_expired_and_lifetime_answers_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let now = now_s();
     for (case, patch) in [
@@ -559,11 +623,25 @@ async fn time_rules_answer_expired_and_lifetime_answers_invalid(app) {
     // Past the leeway ahead, or past the maximum age and the leeway behind: the runner's clock
     // is the likeliest cause, and the answer says so, with the offset.
     for (case, patch, words) in [
-        ("iat 45 s in the future", json!({"iat": now + 45, "exp": now + 100}), "s ahead of the server"),
-        ("iat 100 s old", json!({"iat": now - 100, "exp": now - 40}), "s behind the server"),
+        (
+            "iat 45 s in the future",
+            json!({"iat": now + 45, "exp": now + 100}),
+            "s ahead of the server",
+        ),
+        (
+            "iat 100 s old",
+            json!({"iat": now - 100, "exp": now - 40}),
+            "s behind the server",
+        ),
     ] {
         let token = runner.attest(patch);
-        let p = expect_problem(app.heartbeat(&token).await, case, UNAUTHORIZED, "clock_skew").await;
+        let p = expect_problem(
+            app.heartbeat(&token).await,
+            case,
+            UNAUTHORIZED,
+            "clock_skew",
+        )
+        .await;
         assert!(p["detail"].as_str().unwrap().contains(words), "{case}: {p}");
         expect_problem(app.lease(&token).await, case, UNAUTHORIZED, "clock_skew").await;
     }
@@ -618,22 +696,29 @@ async fn time_rules_answer_expired_and_lifetime_answers_invalid(app) {
     }
 }
 
-async fn probe_claims_are_checked_before_anything_is_recorded(app) {
+async fn probe_claims_are_checked_before_anything_is_recorded(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let now = now_s();
-    for (case, patch) in [
-        (
-            "probe.ok false without probe.error",
-            json!({"probe": {"ok": false}}),
-        ),
-    ] {
+    for (case, patch) in [(
+        "probe.ok false without probe.error",
+        json!({"probe": {"ok": false}}),
+    )] {
         let token = runner.attest(patch);
         rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_invalid").await;
     }
     let ahead = runner.attest(json!({"probe": {"checked_at": now + 60}}));
     for r in [app.heartbeat(&ahead).await, app.lease(&ahead).await] {
         let p = expect_problem(r, "probe.checked_at 60 s ahead", UNAUTHORIZED, "clock_skew").await;
-        assert!(p["detail"].as_str().unwrap().contains("s ahead of the server's"), "{p}");
+        assert!(
+            p["detail"]
+                .as_str()
+                .unwrap()
+                .contains("s ahead of the server's"),
+            "{p}"
+        );
     }
     assert_nothing_recorded(&app, &runner).await;
     accepted(
@@ -644,7 +729,10 @@ async fn probe_claims_are_checked_before_anything_is_recorded(app) {
     .await;
 }
 
-async fn a_jti_is_accepted_once_across_heartbeat_lease_and_gate_check(app) {
+async fn a_jti_is_accepted_once_across_heartbeat_lease_and_gate_check(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let token = runner.healthy();
     accepted(&app, "first use", &token).await;
@@ -722,7 +810,10 @@ async fn a_jti_is_accepted_once_across_heartbeat_lease_and_gate_check(app) {
     .await;
 }
 
-async fn a_tampered_token_no_longer_verifies(app) {
+async fn a_tampered_token_no_longer_verifies(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let good = runner.healthy();
     let parts: Vec<&str> = good.split('.').collect();
@@ -785,7 +876,10 @@ async fn a_tampered_token_no_longer_verifies(app) {
     accepted(&app, "original", &good).await;
 }
 
-async fn malformed_compact_serialisations_are_invalid(app) {
+async fn malformed_compact_serialisations_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let good = runner.healthy();
     let parts: Vec<&str> = good.split('.').collect();
@@ -818,7 +912,10 @@ async fn malformed_compact_serialisations_are_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn rejected_attestations_write_nothing_and_spend_no_jti(app) {
+async fn rejected_attestations_write_nothing_and_spend_no_jti(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let job = app.enqueue("linux").await;
     let before = app.job(&job).await;
@@ -884,7 +981,10 @@ async fn rejected_attestations_write_nothing_and_spend_no_jti(app) {
     assert_eq!(lease.status(), StatusCode::OK);
 }
 
-async fn short_image_ids_and_tags_are_bad_requests_and_record_nothing(app) {
+async fn short_image_ids_and_tags_are_bad_requests_and_record_nothing(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for (case, image) in [
         ("short id", json!({"id": "abc123"})),
@@ -922,7 +1022,12 @@ async fn short_image_ids_and_tags_are_bad_requests_and_record_nothing(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again(app) {
+async fn a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // The row keeps a runner's 12 most recent jtis; a client hammering the endpoints within
     // one window spills older ones into a table, and every one of them stays spent.
     let (app, runner) = with_runner(app).await;
@@ -950,7 +1055,10 @@ async fn a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again(ap
     }
 }
 
-async fn revoked_runner_is_refused_after_the_replay_check(app) {
+async fn revoked_runner_is_refused_after_the_replay_check(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let used = runner.healthy();
     accepted(&app, "before revocation", &used).await;
@@ -1030,7 +1138,10 @@ async fn revoked_runner_is_refused_after_the_replay_check(app) {
     assert_eq!(detail["refusals"], json!([]));
 }
 
-async fn duplicate_members_are_invalid(app) {
+async fn duplicate_members_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let victim = app.register("linux", "other").await;
     let id = &runner.id;
@@ -1064,7 +1175,10 @@ async fn duplicate_members_are_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn a_header_that_is_not_a_json_object_is_invalid(app) {
+async fn a_header_that_is_not_a_json_object_is_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let header = json!(["EdDSA", TYP, runner.id]);
     let token = sign_raw(&runner.key, &header, &runner.claims());
@@ -1079,7 +1193,10 @@ async fn a_header_that_is_not_a_json_object_is_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn claims_that_are_not_a_json_object_are_invalid(app) {
+async fn claims_that_are_not_a_json_object_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let now = now_s();
     let jti = uuid::Uuid::now_v7().to_string();
@@ -1100,7 +1217,10 @@ async fn claims_that_are_not_a_json_object_are_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn claims_with_trailing_bytes_are_invalid(app) {
+async fn claims_with_trailing_bytes_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     let header = honest_header(&runner.id).to_string();
     let payload = format!("{} trailing", runner.claims());
@@ -1126,24 +1246,40 @@ async fn claims_with_trailing_bytes_are_invalid(app) {
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn critical_header_extensions_are_invalid(app) {
+async fn critical_header_extensions_are_invalid(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let (app, runner) = with_runner(app).await;
     for (case, extra) in [
-        ("crit naming an extension", json!({"crit": ["foo"], "foo": 1})),
+        (
+            "crit naming an extension",
+            json!({"crit": ["foo"], "foo": 1}),
+        ),
         ("crit, empty", json!({"crit": []})),
-        ("an unencoded payload (RFC 7797)", json!({"crit": ["b64"], "b64": false})),
+        (
+            "an unencoded payload (RFC 7797)",
+            json!({"crit": ["b64"], "b64": false}),
+        ),
         ("b64 without crit", json!({"b64": false})),
     ] {
         let mut header = honest_header(&runner.id);
         merge(&mut header, &extra);
         let token = sign_raw(&runner.key, &header, &runner.claims());
-        let body = rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_invalid").await;
-        assert!(body["detail"].as_str().unwrap().contains("crit"), "{case}: {body}");
+        let body =
+            rejected_everywhere(&app, case, &token, UNAUTHORIZED, "attestation_invalid").await;
+        assert!(
+            body["detail"].as_str().unwrap().contains("crit"),
+            "{case}: {body}"
+        );
     }
     assert_nothing_recorded(&app, &runner).await;
 }
 
-async fn weak_and_non_canonical_keys_are_refused_at_registration(app) {
+async fn weak_and_non_canonical_keys_are_refused_at_registration(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     // The eight small-order points (the identity among them) and the all-zero encoding.
     let small_order = [
@@ -1168,19 +1304,30 @@ async fn weak_and_non_canonical_keys_are_refused_at_registration(app) {
         .expect("some y below 19 is on the curve");
     let mut cases: Vec<(String, [u8; 32], &str)> = small_order
         .iter()
-        .map(|h| (format!("small-order {h}"), hex::decode(h).unwrap().try_into().unwrap(), "weak"))
+        .map(|h| {
+            (
+                format!("small-order {h}"),
+                hex::decode(h).unwrap().try_into().unwrap(),
+                "weak",
+            )
+        })
         .collect();
     cases.push(("non-canonical y".into(), non_canonical, "canonical"));
     for (case, bytes, says) in cases {
         let token = app.registration_token("linux").await;
         let r = app
-            .post("/api/v1/runners", json!({"registration_token": token, "name": "weak",
-                "public_key": {"kty": "OKP", "crv": "Ed25519", "x": b64(&bytes)}}))
+            .post(
+                "/api/v1/runners",
+                json!({"registration_token": token, "name": "weak",
+                "public_key": {"kty": "OKP", "crv": "Ed25519", "x": b64(&bytes)}}),
+            )
             .await;
         let body = expect_problem(r, &case, StatusCode::BAD_REQUEST, "bad_request").await;
-        assert!(body["detail"].as_str().unwrap().contains(says), "{case}: {body}");
+        assert!(
+            body["detail"].as_str().unwrap().contains(says),
+            "{case}: {body}"
+        );
     }
     let r = app.admin_get("/api/v1/admin/runners").await;
     assert_eq!(r.json::<Value>().await.unwrap()["runners"], json!([]));
-}
 }

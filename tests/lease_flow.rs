@@ -7,8 +7,26 @@ use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 
-on_both_engines! {
-async fn grant_start_complete_uses_exactly_one_attempt(app) {
+each_engine!(
+    grant_start_complete_uses_exactly_one_attempt,
+    oldest_job_first_and_no_job_gives_204,
+    refused_lease_touches_no_job,
+    abandon_before_start_is_free_and_quarantines_until_a_newer_probe,
+    an_abandoned_job_is_held_from_its_runner_for_a_while_only,
+    lease_calls_answer_with_the_lease_fate,
+    errored_requeues_until_attempts_run_out,
+    expiry_before_start_is_free_after_start_keeps_the_attempt,
+    cancel_reaches_the_runner_on_its_next_call,
+    revoke_ends_live_leases_and_refuses_the_runner,
+    long_poll_wakes_on_enqueue,
+    long_poll_times_out_with_204_and_shutdown_answers_at_once,
+    a_runner_holding_two_leases_is_listed_once_with_its_newest,
+);
+
+async fn grant_start_complete_uses_exactly_one_attempt(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -56,7 +74,10 @@ async fn grant_start_complete_uses_exactly_one_attempt(app) {
     assert_eq!(story["events"][1]["runner_id"], runner.id.as_str());
 }
 
-async fn oldest_job_first_and_no_job_gives_204(app) {
+async fn oldest_job_first_and_no_job_gives_204(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     assert_eq!(
@@ -69,7 +90,10 @@ async fn oldest_job_first_and_no_job_gives_204(app) {
     assert_eq!(app.grant(&runner).await.job_id, second);
 }
 
-async fn refused_lease_touches_no_job(app) {
+async fn refused_lease_touches_no_job(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "broken").await;
     let job = app.enqueue("linux").await;
@@ -96,7 +120,10 @@ async fn refused_lease_touches_no_job(app) {
     assert_eq!(detail["status"], "probe_failed");
 }
 
-async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe(app) {
+async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -139,7 +166,10 @@ async fn abandon_before_start_is_free_and_quarantines_until_a_newer_probe(app) {
     assert_eq!(body["job"]["attempt"], 1);
 }
 
-async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(app) {
+async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     use leasegate::domain::ids::{LeaseId, RunnerId};
     use leasegate::domain::lease::{ABANDON_HOLD_S, LeaseCall};
     use leasegate::domain::time::Millis;
@@ -156,20 +186,47 @@ async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(app) {
         now,
     };
     let now = Millis::now();
-    let (lease, _) = store.claim_job(&claim(now)).await.unwrap().expect("the job");
-    let abandon = LeaseCall::Abandon { reason: None, message: None };
+    let (lease, _) = store
+        .claim_job(&claim(now))
+        .await
+        .unwrap()
+        .expect("the job");
+    let abandon = LeaseCall::Abandon {
+        reason: None,
+        message: None,
+    };
     let rules = app.state.settings().status_rules();
-    store.lease_call(&lease.id, &"h".repeat(64), &abandon, now, rules).await.unwrap();
+    store
+        .lease_call(&lease.id, &"h".repeat(64), &abandon, now, rules)
+        .await
+        .unwrap();
     // A second job behind it: the runner takes that one instead.
     let second = app.enqueue("linux").await;
-    let (_, got) = store.claim_job(&claim(now)).await.unwrap().expect("the next job");
+    let (_, got) = store
+        .claim_job(&claim(now))
+        .await
+        .unwrap()
+        .expect("the next job");
     assert_eq!(got.id.as_str(), second);
-    assert!(store.claim_job(&claim(now.plus_secs(ABANDON_HOLD_S - 1))).await.unwrap().is_none());
-    let (_, back) = store.claim_job(&claim(now.plus_secs(ABANDON_HOLD_S))).await.unwrap().expect("held no longer");
+    assert!(
+        store
+            .claim_job(&claim(now.plus_secs(ABANDON_HOLD_S - 1)))
+            .await
+            .unwrap()
+            .is_none()
+    );
+    let (_, back) = store
+        .claim_job(&claim(now.plus_secs(ABANDON_HOLD_S)))
+        .await
+        .unwrap()
+        .expect("held no longer");
     assert_eq!(back.id.as_str(), job);
 }
 
-async fn lease_calls_answer_with_the_lease_fate(app) {
+async fn lease_calls_answer_with_the_lease_fate(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     app.enqueue("linux").await;
@@ -235,7 +292,10 @@ async fn lease_calls_answer_with_the_lease_fate(app) {
     );
 }
 
-async fn errored_requeues_until_attempts_run_out(app) {
+async fn errored_requeues_until_attempts_run_out(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app
@@ -265,7 +325,10 @@ async fn errored_requeues_until_attempts_run_out(app) {
     );
 }
 
-async fn expiry_before_start_is_free_after_start_keeps_the_attempt(app) {
+async fn expiry_before_start_is_free_after_start_keeps_the_attempt(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app
@@ -303,7 +366,10 @@ async fn expiry_before_start_is_free_after_start_keeps_the_attempt(app) {
     assert_eq!(app.job(&job).await["state"], "failed");
 }
 
-async fn cancel_reaches_the_runner_on_its_next_call(app) {
+async fn cancel_reaches_the_runner_on_its_next_call(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let queued = app.enqueue("linux").await;
@@ -331,7 +397,10 @@ async fn cancel_reaches_the_runner_on_its_next_call(app) {
     assert_eq!(code_of(again, StatusCode::CONFLICT).await, "job_finished");
 }
 
-async fn revoke_ends_live_leases_and_refuses_the_runner(app) {
+async fn revoke_ends_live_leases_and_refuses_the_runner(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let job = app.enqueue("linux").await;
@@ -359,7 +428,10 @@ async fn revoke_ends_live_leases_and_refuses_the_runner(app) {
     );
 }
 
-async fn long_poll_wakes_on_enqueue(app) {
+async fn long_poll_wakes_on_enqueue(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let attestation = runner.healthy();
@@ -387,7 +459,10 @@ async fn long_poll_wakes_on_enqueue(app) {
     );
 }
 
-async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(app) {
+async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     let started = std::time::Instant::now();
@@ -417,7 +492,10 @@ async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(app) {
     assert!(stopping.elapsed() < std::time::Duration::from_secs(3));
 }
 
-async fn a_runner_holding_two_leases_is_listed_once_with_its_newest(app) {
+async fn a_runner_holding_two_leases_is_listed_once_with_its_newest(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "r1").await;
     app.enqueue("linux").await;
@@ -426,13 +504,34 @@ async fn a_runner_holding_two_leases_is_listed_once_with_its_newest(app) {
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let second = app.grant(&runner).await;
 
-    let list: Value = app.admin_get("/api/v1/admin/runners").await.json().await.unwrap();
+    let list: Value = app
+        .admin_get("/api/v1/admin/runners")
+        .await
+        .json()
+        .await
+        .unwrap();
     let rows = list["runners"].as_array().unwrap();
     assert_eq!(rows.len(), 1, "{list}");
-    assert_eq!(rows[0]["current_lease"]["lease_id"], second.lease_id.as_str());
-    let drift: Value = app.admin_get("/api/v1/admin/drift").await.json().await.unwrap();
-    assert_eq!(drift["drifted"].as_array().unwrap().len() + drift["skipped"].as_array().unwrap().len(), 0, "{drift}");
-    let pool: Value = app.admin_get("/api/v1/admin/pools/linux").await.json().await.unwrap();
+    assert_eq!(
+        rows[0]["current_lease"]["lease_id"],
+        second.lease_id.as_str()
+    );
+    let drift: Value = app
+        .admin_get("/api/v1/admin/drift")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        drift["drifted"].as_array().unwrap().len() + drift["skipped"].as_array().unwrap().len(),
+        0,
+        "{drift}"
+    );
+    let pool: Value = app
+        .admin_get("/api/v1/admin/pools/linux")
+        .await
+        .json()
+        .await
+        .unwrap();
     assert_eq!(pool["runners_by_status"]["healthy"], 1, "{pool}");
-}
 }

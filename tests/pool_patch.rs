@@ -41,8 +41,18 @@ async fn patched(app: &TestApp, patch: Value) -> Value {
     body
 }
 
-on_both_engines! {
-async fn a_patch_keeps_what_it_does_not_name(app) {
+each_engine!(
+    a_patch_keeps_what_it_does_not_name,
+    null_returns_a_field_to_its_default_and_a_new_set_rolls_as_a_put_does,
+    the_patched_body_gets_the_answers_a_put_gets,
+    a_patch_is_audited,
+    concurrent_patches_of_different_fields_lose_none,
+);
+
+async fn a_patch_keeps_what_it_does_not_name(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let full = json!({
         "image_ref": "registry.example/ci/runner:1",
         "expected_image_ids": [IMAGE_A],
@@ -51,7 +61,10 @@ async fn a_patch_keeps_what_it_does_not_name(app) {
         "drift_grace_s": 60,
         "resolve_interval_s": 600,
     });
-    assert_eq!(app.admin_put(POOL, full).await.status(), StatusCode::CREATED);
+    assert_eq!(
+        app.admin_put(POOL, full).await.status(),
+        StatusCode::CREATED
+    );
     let before = get(&app, POOL).await;
 
     // FORGES.md's step: the gate mode alone.
@@ -75,7 +88,12 @@ async fn a_patch_keeps_what_it_does_not_name(app) {
     assert_eq!(kept(&get(&app, POOL).await), kept(&before));
 }
 
-async fn null_returns_a_field_to_its_default_and_a_new_set_rolls_as_a_put_does(app) {
+async fn null_returns_a_field_to_its_default_and_a_new_set_rolls_as_a_put_does(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let r = app
         .admin_put(
             POOL,
@@ -84,14 +102,22 @@ async fn null_returns_a_field_to_its_default_and_a_new_set_rolls_as_a_put_does(a
         )
         .await;
     assert_eq!(r.status(), StatusCode::CREATED);
-    let after = patched(&app, json!({"drift_grace_s": null, "image_ref": null, "image_policy": null})).await;
+    let after = patched(
+        &app,
+        json!({"drift_grace_s": null, "image_ref": null, "image_policy": null}),
+    )
+    .await;
     assert_eq!(after["drift_grace_s"], 900);
     assert_eq!(after["image_ref"], Value::Null);
     assert_eq!(after["image_policy"], "enforce");
     assert_eq!(after["expected_image_ids"], json!([IMAGE_A]));
 
     // A new set: the one it replaces stays accepted for the grace, as after a PUT.
-    let after = patched(&app, json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 120})).await;
+    let after = patched(
+        &app,
+        json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 120}),
+    )
+    .await;
     assert_eq!(after["expected_image_ids"], json!([IMAGE_B]));
     assert_eq!(after["previous_image_ids"], json!([IMAGE_A]));
     assert!(after["previous_valid_until"].is_string(), "{after}");
@@ -100,30 +126,79 @@ async fn null_returns_a_field_to_its_default_and_a_new_set_rolls_as_a_put_does(a
     assert_eq!(again["previous_valid_until"], after["previous_valid_until"]);
 }
 
-async fn the_patched_body_gets_the_answers_a_put_gets(app) {
+async fn the_patched_body_gets_the_answers_a_put_gets(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     assert_eq!(
-        app.admin_put(POOL, json!({"expected_image_ids": [IMAGE_A]})).await.status(),
+        app.admin_put(POOL, json!({"expected_image_ids": [IMAGE_A]}))
+            .await
+            .status(),
         StatusCode::CREATED
     );
     let base = json!({"expected_image_ids": [IMAGE_A]});
     let cases = [
-        (json!({"drift_grace_s": -1}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"drift_grace_s": 1.5}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"resolve_interval_s": 5}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"gate_mode": "loud"}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"expected_image_ids": ["sha256:nothex"]}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"image_source": "registry"}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"image_ref": "bad\u{7}ref"}), StatusCode::BAD_REQUEST, "bad_request"),
+        (
+            json!({"drift_grace_s": -1}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"drift_grace_s": 1.5}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"resolve_interval_s": 5}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"gate_mode": "loud"}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"expected_image_ids": ["sha256:nothex"]}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"image_source": "registry"}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"image_ref": "bad\u{7}ref"}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         // serde would read a struct from an array: a nested object is an object or nothing.
-        (json!({"disk_warning": [null, null]}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"ejection": [3]}), StatusCode::BAD_REQUEST, "bad_request"),
+        (
+            json!({"disk_warning": [null, null]}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"ejection": [3]}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         (
             json!({"disk_warning": {"min_free_bytes": 9_223_372_036_854_775_808_u64}}),
             StatusCode::BAD_REQUEST,
             "bad_request",
         ),
-        (json!({"github": ["orgs/acme", 1, ["linux"]]}), StatusCode::BAD_REQUEST, "bad_request"),
-        (json!({"github": "orgs/acme"}), StatusCode::BAD_REQUEST, "bad_request"),
+        (
+            json!({"github": ["orgs/acme", 1, ["linux"]]}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
+        (
+            json!({"github": "orgs/acme"}),
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+        ),
         (
             json!({"expected_image_ids": []}),
             StatusCode::UNPROCESSABLE_ENTITY,
@@ -142,7 +217,8 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
             o.retain(|_, v| !v.is_null());
         }
         let put = expect_problem(
-            app.admin_put("/api/v1/admin/pools/other", body.clone()).await,
+            app.admin_put("/api/v1/admin/pools/other", body.clone())
+                .await,
             &format!("PUT {body}"),
             status,
             code,
@@ -161,10 +237,18 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
         assert_eq!(patch_answer["detail"], put_detail, "PATCH {patch}");
     }
     // Nothing of it was written.
-    assert_eq!(get(&app, POOL).await["expected_image_ids"], json!([IMAGE_A]));
+    assert_eq!(
+        get(&app, POOL).await["expected_image_ids"],
+        json!([IMAGE_A])
+    );
 
     // Not an object (a JSON Patch, say), as a PUT of one.
-    for body in ["[]", "[{\"op\":\"replace\",\"path\":\"/gate_mode\",\"value\":\"observe\"}]", "\"x\"", ""] {
+    for body in [
+        "[]",
+        "[{\"op\":\"replace\",\"path\":\"/gate_mode\",\"value\":\"observe\"}]",
+        "\"x\"",
+        "",
+    ] {
         let r = app
             .client
             .patch(app.url(POOL))
@@ -177,7 +261,11 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
         expect_problem(r, body, StatusCode::BAD_REQUEST, "bad_request").await;
     }
     expect_problem(
-        app.admin_patch("/api/v1/admin/pools/missing", json!({"gate_mode": "observe"})).await,
+        app.admin_patch(
+            "/api/v1/admin/pools/missing",
+            json!({"gate_mode": "observe"}),
+        )
+        .await,
         "a missing pool",
         StatusCode::NOT_FOUND,
         "not_found",
@@ -187,7 +275,8 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
     let r = app.admin_get("/api/v1/admin/pools/missing").await;
     assert_eq!(r.status(), StatusCode::NOT_FOUND);
     expect_problem(
-        app.admin_patch("/api/v1/admin/pools/Bad%20Name", json!({})).await,
+        app.admin_patch("/api/v1/admin/pools/Bad%20Name", json!({}))
+            .await,
         "a bad name",
         StatusCode::BAD_REQUEST,
         "bad_request",
@@ -204,9 +293,14 @@ async fn the_patched_body_gets_the_answers_a_put_gets(app) {
     expect_problem(r, "the forge token", StatusCode::FORBIDDEN, "forbidden").await;
 }
 
-async fn a_patch_is_audited(app) {
+async fn a_patch_is_audited(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     assert_eq!(
-        app.admin_put(POOL, json!({"expected_image_ids": [IMAGE_A]})).await.status(),
+        app.admin_put(POOL, json!({"expected_image_ids": [IMAGE_A]}))
+            .await
+            .status(),
         StatusCode::CREATED
     );
     patched(&app, json!({"gate_mode": "observe", "drift_grace_s": 30})).await;
@@ -215,16 +309,25 @@ async fn a_patch_is_audited(app) {
     assert_eq!(r.status(), StatusCode::BAD_REQUEST);
     let trail = get(&app, "/api/v1/admin/audit?target=linux").await;
     let entries = trail["entries"].as_array().unwrap();
-    let actions: Vec<&str> = entries.iter().map(|e| e["action"].as_str().unwrap()).collect();
+    let actions: Vec<&str> = entries
+        .iter()
+        .map(|e| e["action"].as_str().unwrap())
+        .collect();
     assert_eq!(actions, ["pool_patch", "pool_put"]);
     let detail = entries[0]["detail"].as_str().unwrap();
-    assert!(detail.starts_with("patched drift_grace_s, gate_mode; "), "{detail}");
+    assert!(
+        detail.starts_with("patched drift_grace_s, gate_mode; "),
+        "{detail}"
+    );
     assert!(detail.contains("gate_mode observe"), "{detail}");
     assert_eq!(entries[0]["actor"], "bootstrap");
     assert_eq!(entries[0]["target_kind"], "pool");
 }
 
-async fn concurrent_patches_of_different_fields_lose_none(app) {
+async fn concurrent_patches_of_different_fields_lose_none(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     for round in 0..10 {
         let r = app
             .admin_put(POOL, json!({"expected_image_ids": [IMAGE_A]}))
@@ -261,15 +364,22 @@ async fn concurrent_patches_of_different_fields_lose_none(app) {
         assert_eq!(pool["gate_mode"], "observe", "round {round}: {pool}");
         assert_eq!(pool["drift_grace_s"], 120 + round, "round {round}: {pool}");
         assert_eq!(pool["image_policy"], "report", "round {round}: {pool}");
-        assert_eq!(pool["resolve_interval_s"], 600 + round, "round {round}: {pool}");
+        assert_eq!(
+            pool["resolve_interval_s"],
+            600 + round,
+            "round {round}: {pool}"
+        );
         assert_eq!(
             pool["image_ref"],
             format!("registry.example/ci/runner:{round}"),
             "round {round}: {pool}"
         );
-        assert_eq!(pool["expected_image_ids"], json!([IMAGE_A, IMAGE_B]), "round {round}: {pool}");
+        assert_eq!(
+            pool["expected_image_ids"],
+            json!([IMAGE_A, IMAGE_B]),
+            "round {round}: {pool}"
+        );
     }
-}
 }
 
 /// A registry pool's set is the registry's: a patch keeps it, and what it resolved to, as it

@@ -140,8 +140,19 @@ async fn delete_racing_inserts(app: &Arc<TestApp>, pool: &str, token: String) ->
     ]
 }
 
-on_both_engines! {
-async fn deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error(app) {
+each_engine!(
+    deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error,
+    one_registration_token_registers_one_runner_however_many_race_for_it,
+    cancel_racing_every_lease_call_never_answers_a_server_error,
+    revoking_a_runner_racing_its_abandon_never_answers_a_server_error,
+);
+
+async fn deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // Each insert holds the pool before it writes a row naming it, so a racing delete is
     // either seen (a clean refusal) or sees the new row (pool_in_use); never a foreign-key
     // error from the database as a 500.
@@ -151,23 +162,59 @@ async fn deleting_a_pool_racing_what_refers_to_it_never_answers_a_server_error(a
         app.pool(&pool, &[IMAGE_A]).await;
         let token = app.registration_token(&pool).await;
         let [delete, register, enqueue, token] = delete_racing_inserts(&app, &pool, token).await;
-        let case = format!("#{round}: delete {delete}, register {register}, enqueue {enqueue}, token {token}");
-        assert!(matches!(delete, StatusCode::NO_CONTENT | StatusCode::CONFLICT), "{case}");
-        assert!(matches!(register, StatusCode::CREATED | StatusCode::UNAUTHORIZED), "{case}");
-        assert!(matches!(enqueue, StatusCode::CREATED | StatusCode::UNPROCESSABLE_ENTITY), "{case}");
-        assert!(matches!(token, StatusCode::CREATED | StatusCode::NOT_FOUND), "{case}");
-        let exists = app.admin_get(&format!("/api/v1/admin/pools/{pool}")).await.status();
+        let case = format!(
+            "#{round}: delete {delete}, register {register}, enqueue {enqueue}, token {token}"
+        );
+        assert!(
+            matches!(delete, StatusCode::NO_CONTENT | StatusCode::CONFLICT),
+            "{case}"
+        );
+        assert!(
+            matches!(register, StatusCode::CREATED | StatusCode::UNAUTHORIZED),
+            "{case}"
+        );
+        assert!(
+            matches!(
+                enqueue,
+                StatusCode::CREATED | StatusCode::UNPROCESSABLE_ENTITY
+            ),
+            "{case}"
+        );
+        assert!(
+            matches!(token, StatusCode::CREATED | StatusCode::NOT_FOUND),
+            "{case}"
+        );
+        let exists = app
+            .admin_get(&format!("/api/v1/admin/pools/{pool}"))
+            .await
+            .status();
         if delete == StatusCode::NO_CONTENT {
             // Nothing that refers to the pool got in: not a runner, not a job.
-            assert_eq!((register, enqueue, exists), (StatusCode::UNAUTHORIZED, StatusCode::UNPROCESSABLE_ENTITY, StatusCode::NOT_FOUND), "{case}");
+            assert_eq!(
+                (register, enqueue, exists),
+                (
+                    StatusCode::UNAUTHORIZED,
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    StatusCode::NOT_FOUND
+                ),
+                "{case}"
+            );
         } else {
-            assert!(register == StatusCode::CREATED || enqueue == StatusCode::CREATED, "{case}");
+            assert!(
+                register == StatusCode::CREATED || enqueue == StatusCode::CREATED,
+                "{case}"
+            );
             assert_eq!(exists, StatusCode::OK, "{case}");
         }
     }
 }
 
-async fn one_registration_token_registers_one_runner_however_many_race_for_it(app) {
+async fn one_registration_token_registers_one_runner_however_many_race_for_it(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let app = Arc::new(app);
     app.pool("linux", &[IMAGE_A]).await;
     for round in 0..20 {
@@ -184,16 +231,30 @@ async fn one_registration_token_registers_one_runner_however_many_race_for_it(ap
         for racer in racers {
             statuses.push(racer.await.unwrap());
         }
-        let created = statuses.iter().filter(|s| **s == StatusCode::CREATED).count();
-        let refused = statuses.iter().filter(|s| **s == StatusCode::UNAUTHORIZED).count();
+        let created = statuses
+            .iter()
+            .filter(|s| **s == StatusCode::CREATED)
+            .count();
+        let refused = statuses
+            .iter()
+            .filter(|s| **s == StatusCode::UNAUTHORIZED)
+            .count();
         assert_eq!((created, refused), (1, 3), "#{round}: {statuses:?}");
     }
 }
 
-async fn cancel_racing_every_lease_call_never_answers_a_server_error(app) {
+async fn cancel_racing_every_lease_call_never_answers_a_server_error(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let app = Arc::new(app);
     let mut tasks = Vec::new();
-    for (action, started) in [("start", false), ("complete", true), ("extend", true), ("abandon", false)] {
+    for (action, started) in [
+        ("start", false),
+        ("complete", true),
+        ("extend", true),
+        ("abandon", false),
+    ] {
         // A pool each, so that one race's lease never takes another's job.
         app.pool(action, &[IMAGE_A]).await;
         let runner = app.register(action, "r1").await;
@@ -204,7 +265,10 @@ async fn cancel_racing_every_lease_call_never_answers_a_server_error(app) {
     }
 }
 
-async fn revoking_a_runner_racing_its_abandon_never_answers_a_server_error(app) {
+async fn revoking_a_runner_racing_its_abandon_never_answers_a_server_error(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     // Both take the runner's row first (an abandon quarantines it), then the job, the lease.
     let app = Arc::new(app);
     app.pool("linux", &[IMAGE_A]).await;
@@ -214,7 +278,11 @@ async fn revoking_a_runner_racing_its_abandon_never_answers_a_server_error(app) 
         let revoke = {
             let app = app.clone();
             let id = runner.id.clone();
-            tokio::spawn(async move { app.admin_post(&format!("/api/v1/admin/runners/{id}/revoke"), json!({})).await.status() })
+            tokio::spawn(async move {
+                app.admin_post(&format!("/api/v1/admin/runners/{id}/revoke"), json!({}))
+                    .await
+                    .status()
+            })
         };
         let abandon = {
             let app = app.clone();
@@ -224,12 +292,18 @@ async fn revoking_a_runner_racing_its_abandon_never_answers_a_server_error(app) 
         let (revoke, abandon) = (revoke.await.unwrap(), abandon.await.unwrap());
         let case = format!("#{pair}: revoke {revoke}, abandon {abandon}");
         assert_eq!(revoke, StatusCode::OK, "{case}");
-        assert!(matches!(abandon, StatusCode::OK | StatusCode::FORBIDDEN), "{case}");
+        assert!(
+            matches!(abandon, StatusCode::OK | StatusCode::FORBIDDEN),
+            "{case}"
+        );
         // Either way the job is back in the queue, no attempt used.
         let job = app.job(&lease.job_id).await;
-        assert_eq!((job["state"].as_str(), job["attempts"].as_i64()), (Some("queued"), Some(0)), "{case}");
+        assert_eq!(
+            (job["state"].as_str(), job["attempts"].as_i64()),
+            (Some("queued"), Some(0)),
+            "{case}"
+        );
         let other = app.register("linux", &format!("taker{pair}")).await;
         app.grant(&other).await;
     }
-}
 }

@@ -204,30 +204,74 @@ async fn vacuum(app: &TestApp) {
     pool.close().await;
 }
 
-on_both_engines! {
-async fn one_replica_at_a_time_prunes(app) {
+each_engine!(
+    one_replica_at_a_time_prunes,
+    sixty_simulated_days_of_steady_load_keep_the_store_bounded,
+);
+
+async fn one_replica_at_a_time_prunes(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let store = app.state.store().clone();
     let metrics = app.state.metrics().clone();
     // Ahead of the real clock, so that the service's own pruner does not hold the task.
     let now = Millis::now().plus_secs(86_400);
-    assert!(store.claim_task("prune", now, now.plus_secs(300)).await.unwrap());
-    assert!(!store.claim_task("prune", now, now.plus_secs(300)).await.unwrap(), "held");
+    assert!(
+        store
+            .claim_task("prune", now, now.plus_secs(300))
+            .await
+            .unwrap()
+    );
+    assert!(
+        !store
+            .claim_task("prune", now, now.plus_secs(300))
+            .await
+            .unwrap(),
+        "held"
+    );
     let turn = leasegate::retention::prune_once(&store, &metrics, Retention::default(), now);
-    assert_eq!(turn.await.unwrap(), None, "another replica's turn is not taken");
+    assert_eq!(
+        turn.await.unwrap(),
+        None,
+        "another replica's turn is not taken"
+    );
     // A claim its replica never released lapses.
     let later = now.plus_secs(301);
     let turn = leasegate::retention::prune_once(&store, &metrics, Retention::default(), later);
     assert!(turn.await.unwrap().is_some());
     // A turn lets go when it is done.
-    assert!(store.claim_task("prune", later, later.plus_secs(300)).await.unwrap());
+    assert!(
+        store
+            .claim_task("prune", later, later.plus_secs(300))
+            .await
+            .unwrap()
+    );
     // A replica whose claim lapsed while it worked does not let go of the next one's.
     let next = later.plus_secs(301);
-    assert!(store.claim_task("prune", next, next.plus_secs(300)).await.unwrap());
-    store.release_task("prune", later.plus_secs(300), next).await.unwrap();
-    assert!(!store.claim_task("prune", next, next.plus_secs(300)).await.unwrap(), "still held");
+    assert!(
+        store
+            .claim_task("prune", next, next.plus_secs(300))
+            .await
+            .unwrap()
+    );
+    store
+        .release_task("prune", later.plus_secs(300), next)
+        .await
+        .unwrap();
+    assert!(
+        !store
+            .claim_task("prune", next, next.plus_secs(300))
+            .await
+            .unwrap(),
+        "still held"
+    );
 }
 
-async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
+async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let store = app.state.store().clone();
     let metrics = app.state.metrics().clone();
     // The run starts now and goes 60 days ahead: the service's own pruner, on the real clock,
@@ -238,11 +282,18 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     let mut runners = Vec::new();
     for i in 0..RUNNERS {
         let hash = leasegate::secrets::hash_token(&format!("lgr_{i}"));
-        assert!(store
-            .create_registration_token(&pool, &hash, base.plus_secs(3600), base,
-                &audit(Action::RegistrationTokenCreate, "linux", base))
-            .await
-            .unwrap());
+        assert!(
+            store
+                .create_registration_token(
+                    &pool,
+                    &hash,
+                    base.plus_secs(3600),
+                    base,
+                    &audit(Action::RegistrationTokenCreate, "linux", base)
+                )
+                .await
+                .unwrap()
+        );
         let runner = NewRunner {
             id: RunnerId::generate(),
             name: format!("runner-{i}"),
@@ -256,20 +307,53 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     // day: never old enough to prune.
     app.pool("idle", &[IMAGE_A]).await;
     let still_queued = JobId::generate();
-    store.enqueue_job(NewJob { id: still_queued.clone(), pool: PoolName::parse("idle").unwrap(),
-        payload: serde_json::json!({}), max_attempts: 3, idempotency_key: None }, base).await.unwrap();
+    store
+        .enqueue_job(
+            NewJob {
+                id: still_queued.clone(),
+                pool: PoolName::parse("idle").unwrap(),
+                payload: serde_json::json!({}),
+                max_attempts: 3,
+                idempotency_key: None,
+            },
+            base,
+        )
+        .await
+        .unwrap();
     let still_running = JobId::generate();
-    store.enqueue_job(NewJob { id: still_running.clone(), pool: pool.clone(), payload: serde_json::json!({}),
-        max_attempts: 3, idempotency_key: None }, base).await.unwrap();
+    store
+        .enqueue_job(
+            NewJob {
+                id: still_running.clone(),
+                pool: pool.clone(),
+                payload: serde_json::json!({}),
+                max_attempts: 3,
+                idempotency_key: None,
+            },
+            base,
+        )
+        .await
+        .unwrap();
     let hash = leasegate::secrets::hash_token("lgl_held");
-    let claim = Claim { runner_id: runners[0].clone(), pool: pool.clone(), lease_id: LeaseId::generate(),
-        token_hash: hash.clone(), ttl_s: 300, now: base };
+    let claim = Claim {
+        runner_id: runners[0].clone(),
+        pool: pool.clone(),
+        lease_id: LeaseId::generate(),
+        token_hash: hash.clone(),
+        ttl_s: 300,
+        now: base,
+    };
     let (held, job) = store.claim_job(&claim).await.unwrap().unwrap();
     assert_eq!(job.id, still_running);
     // Alive past the run's real end, however slow the machine: the service's own sweeper, on
     // the real clock, would otherwise give the job back and a simulated day would run it.
-    let alive = LeaseCall::Start { ttl_s: 100 * 86_400 };
-    store.lease_call(&held.id, &hash, &alive, base, RULES).await.unwrap();
+    let alive = LeaseCall::Start {
+        ttl_s: 100 * 86_400,
+    };
+    store
+        .lease_call(&held.id, &hash, &alive, base, RULES)
+        .await
+        .unwrap();
 
     let mut at_day = BTreeMap::new();
     let mut pruned_total = 0u64;
@@ -280,17 +364,36 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
             let at = Millis(t0.0 + hour * 3_600_000 + 1);
             for (i, runner) in runners.iter().enumerate() {
                 let ok = hour != (3 + i as i64) && hour != (15 + i as i64);
-                let item = RoundItem { attestation: Some(attestation(runner, at, ok)), claim: None };
+                let item = RoundItem {
+                    attestation: Some(attestation(runner, at, ok)),
+                    claim: None,
+                };
                 store.submit(item).await.unwrap();
             }
         }
         // An operator cordons and uncordons a runner; a registration token is made and expires.
         let who = &runners[day as usize % RUNNERS];
-        store.set_cordoned(who, true, &audit(Action::RunnerCordon, who.as_str(), t0)).await.unwrap();
-        store.set_cordoned(who, false, &audit(Action::RunnerUncordon, who.as_str(), t0)).await.unwrap();
+        store
+            .set_cordoned(who, true, &audit(Action::RunnerCordon, who.as_str(), t0))
+            .await
+            .unwrap();
+        store
+            .set_cordoned(who, false, &audit(Action::RunnerUncordon, who.as_str(), t0))
+            .await
+            .unwrap();
         let hash = leasegate::secrets::hash_token(&format!("lgr_day_{day}"));
-        assert!(store.create_registration_token(&pool, &hash, t0.plus_secs(3600), t0,
-            &audit(Action::RegistrationTokenCreate, "linux", t0)).await.unwrap());
+        assert!(
+            store
+                .create_registration_token(
+                    &pool,
+                    &hash,
+                    t0.plus_secs(3600),
+                    t0,
+                    &audit(Action::RegistrationTokenCreate, "linux", t0)
+                )
+                .await
+                .unwrap()
+        );
         for j in 0..RUNNERS * JOBS_PER_RUNNER_PER_DAY {
             let at = Millis(t0.0 + 600_000 + j as i64 * 700_000);
             run_job(&store, &pool, &runners[j % RUNNERS], at).await;
@@ -298,7 +401,10 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
         let end = Millis(t0.0 + DAY_MS - 1);
         // The service's own pruner may hold the task for a moment: the turn waits for it.
         let report = loop {
-            match leasegate::retention::prune_once(&store, &metrics, Retention::default(), end).await.unwrap() {
+            match leasegate::retention::prune_once(&store, &metrics, Retention::default(), end)
+                .await
+                .unwrap()
+            {
                 Some(r) => break r,
                 None => tokio::time::sleep(std::time::Duration::from_millis(50)).await,
             }
@@ -321,33 +427,65 @@ async fn sixty_simulated_days_of_steady_load_keep_the_store_bounded(app) {
     assert!(c60["jobs"] >= 29 * jobs_per_day, "{c60:?}");
     for t in TABLES {
         let (mid, last) = (c45[t], c60[t]);
-        assert!(last as f64 <= mid as f64 * 1.05 + 5.0, "{t} kept growing: {mid} at day 45, {last} at day 60");
+        assert!(
+            last as f64 <= mid as f64 * 1.05 + 5.0,
+            "{t} kept growing: {mid} at day 45, {last} at day 60"
+        );
     }
     // Three entries a day: the cordon, the uncordon and the registration token.
     assert!(c60["audit"] <= 15 * 3, "audit is kept 14 days: {c60:?}");
     assert!(c60["registration_tokens"] <= 3, "{c60:?}");
     assert_eq!(c60["runners"], RUNNERS as i64);
     // Nothing unfinished was touched.
-    let (job, _) = store.get_job(&still_queued).await.unwrap().expect("the queued job stays");
+    let (job, _) = store
+        .get_job(&still_queued)
+        .await
+        .unwrap()
+        .expect("the queued job stays");
     assert_eq!(job.state.as_str(), "queued");
-    let (job, events) = store.get_job(&still_running).await.unwrap().expect("the running job stays");
+    let (job, events) = store
+        .get_job(&still_running)
+        .await
+        .unwrap()
+        .expect("the running job stays");
     assert_eq!(job.state.as_str(), "running");
     assert!(!events.is_empty(), "its events stay with it");
     // The store levels off in bytes too; SQLite's file reuses the pages pruning freed.
-    assert!(b60.0 as f64 <= b45.0 as f64 * 1.15, "{} bytes at day 45, {} at day 60", b45.0, b60.0);
+    assert!(
+        b60.0 as f64 <= b45.0 as f64 * 1.15,
+        "{} bytes at day 45, {} at day 60",
+        b45.0,
+        b60.0
+    );
     let metrics_text = app.metrics_text().await;
-    assert!(metrics_text.contains("leasegate_pruned_rows_total{kind=\"jobs\"}"), "{metrics_text}");
+    assert!(
+        metrics_text.contains("leasegate_pruned_rows_total{kind=\"jobs\"}"),
+        "{metrics_text}"
+    );
     assert!(pruned_total > 0);
 
     // Per day per 1,000 runners: what the first 14 days (nothing pruned yet) wrote, scaled.
     let scale = 1000.0 / RUNNERS as f64;
     let per_day = |n: i64| n as f64 / 14.0 * scale;
-    println!("retention on {:?}: rows and bytes per day per 1,000 runners (20 jobs per runner per day, hourly attestations):", app.engine);
+    println!(
+        "retention on {:?}: rows and bytes per day per 1,000 runners (20 jobs per runner per day, hourly attestations):",
+        app.engine
+    );
     // Runners and registration tokens come with the fleet's changes, not with its load.
     for t in &TABLES[..7] {
-        println!("  {t:>20}: {:>9.0} rows/day (kept at day 60: {})", per_day(c14[t]), c60[t]);
+        println!(
+            "  {t:>20}: {:>9.0} rows/day (kept at day 60: {})",
+            per_day(c14[t]),
+            c60[t]
+        );
     }
-    println!("  {:>20}: {:>9.0} bytes/day; whole store at day 14 {} B, day 45 {} B, day 60 {} B (in use {} B)",
-        "bytes", per_day(b14.1), b14.0, b45.0, b60.0, b60.1);
-}
+    println!(
+        "  {:>20}: {:>9.0} bytes/day; whole store at day 14 {} B, day 45 {} B, day 60 {} B (in use {} B)",
+        "bytes",
+        per_day(b14.1),
+        b14.0,
+        b45.0,
+        b60.0,
+        b60.1
+    );
 }
