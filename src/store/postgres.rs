@@ -36,6 +36,9 @@ const WAKE_ALL: &str = "all:";
 /// should a notification be lost, and, with 10,000 waiting, 2,000 claims a second of load.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 
+/// A pooled connection idle for longer is pinged before it is used.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+
 /// Connection settings for the PostgreSQL engine.
 #[derive(Clone, Debug)]
 pub struct PgSettings {
@@ -127,6 +130,18 @@ impl PgEngine {
         Ok(PgPoolOptions::new()
             .max_connections(settings.max_connections)
             .acquire_timeout(settings.acquire_timeout)
+            // sqlx pings every connection it hands out, by default: one more round trip for
+            // each round and each read. Only a connection that sat idle a while is pinged (a
+            // dead one is then replaced before a request fails on it).
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for > PING_AFTER_IDLE {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
             .connect_with(options)
             .await?)
     }
@@ -229,6 +244,8 @@ fn query<'q>(
             Param::OptText(s) => q.bind(*s),
             Param::OptInt(i) => q.bind(*i),
             Param::Owned(s) => q.bind(s.as_deref()),
+            Param::Texts(v) => q.bind(v.as_slice()),
+            Param::Ints(v) => q.bind(v.as_slice()),
         };
     }
     q
@@ -329,6 +346,10 @@ impl Db for PgDb {
 
     fn discard(&mut self) {
         self.discard = true;
+    }
+
+    fn binds_arrays(&self) -> bool {
+        true
     }
 
     fn spill_index(&self) -> Option<&super::sql::replay::SpillIndex> {
