@@ -242,101 +242,162 @@ async fn disk_warned_metric(app: &TestApp) -> String {
         .to_string()
 }
 
-on_both_engines! {
-    async fn the_agent_sends_its_real_figures(app) {
-        an_agents_heartbeat_carries_the_work_dirs_real_figures(app).await;
-    }
+each_engine!(
+    the_agent_sends_its_real_figures,
+    the_figures_reach_the_runner_view_and_the_page_and_a_pool_warns_before_it_fails,
+    a_bad_warning_or_bad_figures_are_refused,
+);
 
-    async fn the_figures_reach_the_runner_view_and_the_page_and_a_pool_warns_before_it_fails(app) {
-        let r = app
+async fn the_agent_sends_its_real_figures(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
+    an_agents_heartbeat_carries_the_work_dirs_real_figures(app).await;
+}
+
+async fn the_figures_reach_the_runner_view_and_the_page_and_a_pool_warns_before_it_fails(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
+    let r = app
             .admin_put(
                 "/api/v1/admin/pools/linux",
                 json!({"expected_image_ids": [IMAGE_A],
                        "disk_warning": {"min_free_bytes": 10u64 << 30, "min_free_inodes_percent": 10}}),
             )
             .await;
-        assert_eq!(r.status(), StatusCode::CREATED);
-        let pool: Value = r.json().await.unwrap();
-        assert_eq!(
-            pool["disk_warning"],
-            json!({"min_free_bytes": 10u64 << 30, "min_free_inodes_percent": 10})
-        );
-        let runner = app.register("linux", "build-01").await;
+    assert_eq!(r.status(), StatusCode::CREATED);
+    let pool: Value = r.json().await.unwrap();
+    assert_eq!(
+        pool["disk_warning"],
+        json!({"min_free_bytes": 10u64 << 30, "min_free_inodes_percent": 10})
+    );
+    let runner = app.register("linux", "build-01").await;
 
-        // 6 GiB free: above what fails the runner's probe, under the pool's warning line.
-        let r = app
-            .heartbeat(&runner.attest(json!({"probe": {"disk": [storage(6, 500)]}})))
-            .await;
-        assert_eq!(r.status(), StatusCode::OK);
-        let view = app.runner(&runner.id).await;
-        assert_eq!(view["status"], "healthy");
-        assert_eq!(view["disk"], json!([storage(6, 500)]));
-        assert_eq!(
-            view["disk_warning"],
-            "disk: 6 GiB free on /var/lib/containers/storage, the pool warns under 10 GiB"
-        );
-        let r = app.admin_get("/api/v1/admin/pools/linux").await;
-        let pool: Value = r.json().await.unwrap();
-        assert_eq!(pool["runners_disk_warned"], 1);
-        assert_eq!(pool["runners_by_status"]["healthy"], 1);
-        assert_eq!(disk_warned_metric(&app).await, "leasegate_runners_disk_warned{pool=\"linux\"} 1");
-        // The lease is not refused for a warning.
-        let job = app.enqueue("linux").await;
-        let r = app.lease(&runner.attest(json!({"probe": {"disk": [storage(6, 500)]}}))).await;
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.json::<Value>().await.unwrap()["job"]["id"], job.as_str());
+    // 6 GiB free: above what fails the runner's probe, under the pool's warning line.
+    let r = app
+        .heartbeat(&runner.attest(json!({"probe": {"disk": [storage(6, 500)]}})))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    let view = app.runner(&runner.id).await;
+    assert_eq!(view["status"], "healthy");
+    assert_eq!(view["disk"], json!([storage(6, 500)]));
+    assert_eq!(
+        view["disk_warning"],
+        "disk: 6 GiB free on /var/lib/containers/storage, the pool warns under 10 GiB"
+    );
+    let r = app.admin_get("/api/v1/admin/pools/linux").await;
+    let pool: Value = r.json().await.unwrap();
+    assert_eq!(pool["runners_disk_warned"], 1);
+    assert_eq!(pool["runners_by_status"]["healthy"], 1);
+    assert_eq!(
+        disk_warned_metric(&app).await,
+        "leasegate_runners_disk_warned{pool=\"linux\"} 1"
+    );
+    // The lease is not refused for a warning.
+    let job = app.enqueue("linux").await;
+    let r = app
+        .lease(&runner.attest(json!({"probe": {"disk": [storage(6, 500)]}})))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.json::<Value>().await.unwrap()["job"]["id"], job.as_str());
 
-        let html = page(&app, &format!("/admin/runners/{}", runner.id)).await;
-        assert!(
-            html.contains("6 GiB free of 100 GiB on /var/lib/containers/storage (storage), 50% of inodes free"),
-            "the page shows the figures"
-        );
-        assert!(html.contains("the pool warns under 10 GiB"));
-        let fleet = page(&app, "/admin").await;
-        assert!(fleet.contains("1 runner under the pool&#x27;s disk warning line")
-            || fleet.contains("1 runner under the pool's disk warning line"), "the pool card counts it");
+    let html = page(&app, &format!("/admin/runners/{}", runner.id)).await;
+    assert!(
+        html.contains(
+            "6 GiB free of 100 GiB on /var/lib/containers/storage (storage), 50% of inodes free"
+        ),
+        "the page shows the figures"
+    );
+    assert!(html.contains("the pool warns under 10 GiB"));
+    let fleet = page(&app, "/admin").await;
+    assert!(
+        fleet.contains("1 runner under the pool&#x27;s disk warning line")
+            || fleet.contains("1 runner under the pool's disk warning line"),
+        "the pool card counts it"
+    );
 
-        // Inodes under the line warn as well; plenty of both warns of nothing.
-        app.heartbeat(&runner.attest(json!({"probe": {"disk": [storage(60, 50)]}}))).await;
-        assert_eq!(
-            app.runner(&runner.id).await["disk_warning"],
-            "disk: 5% of inodes free on /var/lib/containers/storage, the pool warns under 10%"
-        );
-        app.heartbeat(&runner.attest(json!({"probe": {"disk": [storage(60, 500)]}}))).await;
-        assert_eq!(app.runner(&runner.id).await["disk_warning"], Value::Null);
-        assert_eq!(disk_warned_metric(&app).await, "leasegate_runners_disk_warned{pool=\"linux\"} 0");
+    // Inodes under the line warn as well; plenty of both warns of nothing.
+    app.heartbeat(&runner.attest(json!({"probe": {"disk": [storage(60, 50)]}})))
+        .await;
+    assert_eq!(
+        app.runner(&runner.id).await["disk_warning"],
+        "disk: 5% of inodes free on /var/lib/containers/storage, the pool warns under 10%"
+    );
+    app.heartbeat(&runner.attest(json!({"probe": {"disk": [storage(60, 500)]}})))
+        .await;
+    assert_eq!(app.runner(&runner.id).await["disk_warning"], Value::Null);
+    assert_eq!(
+        disk_warned_metric(&app).await,
+        "leasegate_runners_disk_warned{pool=\"linux\"} 0"
+    );
 
-        // A patch that does not name the warning keeps it; null removes it.
-        let r = app.admin_patch("/api/v1/admin/pools/linux", json!({"drift_grace_s": 60})).await;
-        assert_eq!(r.status(), StatusCode::OK);
-        assert_eq!(r.json::<Value>().await.unwrap()["disk_warning"]["min_free_inodes_percent"], 10);
-        let r = app.admin_patch("/api/v1/admin/pools/linux", json!({"disk_warning": null})).await;
-        assert_eq!(r.json::<Value>().await.unwrap()["disk_warning"], Value::Null);
+    // A patch that does not name the warning keeps it; null removes it.
+    let r = app
+        .admin_patch("/api/v1/admin/pools/linux", json!({"drift_grace_s": 60}))
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["disk_warning"]["min_free_inodes_percent"],
+        10
+    );
+    let r = app
+        .admin_patch("/api/v1/admin/pools/linux", json!({"disk_warning": null}))
+        .await;
+    assert_eq!(
+        r.json::<Value>().await.unwrap()["disk_warning"],
+        Value::Null
+    );
 
-        // A runner that sends no figures (an older agent) shows none.
-        let old = app.register("linux", "build-02").await;
-        assert_eq!(app.heartbeat(&old.healthy()).await.status(), StatusCode::OK);
-        assert_eq!(app.runner(&old.id).await["disk"], json!([]));
+    // A runner that sends no figures (an older agent) shows none.
+    let old = app.register("linux", "build-02").await;
+    assert_eq!(app.heartbeat(&old.healthy()).await.status(), StatusCode::OK);
+    assert_eq!(app.runner(&old.id).await["disk"], json!([]));
+}
+
+async fn a_bad_warning_or_bad_figures_are_refused(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
+    for (body, case) in [
+        (
+            json!({"image_policy": "off", "disk_warning": {"min_free_inodes_percent": 101}}),
+            "over 100 %",
+        ),
+        (
+            json!({"image_policy": "off", "disk_warning": {"min_free": 5}}),
+            "unknown field",
+        ),
+        (
+            json!({"image_policy": "off", "disk_warning": {"min_free_bytes": -1}}),
+            "negative",
+        ),
+        (
+            json!({"image_policy": "off", "disk_warning": {"min_free_bytes": "5GiB"}}),
+            "text",
+        ),
+    ] {
+        let r = app.admin_put("/api/v1/admin/pools/p", body).await;
+        expect_problem(r, case, StatusCode::BAD_REQUEST, "bad_request").await;
     }
-
-    async fn a_bad_warning_or_bad_figures_are_refused(app) {
-        for (body, case) in [
-            (json!({"image_policy": "off", "disk_warning": {"min_free_inodes_percent": 101}}), "over 100 %"),
-            (json!({"image_policy": "off", "disk_warning": {"min_free": 5}}), "unknown field"),
-            (json!({"image_policy": "off", "disk_warning": {"min_free_bytes": -1}}), "negative"),
-            (json!({"image_policy": "off", "disk_warning": {"min_free_bytes": "5GiB"}}), "text"),
-        ] {
-            let r = app.admin_put("/api/v1/admin/pools/p", body).await;
-            expect_problem(r, case, StatusCode::BAD_REQUEST, "bad_request").await;
-        }
-        app.admin_put("/api/v1/admin/pools/p", json!({"image_policy": "off"})).await;
-        let runner = app.register("p", "r").await;
-        let mut as_text = storage(6, 500);
-        as_text["free_bytes"] = json!("6 GiB");
-        let r = app.heartbeat(&runner.attest(json!({"probe": {"disk": [as_text]}}))).await;
-        let p = expect_problem(r, "free_bytes as text", StatusCode::UNAUTHORIZED, "attestation_invalid").await;
-        assert!(p["detail"].as_str().unwrap().contains("probe.disk"), "{p}");
-    }
+    app.admin_put("/api/v1/admin/pools/p", json!({"image_policy": "off"}))
+        .await;
+    let runner = app.register("p", "r").await;
+    let mut as_text = storage(6, 500);
+    as_text["free_bytes"] = json!("6 GiB");
+    let r = app
+        .heartbeat(&runner.attest(json!({"probe": {"disk": [as_text]}})))
+        .await;
+    let p = expect_problem(
+        r,
+        "free_bytes as text",
+        StatusCode::UNAUTHORIZED,
+        "attestation_invalid",
+    )
+    .await;
+    assert!(p["detail"].as_str().unwrap().contains("probe.disk"), "{p}");
 }
 
 async fn an_agents_heartbeat_carries_the_work_dirs_real_figures(app: TestApp) {

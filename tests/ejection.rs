@@ -71,8 +71,22 @@ async fn metrics(app: &TestApp) -> String {
     app.metrics_text().await
 }
 
-on_both_engines! {
-async fn three_errored_completions_eject_and_a_success_between_resets(app) {
+each_engine!(
+    three_errored_completions_eject_and_a_success_between_resets,
+    an_abandon_before_start_counts_as_a_failure,
+    max_share_keeps_a_pool_of_three_with_one_ejected_from_ejecting_a_second,
+    a_pools_last_admitted_runner_is_never_ejected,
+    an_operator_reinstates_at_once_audited,
+    a_pool_that_observes_marks_would_eject_and_refuses_nothing,
+    the_policy_is_in_the_pool_and_checked,
+    a_forge_jobs_end_counts_once_however_often_it_is_seen,
+    the_second_ejection_lasts_twice_as_long_and_release_takes_the_time_and_a_newer_probe,
+);
+
+async fn three_errored_completions_eject_and_a_success_between_resets(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({})).await;
     let r = &runners[0];
     run_job(&app, r, "errored").await;
@@ -81,7 +95,10 @@ async fn three_errored_completions_eject_and_a_success_between_resets(app) {
     run_job(&app, r, "errored").await;
     run_job(&app, r, "errored").await;
     let standing = app.runner(&r.id).await;
-    assert_eq!(standing["status"], "healthy", "two in a row since the success");
+    assert_eq!(
+        standing["status"], "healthy",
+        "two in a row since the success"
+    );
     assert_eq!(standing["ejection"]["failures_in_a_row"], 2);
     run_job(&app, r, "errored").await;
 
@@ -90,21 +107,28 @@ async fn three_errored_completions_eject_and_a_success_between_resets(app) {
     assert_eq!(body["code"], "runner_ejected");
     let detail = body["detail"].as_str().unwrap();
     assert!(
-        detail.contains("3 infrastructure failures in a row (errored ×3)") && detail.contains("until"),
+        detail.contains("3 infrastructure failures in a row (errored ×3)")
+            && detail.contains("until"),
         "{detail}"
     );
     let check = app
         .forge_post("/api/v1/gate/check", json!({"attestation": r.healthy()}))
         .await;
     let check: Value = check.json().await.unwrap();
-    assert_eq!((check["decision"].as_str(), check["code"].as_str()), (Some("refuse"), Some("runner_ejected")));
+    assert_eq!(
+        (check["decision"].as_str(), check["code"].as_str()),
+        (Some("refuse"), Some("runner_ejected"))
+    );
 
     let shown = app.runner(&r.id).await;
     assert_eq!(shown["status"], "ejected");
     assert_eq!(shown["ejection"]["state"], "ejected");
     assert_eq!(shown["ejection"]["ejected"]["nth"], 1);
     assert_eq!(shown["ejection"]["ejected"]["failures"]["errored"], 3);
-    assert_eq!(shown["ejection"]["failures_in_a_row"], 0, "an ejection resets the count");
+    assert_eq!(
+        shown["ejection"]["failures_in_a_row"], 0,
+        "an ejection resets the count"
+    );
     let audit: Vec<&str> = shown["audit"]
         .as_array()
         .unwrap()
@@ -117,28 +141,48 @@ async fn three_errored_completions_eject_and_a_success_between_resets(app) {
         text.contains(r#"leasegate_ejections_total{pool="linux",reason="errored"} 1"#),
         "{text}"
     );
-    assert!(text.contains(r#"leasegate_ejected_runners{pool="linux"} 1"#), "{text}");
+    assert!(
+        text.contains(r#"leasegate_ejected_runners{pool="linux"} 1"#),
+        "{text}"
+    );
     // The others take the work meanwhile.
     assert_eq!(lease_code(&app, &runners[1]).await.0, StatusCode::OK);
 }
 
-async fn an_abandon_before_start_counts_as_a_failure(app) {
+async fn an_abandon_before_start_counts_as_a_failure(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({"ejection": {"consecutive_failures": 2}})).await;
     let r = &runners[0];
     run_job(&app, r, "errored").await;
     let lease = app.grant(r).await;
-    assert_eq!(app.call(&lease, "abandon", None).await.status(), StatusCode::OK);
+    assert_eq!(
+        app.call(&lease, "abandon", None).await.status(),
+        StatusCode::OK
+    );
     let shown = app.runner(&r.id).await;
     assert_eq!(shown["ejection"]["state"], "ejected");
-    assert_eq!(shown["ejection"]["ejected"]["failures"], json!({"errored": 1, "abandoned": 1}));
+    assert_eq!(
+        shown["ejection"]["ejected"]["failures"],
+        json!({"errored": 1, "abandoned": 1})
+    );
 }
 
-async fn max_share_keeps_a_pool_of_three_with_one_ejected_from_ejecting_a_second(app) {
+async fn max_share_keeps_a_pool_of_three_with_one_ejected_from_ejecting_a_second(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({})).await;
     for _ in 0..3 {
         run_job(&app, &runners[0], "errored").await;
     }
-    assert_eq!(app.runner(&runners[0].id).await["ejection"]["state"], "ejected");
+    assert_eq!(
+        app.runner(&runners[0].id).await["ejection"]["state"],
+        "ejected"
+    );
     for _ in 0..3 {
         run_job(&app, &runners[1], "errored").await;
     }
@@ -146,7 +190,11 @@ async fn max_share_keeps_a_pool_of_three_with_one_ejected_from_ejecting_a_second
     assert_eq!(spared["status"], "healthy");
     assert_eq!(spared["ejection"]["state"], "would_eject");
     assert_eq!(spared["ejection"]["would_eject"]["why"], "max_share");
-    assert_eq!(lease_code(&app, &runners[1]).await.0, StatusCode::OK, "stays admitted");
+    assert_eq!(
+        lease_code(&app, &runners[1]).await.0,
+        StatusCode::OK,
+        "stays admitted"
+    );
     let text = metrics(&app).await;
     assert!(
         text.contains(r#"leasegate_ejections_withheld_total{pool="linux",reason="max_share"} 1"#),
@@ -154,7 +202,10 @@ async fn max_share_keeps_a_pool_of_three_with_one_ejected_from_ejecting_a_second
     );
 }
 
-async fn a_pools_last_admitted_runner_is_never_ejected(app) {
+async fn a_pools_last_admitted_runner_is_never_ejected(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 1, json!({})).await;
     for _ in 0..3 {
         run_job(&app, &runners[0], "errored").await;
@@ -164,7 +215,10 @@ async fn a_pools_last_admitted_runner_is_never_ejected(app) {
     assert_eq!(lease_code(&app, &runners[0]).await.0, StatusCode::OK);
 }
 
-async fn an_operator_reinstates_at_once_audited(app) {
+async fn an_operator_reinstates_at_once_audited(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({})).await;
     let r = &runners[0];
     for _ in 0..3 {
@@ -172,7 +226,10 @@ async fn an_operator_reinstates_at_once_audited(app) {
     }
     assert_eq!(lease_code(&app, r).await.1["code"], "runner_ejected");
     let back = app
-        .admin_post(&format!("/api/v1/admin/runners/{}/reinstate", r.id), json!({}))
+        .admin_post(
+            &format!("/api/v1/admin/runners/{}/reinstate", r.id),
+            json!({}),
+        )
         .await;
     assert_eq!(back.status(), StatusCode::OK);
     let back: Value = back.json().await.unwrap();
@@ -184,10 +241,19 @@ async fn an_operator_reinstates_at_once_audited(app) {
     let unknown = app
         .admin_post("/api/v1/admin/runners/no-such-runner/reinstate", json!({}))
         .await;
-    expect_problem(unknown, "unknown runner", StatusCode::NOT_FOUND, "not_found").await;
+    expect_problem(
+        unknown,
+        "unknown runner",
+        StatusCode::NOT_FOUND,
+        "not_found",
+    )
+    .await;
 }
 
-async fn a_pool_that_observes_marks_would_eject_and_refuses_nothing(app) {
+async fn a_pool_that_observes_marks_would_eject_and_refuses_nothing(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({"gate_mode": "observe"})).await;
     for _ in 0..3 {
         run_job(&app, &runners[0], "errored").await;
@@ -196,21 +262,41 @@ async fn a_pool_that_observes_marks_would_eject_and_refuses_nothing(app) {
     assert_eq!(shown["status"], "healthy");
     assert_eq!(shown["ejection"]["state"], "would_eject");
     assert_eq!(shown["ejection"]["would_eject"]["why"], "observe");
-    assert_eq!(shown["ejection"]["ejections"], 1, "recorded as the pool would when enforcing");
+    assert_eq!(
+        shown["ejection"]["ejections"], 1,
+        "recorded as the pool would when enforcing"
+    );
     let r = app.lease(&runners[0].healthy()).await;
     assert_eq!(r.status(), StatusCode::OK);
     assert!(r.headers().get("x-leasegate-would-refuse").is_none());
 }
 
-async fn the_policy_is_in_the_pool_and_checked(app) {
+async fn the_policy_is_in_the_pool_and_checked(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     pool_of(&app, 0, json!({"ejection": {"base_s": 60}})).await;
-    let pool: Value = app.admin_get("/api/v1/admin/pools/linux").await.json().await.unwrap();
-    assert_eq!(pool["ejection"], json!({"consecutive_failures": 3, "base_s": 60, "max_share": 0.34}));
+    let pool: Value = app
+        .admin_get("/api/v1/admin/pools/linux")
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        pool["ejection"],
+        json!({"consecutive_failures": 3, "base_s": 60, "max_share": 0.34})
+    );
     let patched = app
-        .admin_patch("/api/v1/admin/pools/linux", json!({"ejection": {"max_share": 0.5}}))
+        .admin_patch(
+            "/api/v1/admin/pools/linux",
+            json!({"ejection": {"max_share": 0.5}}),
+        )
         .await;
     let patched: Value = patched.json().await.unwrap();
-    assert_eq!(patched["ejection"], json!({"consecutive_failures": 3, "base_s": 60, "max_share": 0.5}));
+    assert_eq!(
+        patched["ejection"],
+        json!({"consecutive_failures": 3, "base_s": 60, "max_share": 0.5})
+    );
     for (bad, field) in [
         (json!({"base_s": 0}), "base_s"),
         (json!({"consecutive_failures": -1}), "consecutive_failures"),
@@ -228,31 +314,66 @@ async fn the_policy_is_in_the_pool_and_checked(app) {
     }
 }
 
-async fn a_forge_jobs_end_counts_once_however_often_it_is_seen(app) {
+async fn a_forge_jobs_end_counts_once_however_often_it_is_seen(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({})).await;
     let store = app.state.store().clone();
     let rules = app.state.settings().status_rules();
     let id = RunnerId(runners[0].id.clone());
     let failed = JobEnd::Infrastructure(FailureReason::RunnerSystemFailure);
     let now = Millis::now();
-    let first = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
-    assert_eq!(first, Some((PoolName::parse("linux").unwrap(), Effect::Counted)));
+    let first = store
+        .forge_job_ended("gitlab:1", &id, failed, now, rules)
+        .await
+        .unwrap();
+    assert_eq!(
+        first,
+        Some((PoolName::parse("linux").unwrap(), Effect::Counted))
+    );
     for _ in 0..3 {
         // The runner repeats its final update while the forge answers 202.
-        let again = store.forge_job_ended("gitlab:1", &id, failed, now, rules).await.unwrap();
+        let again = store
+            .forge_job_ended("gitlab:1", &id, failed, now, rules)
+            .await
+            .unwrap();
         assert_eq!(again, None);
     }
-    assert_eq!(app.runner(&runners[0].id).await["ejection"]["failures_in_a_row"], 1);
-    store.forge_job_ended("gitlab:2", &id, failed, now, rules).await.unwrap();
-    let third = store.forge_job_ended("gitlab:3", &id, failed, now, rules).await.unwrap();
+    assert_eq!(
+        app.runner(&runners[0].id).await["ejection"]["failures_in_a_row"],
+        1
+    );
+    store
+        .forge_job_ended("gitlab:2", &id, failed, now, rules)
+        .await
+        .unwrap();
+    let third = store
+        .forge_job_ended("gitlab:3", &id, failed, now, rules)
+        .await
+        .unwrap();
     assert!(matches!(third, Some((_, Effect::Ejected(_)))), "{third:?}");
     let shown = app.runner(&runners[0].id).await;
-    assert_eq!(shown["ejection"]["ejected"]["failures"]["runner_system_failure"], 3);
+    assert_eq!(
+        shown["ejection"]["ejected"]["failures"]["runner_system_failure"],
+        3
+    );
     let unknown = RunnerId("no-such-runner".into());
-    assert_eq!(store.forge_job_ended("gitlab:4", &unknown, failed, now, rules).await.unwrap(), None);
+    assert_eq!(
+        store
+            .forge_job_ended("gitlab:4", &unknown, failed, now, rules)
+            .await
+            .unwrap(),
+        None
+    );
 }
 
-async fn the_second_ejection_lasts_twice_as_long_and_release_takes_the_time_and_a_newer_probe(app) {
+async fn the_second_ejection_lasts_twice_as_long_and_release_takes_the_time_and_a_newer_probe(
+    engine: common::Engine,
+) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
     let runners = pool_of(&app, 3, json!({"ejection": {"base_s": 300}})).await;
     let store = app.state.store().clone();
     let ids: Vec<RunnerId> = runners.iter().map(|r| RunnerId(r.id.clone())).collect();
@@ -264,27 +385,36 @@ async fn the_second_ejection_lasts_twice_as_long_and_release_takes_the_time_and_
     let ejected = |store: DynStore, id: RunnerId| async move {
         store.get_runner(&id).await.unwrap().unwrap().gate.ejection
     };
-    let first = ejected(store.clone(), ids[0].clone()).await.expect("ejected");
+    let first = ejected(store.clone(), ids[0].clone())
+        .await
+        .expect("ejected");
     assert_eq!((first.until, first.nth), (t.plus_secs(300), 1));
 
     attest(&store, &ids[0], t.plus_secs(200), t.plus_secs(200)).await;
-    assert!(ejected(store.clone(), ids[0].clone()).await.is_some(), "its time has not passed");
+    assert!(
+        ejected(store.clone(), ids[0].clone()).await.is_some(),
+        "its time has not passed"
+    );
     attest(&store, &ids[0], t.plus_secs(301), t.plus_secs(250)).await;
     assert!(
         ejected(store.clone(), ids[0].clone()).await.is_some(),
         "a probe checked before the time passed"
     );
     attest(&store, &ids[0], t.plus_secs(302), t.plus_secs(301)).await;
-    assert!(ejected(store.clone(), ids[0].clone()).await.is_none(), "released");
+    assert!(
+        ejected(store.clone(), ids[0].clone()).await.is_none(),
+        "released"
+    );
 
     let t2 = t.plus_secs(400);
     for id in &ids {
         attest(&store, id, t2, t2).await;
     }
     fail_three_times(&app, &store, &ids[0], t2).await;
-    let second = ejected(store.clone(), ids[0].clone()).await.expect("ejected again");
+    let second = ejected(store.clone(), ids[0].clone())
+        .await
+        .expect("ejected again");
     assert_eq!((second.until, second.nth), (t2.plus_secs(600), 2));
-}
 }
 
 /// An attestation of `runner` received at `at`, its passing probe checked at `checked_at`.

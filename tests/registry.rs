@@ -15,30 +15,7 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use std::time::Duration;
 
-/// Runs each named `async fn name(engine: Engine)` as a test on SQLite and on PostgreSQL
-/// (skipped, with a printed reason, when no PostgreSQL is configured).
-macro_rules! on_both_engines_fn {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Engine::Sqlite).await
-                }
-            )*
-        }
-        mod postgres {
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    super::$name(crate::common::Engine::Postgres).await
-                }
-            )*
-        }
-    };
-}
-
-on_both_engines_fn!(
+each_engine!(
     a_pool_follows_its_tag_through_a_roll,
     a_registry_outage_keeps_the_last_known_good_set,
     two_pools_resolve_independently,
@@ -1026,58 +1003,120 @@ mod claims {
     // reference is never contacted.
     const REF: &str = "127.0.0.1:9/ci/runner:stable";
 
-    on_both_engines! {
-        async fn the_due_check_and_the_claim_are_one_statement(app) {
-            let store = app.state.store().clone();
-            put_registry_pool(&app, "claimed", REF, 900).await;
-            app.pool("manual", &[IMAGE_A]).await;
-            let name = PoolName::parse("claimed").unwrap();
-            let now = Millis::now();
+    each_engine!(the_due_check_and_the_claim_are_one_statement);
 
-            let first = store.claim_resolution(&name, now, now.plus_secs(60)).await.unwrap();
-            assert_eq!(first.map(|p| p.name), Some(name.clone()));
-            assert!(store.claim_resolution(&name, now, now.plus_secs(60)).await.unwrap().is_none());
-            let manual = PoolName::parse("manual").unwrap();
-            assert!(store.claim_resolution(&manual, now, now.plus_secs(60)).await.unwrap().is_none());
-            let unknown = PoolName::parse("nosuch").unwrap();
-            assert!(store.claim_resolution(&unknown, now, now.plus_secs(60)).await.unwrap().is_none());
+    async fn the_due_check_and_the_claim_are_one_statement(engine: common::Engine) {
+        let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+            return;
+        };
+        let store = app.state.store().clone();
+        put_registry_pool(&app, "claimed", REF, 900).await;
+        app.pool("manual", &[IMAGE_A]).await;
+        let name = PoolName::parse("claimed").unwrap();
+        let now = Millis::now();
 
-            // Eight replicas' worth of claims at once on a due pool: exactly one wins.
-            put_registry_pool(&app, "raced", REF, 900).await;
-            let raced = PoolName::parse("raced").unwrap();
-            let at = Millis::now();
-            let mut claims = tokio::task::JoinSet::new();
-            for _ in 0..8 {
-                let (store, raced) = (store.clone(), raced.clone());
-                claims.spawn(async move {
-                    store.claim_resolution(&raced, at, at.plus_secs(60)).await.unwrap().is_some()
-                });
-            }
-            let won = claims.join_all().await.into_iter().filter(|w| *w).count();
-            assert_eq!(won, 1);
+        let first = store
+            .claim_resolution(&name, now, now.plus_secs(60))
+            .await
+            .unwrap();
+        assert_eq!(first.map(|p| p.name), Some(name.clone()));
+        assert!(
+            store
+                .claim_resolution(&name, now, now.plus_secs(60))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let manual = PoolName::parse("manual").unwrap();
+        assert!(
+            store
+                .claim_resolution(&manual, now, now.plus_secs(60))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let unknown = PoolName::parse("nosuch").unwrap();
+        assert!(
+            store
+                .claim_resolution(&unknown, now, now.plus_secs(60))
+                .await
+                .unwrap()
+                .is_none()
+        );
 
-            // A claim left by a replica that died expires.
-            let later = now.plus_secs(61);
-            assert!(store.claim_resolution(&name, later, later.plus_secs(60)).await.unwrap().is_some());
+        // Eight replicas' worth of claims at once on a due pool: exactly one wins.
+        put_registry_pool(&app, "raced", REF, 900).await;
+        let raced = PoolName::parse("raced").unwrap();
+        let at = Millis::now();
+        let mut claims = tokio::task::JoinSet::new();
+        for _ in 0..8 {
+            let (store, raced) = (store.clone(), raced.clone());
+            claims.spawn(async move {
+                store
+                    .claim_resolution(&raced, at, at.plus_secs(60))
+                    .await
+                    .unwrap()
+                    .is_some()
+            });
+        }
+        let won = claims.join_all().await.into_iter().filter(|w| *w).count();
+        assert_eq!(won, 1);
 
-            // Recording releases the claim and schedules the next attempt.
-            let failed = ResolutionOutcome::Failed { error: "registry unreachable".into() };
-            let pool = store.record_resolution(&name, REF, &failed, later).await.unwrap().unwrap();
-            assert_eq!(pool.resolution_failures, 1);
-            assert_eq!(pool.next_resolve_at, Some(later.plus_secs(300)));
-            assert!(pool.expected_image_ids.is_empty());
-            let stored = store.get_pool(&name).await.unwrap().unwrap();
-            assert_eq!(stored, pool);
-            assert!(store.claim_resolution(&name, later.plus_secs(1), later.plus_secs(60)).await.unwrap().is_none());
-            let due = later.plus_secs(300);
-            assert!(store.claim_resolution(&name, due, due.plus_secs(60)).await.unwrap().is_some());
-            // An outcome for a reference the pool no longer has is dropped (and the claim freed).
-            assert!(store
+        // A claim left by a replica that died expires.
+        let later = now.plus_secs(61);
+        assert!(
+            store
+                .claim_resolution(&name, later, later.plus_secs(60))
+                .await
+                .unwrap()
+                .is_some()
+        );
+
+        // Recording releases the claim and schedules the next attempt.
+        let failed = ResolutionOutcome::Failed {
+            error: "registry unreachable".into(),
+        };
+        let pool = store
+            .record_resolution(&name, REF, &failed, later)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(pool.resolution_failures, 1);
+        assert_eq!(pool.next_resolve_at, Some(later.plus_secs(300)));
+        assert!(pool.expected_image_ids.is_empty());
+        let stored = store.get_pool(&name).await.unwrap().unwrap();
+        assert_eq!(stored, pool);
+        assert!(
+            store
+                .claim_resolution(&name, later.plus_secs(1), later.plus_secs(60))
+                .await
+                .unwrap()
+                .is_none()
+        );
+        let due = later.plus_secs(300);
+        assert!(
+            store
+                .claim_resolution(&name, due, due.plus_secs(60))
+                .await
+                .unwrap()
+                .is_some()
+        );
+        // An outcome for a reference the pool no longer has is dropped (and the claim freed).
+        assert!(
+            store
                 .record_resolution(&name, "127.0.0.1:9/ci/other:stable", &failed, due)
                 .await
                 .unwrap()
-                .is_none());
-            assert_eq!(store.get_pool(&name).await.unwrap().unwrap().resolution_failures, 1);
-        }
+                .is_none()
+        );
+        assert_eq!(
+            store
+                .get_pool(&name)
+                .await
+                .unwrap()
+                .unwrap()
+                .resolution_failures,
+            1
+        );
     }
 }

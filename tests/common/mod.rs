@@ -45,48 +45,11 @@ pub enum Engine {
     Postgres,
 }
 
-/// Runs each listed test on SQLite and on PostgreSQL (skipped, with a printed reason, when no
-/// PostgreSQL is configured; failed instead when `LEASEGATE_REQUIRE_POSTGRES=1`).
-/// `async fn name(app)` or `async fn name(app, |args: &mut ServeArgs| ...)`.
-macro_rules! on_both_engines {
-    ($( $(#[$meta:meta])* async fn $name:ident($app:ident $(, $adjust:expr)?) $body:block )*) => {
-        mod sqlite {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                $(#[$meta])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    #[allow(unused_mut, unused_assignments)]
-                    let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
-                    $( adjust = Box::new($adjust); )?
-                    let $app = crate::common::spawn_app_on_with(crate::common::Engine::Sqlite, adjust).await.expect("sqlite app");
-                    $body
-                }
-            )*
-        }
-        mod postgres {
-            #[allow(unused_imports)]
-            use super::*;
-            $(
-                $(#[$meta])*
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    #[allow(unused_mut, unused_assignments)]
-                    let mut adjust: Box<dyn FnOnce(&mut leasegate::config::ServeArgs)> = Box::new(|_| {});
-                    $( adjust = Box::new($adjust); )?
-                    let Some($app) = crate::common::spawn_app_on_with(crate::common::Engine::Postgres, adjust).await else { return };
-                    $body
-                }
-            )*
-        }
-    };
-}
-pub(crate) use on_both_engines;
-
-/// For cases that build their own app (say, after starting a test forge the app points at):
-/// `each_engine!(case, …)` makes a test of each `async fn case(engine: Engine)` on SQLite and
-/// on PostgreSQL, which gets its app from `spawn_app_on_with(engine, …)` (`None`: skipped).
+/// The one way a case runs on both engines: `each_engine!(case, …)` makes a test of each
+/// `async fn case(engine: Engine)` on SQLite and on PostgreSQL. The case gets its app from
+/// `spawn_app_on_with(engine, adjust)` (`None`, and the case returns: no PostgreSQL is
+/// configured, which is printed; with `LEASEGATE_REQUIRE_POSTGRES=1` it fails instead), after
+/// starting whatever the app points at. The cases are plain functions, so rustfmt formats them.
 macro_rules! each_engine {
     ($($name:ident),* $(,)?) => {
         mod sqlite {
