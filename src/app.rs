@@ -43,6 +43,9 @@ pub struct Settings {
     pub metrics_listen: Option<std::net::SocketAddr>,
     /// How long finished jobs and history are kept.
     pub retention: crate::domain::retention::Retention,
+    /// Buildkite's side (pausing refused runners' agents), when a token and an organization
+    /// are set.
+    pub buildkite: Option<crate::buildkite::settings::BuildkiteSettings>,
 }
 
 impl Settings {

@@ -275,6 +275,32 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_GITHUB_UNUSED_TTL_S", default_value_t = 300)]
     pub github_unused_ttl_s: u64,
 
+    /// A Buildkite API access token with the `write_agents` scope: bound Buildkite agents are
+    /// paused while their runner is refused (with `LEASEGATE_BUILDKITE_ORG`).
+    #[arg(long, env = "LEASEGATE_BUILDKITE_TOKEN", hide_env_values = true)]
+    pub buildkite_token: Option<String>,
+
+    /// A file holding the Buildkite API token.
+    #[arg(long, env = "LEASEGATE_BUILDKITE_TOKEN_FILE")]
+    pub buildkite_token_file: Option<PathBuf>,
+
+    /// The Buildkite organization's slug (as in `https://buildkite.com/ORG`).
+    #[arg(long, env = "LEASEGATE_BUILDKITE_ORG")]
+    pub buildkite_org: Option<String>,
+
+    /// Buildkite's REST API.
+    #[arg(
+        long,
+        env = "LEASEGATE_BUILDKITE_API_URL",
+        default_value = "https://api.buildkite.com"
+    )]
+    pub buildkite_api_url: String,
+
+    /// How long each pause lasts unless leasegate resumes the agent first, in minutes (1 to
+    /// 10080): if leasegate stops, its pauses lapse after this.
+    #[arg(long, env = "LEASEGATE_BUILDKITE_PAUSE_MINUTES", default_value_t = 10)]
+    pub buildkite_pause_minutes: u32,
+
     /// PostgreSQL: the most connections this replica opens.
     #[arg(long, env = "LEASEGATE_DB_MAX_CONNECTIONS", default_value_t = 16)]
     pub db_max_connections: u32,
@@ -525,6 +551,7 @@ impl ServeArgs {
         self.listener_settings()?;
         self.forge_settings()?;
         self.github_settings()?;
+        self.buildkite_settings()?;
         Ok(())
     }
 

@@ -13,6 +13,8 @@
 //!   the background resolver.
 //! - [`github`]: GitHub Actions under the gate: single-use registrations minted only for
 //!   admitted runners, watched and withdrawn.
+//! - [`buildkite`]: Buildkite agents under the gate: paused through Buildkite's API while
+//!   their runner is refused, resumed when it is admitted.
 //! - [`server`], [`sweeper`], [`retention`], [`timeline`]: starting, stopping, housekeeping,
 //!   pruning, and sampling pools for the page's timelines.
 //! - [`startup`], [`usage`], [`logging`]: what a start checks before it writes anything, and
@@ -24,6 +26,7 @@
 pub mod agent;
 pub mod app;
 pub mod bench;
+pub mod buildkite;
 pub mod config;
 pub mod demo;
 pub mod domain;

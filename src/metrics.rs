@@ -90,6 +90,15 @@ pub struct ForgeFetchLabels {
     pub code: &'static str,
 }
 
+/// An action leasegate took on a forge's runner by the forge's API (a Buildkite agent's pause
+/// or resume) and how it came out: every label from a closed set.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForgeActionLabels {
+    pub forge: &'static str,
+    pub action: &'static str,
+    pub outcome: &'static str,
+}
+
 /// A GitHub registration's step or a request's outcome, and its code (a refusal's, a reason
 /// it ended, or `none`): both from closed sets.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -122,6 +131,8 @@ pub struct Metrics {
     pub forge_fetches: Family<ForgeFetchLabels, Counter>,
     /// GitHub registrations: requests' outcomes and the watcher's steps, by code.
     pub github_registrations: Family<GithubLabels, Counter>,
+    /// Actions on forge runners through a forge's API, by forge, action and outcome.
+    pub forge_actions: Family<ForgeActionLabels, Counter>,
     pub leases_granted: Family<PoolLabel, Counter>,
     /// Rows the pruner deleted past their retention, by kind (a closed set).
     pub pruned_rows: Family<KindLabel, Counter>,
@@ -160,6 +171,7 @@ impl Default for Metrics {
             auth_throttled: Family::default(),
             forge_fetches: Family::default(),
             github_registrations: Family::default(),
+            forge_actions: Family::default(),
             leases_granted: Family::default(),
             pruned_rows: Family::default(),
             lease_refusals: Family::default(),
@@ -187,6 +199,19 @@ impl Default for Metrics {
             drop(m.github_registrations.get_or_create(&GithubLabels {
                 outcome,
                 code: code.to_string(),
+            }));
+        }
+        for (action, outcome) in [
+            ("pause", "done"),
+            ("pause", "failed"),
+            ("pause", "observed"),
+            ("resume", "done"),
+            ("resume", "failed"),
+        ] {
+            drop(m.forge_actions.get_or_create(&ForgeActionLabels {
+                forge: "buildkite",
+                action,
+                outcome,
             }));
         }
         m.registered()
@@ -287,6 +312,11 @@ impl Metrics {
             "github_registrations",
             "GitHub registrations: requests (minted, observed, refused, outstanding, failed) and the watcher's steps (online, busy, done, deleted, kept, would_delete), by code",
             self.github_registrations.clone(),
+        );
+        r.register(
+            "forge_actions",
+            "Actions on forge runners through a forge's API (a Buildkite agent's pause and resume), by forge, action and outcome (done, failed, observed: what an observing pool would have done)",
+            self.forge_actions.clone(),
         );
         r.register(
             "auth_throttled",
@@ -410,6 +440,18 @@ impl Metrics {
             .get_or_create(&GithubLabels {
                 outcome,
                 code: code.to_string(),
+            })
+            .inc();
+    }
+
+    /// An action on a forge runner through the forge's API: `action` `pause` or `resume`,
+    /// `outcome` `done`, `failed` or `observed`.
+    pub fn forge_action(&self, forge: &'static str, action: &'static str, outcome: &'static str) {
+        self.forge_actions
+            .get_or_create(&ForgeActionLabels {
+                forge,
+                action,
+                outcome,
             })
             .inc();
     }

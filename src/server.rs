@@ -48,6 +48,7 @@ impl Settings {
                 jobs_days: args.retain_jobs_days,
                 history_days: args.retain_history_days,
             },
+            buildkite: args.buildkite_settings()?,
         })
     }
 }
@@ -318,6 +319,11 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         .github()
         .is_some()
         .then(|| tokio::spawn(crate::github::watcher::run(state.clone())));
+    let buildkite_watcher = state
+        .settings()
+        .buildkite
+        .is_some()
+        .then(|| tokio::spawn(crate::buildkite::watcher::run(state.clone())));
     let resolver = state.settings().background_resolver.then(|| {
         tokio::spawn(crate::registry::resolver::run(
             state.store().clone(),
@@ -351,6 +357,7 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         Some(pruner),
         Some(sampler),
         github_watcher,
+        buildkite_watcher,
         resolver,
         metrics_server,
     ]

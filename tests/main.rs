@@ -16,6 +16,7 @@ mod agent_probe;
 mod api_errors;
 mod attestation_attacks;
 mod bench_smoke;
+mod buildkite;
 mod concurrency;
 mod connections;
 mod demo_binary;

@@ -120,6 +120,16 @@ pub struct ForgeFileArgs {
         value_delimiter = ':'
     )]
     pub gitlab_configs: Vec<PathBuf>,
+
+    /// A Buildkite agent's name on this machine (as Buildkite shows it, after its `%hostname`
+    /// and `%spawn` are filled in): leasegate pauses it through Buildkite's API while this
+    /// machine is refused; may be repeated, or several joined with `,` in the variable.
+    #[arg(
+        long = "buildkite-agent-name",
+        env = "LEASEGATE_BUILDKITE_AGENT_NAME",
+        value_delimiter = ','
+    )]
+    pub buildkite_agent_names: Vec<String>,
 }
 
 impl ForgeFileArgs {
@@ -127,6 +137,7 @@ impl ForgeFileArgs {
         super::forge_runners::ForgeFiles {
             forgejo: self.forgejo_runner_files.clone(),
             gitlab: self.gitlab_configs.clone(),
+            buildkite_agents: self.buildkite_agent_names.clone(),
         }
     }
 }

@@ -6,6 +6,9 @@
 //! - gitlab-runner's `config.toml` (every `[[runners]]` entry's `token`) and the
 //!   `.runner_system_id` beside it, which tells this machine apart from others sharing a token.
 //!
+//! A Buildkite agent has no file leasegate reads: its name is given (`--buildkite-agent-name`)
+//! and claimed as it is.
+//!
 //! Of each token only its SHA-256 leaves this machine. `register` binds what it reads; the
 //! heartbeat reads the files again before every beat and claims what it finds
 //! (`forge_runners` in the attestation), so the bindings follow a renewed token or a new
@@ -16,18 +19,19 @@ use crate::domain::forge::{
 };
 use std::path::{Path, PathBuf};
 
-/// The forge runners' files named on the command line.
+/// The forge runners' files named on the command line, and the Buildkite agents' names.
 #[derive(Clone, Debug, Default)]
 pub struct ForgeFiles {
     pub forgejo: Vec<PathBuf>,
     pub gitlab: Vec<PathBuf>,
+    pub buildkite_agents: Vec<String>,
 }
 
 impl ForgeFiles {
     /// Whether any file is named: with none, the agent claims nothing and leaves the bindings
     /// to the operator.
     pub fn any(&self) -> bool {
-        !self.forgejo.is_empty() || !self.gitlab.is_empty()
+        !self.forgejo.is_empty() || !self.gitlab.is_empty() || !self.buildkite_agents.is_empty()
     }
 
     /// Every forge runner the files name, each once, at most `MAX_FORGE_RUNNERS`.
@@ -45,6 +49,11 @@ impl ForgeFiles {
         }
         for path in &self.gitlab {
             add(from_gitlab_config(path)?);
+        }
+        for name in &self.buildkite_agents {
+            let identity = ForgeIdentity::buildkite(name)
+                .map_err(|e| format!("--buildkite-agent-name {name:?}: {e}"))?;
+            add(vec![ForgeRunner::of(identity)]);
         }
         if found.len() > MAX_FORGE_RUNNERS {
             return Err(format!(
@@ -256,10 +265,18 @@ mod tests {
             ),
         )
         .unwrap();
-        let files = ForgeFiles {
+        let mut files = ForgeFiles {
             forgejo: vec![runner, config],
             gitlab: vec![],
+            buildkite_agents: vec![],
         };
         assert_eq!(files.read().unwrap().len(), 1);
+        // Buildkite agents by name, beside them; a name Buildkite cannot show is refused.
+        files.buildkite_agents = vec!["ci-1".into(), "ci-2".into(), "ci-1".into()];
+        let read = files.read().unwrap();
+        assert_eq!(read.len(), 3);
+        assert_eq!(read[2].identity, ForgeIdentity::buildkite("ci-2").unwrap());
+        files.buildkite_agents = vec![" ci-1".into()];
+        assert!(files.read().unwrap_err().contains("--buildkite-agent-name"));
     }
 }

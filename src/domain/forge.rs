@@ -15,6 +15,10 @@
 //! of the runner's token: then only a fetch presenting that token is judged by it, and any
 //! other fetch naming the uuid is none of the gate's business (the forge refuses it).
 //!
+//! A Buildkite agent is bound by its name (Buildkite's `name` of a connected agent): Buildkite
+//! hands out work from its own servers, where no gate stands, so leasegate pauses the agent
+//! instead (`buildkite/`); no fetch of its passes through the gate.
+//!
 //! The verdict on a fetch is the lease's verdict (rules 7–13) over the runner's *latest*
 //! recorded attestation, which must also be fresh: a runner whose agent stopped attesting gets
 //! no work, as a lease with an old attestation would get none.
@@ -28,6 +32,8 @@ use super::verdict::{Refusal, judge};
 pub enum ForgeKind {
     Forgejo,
     Gitlab,
+    /// Gated by pausing the agent through Buildkite's REST API, not in front of a fetch.
+    Buildkite,
 }
 
 impl ForgeKind {
@@ -35,6 +41,7 @@ impl ForgeKind {
         match self {
             ForgeKind::Forgejo => "forgejo",
             ForgeKind::Gitlab => "gitlab",
+            ForgeKind::Buildkite => "buildkite",
         }
     }
 
@@ -43,18 +50,19 @@ impl ForgeKind {
         match s {
             "forgejo" | "gitea" => Some(ForgeKind::Forgejo),
             "gitlab" => Some(ForgeKind::Gitlab),
+            "buildkite" => Some(ForgeKind::Buildkite),
             _ => None,
         }
     }
 }
 
 /// A forge runner as the forge knows it: a Forgejo/Gitea runner's uuid (lowercase,
-/// hyphenated), or the SHA-256 of a GitLab runner's authentication token (64 lowercase hex)
-/// and the machine's `system_id`, if named.
+/// hyphenated), the SHA-256 of a GitLab runner's authentication token (64 lowercase hex)
+/// and the machine's `system_id`, if named, or a Buildkite agent's name.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ForgeIdentity {
     pub kind: ForgeKind,
-    /// The uuid, or the token's SHA-256.
+    /// The uuid, the token's SHA-256, or the agent's name.
     pub key: String,
     /// A GitLab machine's `system_id` (gitlab-runner's `.runner_system_id`). In a binding,
     /// `None` is the token alone (any machine); in a fetch, that it named none.
@@ -66,7 +74,7 @@ pub const SYSTEM_ID_MAX_CHARS: usize = 64;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadIdentity {
-    #[error("kind: `{0}` is not forgejo, gitea or gitlab")]
+    #[error("kind: `{0}` is not forgejo, gitea, gitlab or buildkite")]
     Kind(String),
     #[error(
         "uuid: a forgejo or gitea runner is named by its uuid (the `uuid` of its .runner file)"
@@ -86,7 +94,20 @@ pub enum BadIdentity {
     SystemId,
     #[error("system_id: only a gitlab runner has one")]
     SystemIdNotGitlab,
+    #[error(
+        "agent_name: a buildkite agent is named by its name as Buildkite shows it, 1 to 255 characters, no control characters, no space first or last"
+    )]
+    AgentName,
+    #[error("agent_name: only a buildkite agent has one")]
+    AgentNameNotBuildkite,
+    #[error(
+        "a buildkite agent is named by its agent_name alone (no uuid, token_sha256 or system_id)"
+    )]
+    BuildkiteExtra,
 }
+
+/// The longest Buildkite agent name kept (Buildkite's names are hostnames and a spawn number).
+pub const AGENT_NAME_MAX_CHARS: usize = 255;
 
 /// Whether `s` is 64 lowercase hex characters (a SHA-256 as leasegate writes it).
 fn is_sha256_hex(s: &str) -> bool {
@@ -145,6 +166,23 @@ impl ForgeIdentity {
         }
     }
 
+    /// A Buildkite agent by its name, compared exactly (Buildkite's own `?name=` filter is
+    /// not exact).
+    pub fn buildkite(name: &str) -> Result<Self, BadIdentity> {
+        let ok = (1..=AGENT_NAME_MAX_CHARS).contains(&name.chars().count())
+            && !name.starts_with(' ')
+            && !name.ends_with(' ')
+            && !name.chars().any(char::is_control);
+        if !ok {
+            return Err(BadIdentity::AgentName);
+        }
+        Ok(ForgeIdentity {
+            kind: ForgeKind::Buildkite,
+            key: name.to_string(),
+            system_id: None,
+        })
+    }
+
     /// The same runner on the machine named `system_id` (none: the token alone).
     pub fn on_machine(mut self, system_id: Option<String>) -> Self {
         self.system_id = system_id.filter(|s| !s.is_empty());
@@ -163,16 +201,21 @@ pub struct ForgeRunner {
 
 impl ForgeRunner {
     /// From the parts of a binding as the API and the `forge_runners` claim write it:
-    /// `forgejo` (or `gitea`) with `uuid` and an optional `token_sha256`, or `gitlab` with
-    /// `token_sha256` and an optional `system_id`.
+    /// `forgejo` (or `gitea`) with `uuid` and an optional `token_sha256`, `gitlab` with
+    /// `token_sha256` and an optional `system_id`, or `buildkite` with `agent_name` alone.
     pub fn parse(
         kind: &str,
         uuid: Option<&str>,
         token_sha256: Option<&str>,
         system_id: Option<&str>,
+        agent_name: Option<&str>,
     ) -> Result<Self, BadIdentity> {
-        match ForgeKind::parse(kind) {
-            Some(ForgeKind::Forgejo) => {
+        let kind = ForgeKind::parse(kind).ok_or_else(|| BadIdentity::Kind(kind.to_string()))?;
+        if kind != ForgeKind::Buildkite && agent_name.is_some() {
+            return Err(BadIdentity::AgentNameNotBuildkite);
+        }
+        match kind {
+            ForgeKind::Forgejo => {
                 if system_id.is_some() {
                     return Err(BadIdentity::SystemIdNotGitlab);
                 }
@@ -187,7 +230,7 @@ impl ForgeRunner {
                     token_sha256,
                 })
             }
-            Some(ForgeKind::Gitlab) => {
+            ForgeKind::Gitlab => {
                 let identity =
                     ForgeIdentity::gitlab_sha256(token_sha256.ok_or(BadIdentity::TokenSha256)?)?
                         .on_machine(system_id.map(check_system_id).transpose()?);
@@ -196,7 +239,13 @@ impl ForgeRunner {
                     token_sha256: None,
                 })
             }
-            None => Err(BadIdentity::Kind(kind.to_string())),
+            ForgeKind::Buildkite => {
+                if uuid.is_some() || token_sha256.is_some() || system_id.is_some() {
+                    return Err(BadIdentity::BuildkiteExtra);
+                }
+                let name = agent_name.ok_or(BadIdentity::AgentName)?;
+                Ok(ForgeRunner::of(ForgeIdentity::buildkite(name)?))
+            }
         }
     }
 
@@ -214,10 +263,9 @@ impl ForgeRunner {
         let Some(o) = v.as_object() else {
             return Err("a forge runner is an object".into());
         };
-        if let Some(k) = o
-            .keys()
-            .find(|k| !["kind", "uuid", "token_sha256", "system_id"].contains(&k.as_str()))
-        {
+        if let Some(k) = o.keys().find(|k| {
+            !["kind", "uuid", "token_sha256", "system_id", "agent_name"].contains(&k.as_str())
+        }) {
             return Err(format!("unknown member `{k}`"));
         }
         let text = |name: &str| -> Result<Option<&str>, String> {
@@ -233,6 +281,7 @@ impl ForgeRunner {
             text("uuid")?,
             text("token_sha256")?,
             text("system_id")?,
+            text("agent_name")?,
         )
         .map_err(|e| e.to_string())
     }
@@ -253,6 +302,9 @@ impl ForgeRunner {
                 if let Some(s) = &self.identity.system_id {
                     o.insert("system_id".into(), s.clone().into());
                 }
+            }
+            ForgeKind::Buildkite => {
+                o.insert("agent_name".into(), self.identity.key.clone().into());
             }
         }
         serde_json::Value::Object(o)
@@ -520,7 +572,7 @@ mod tests {
         let a = ForgeIdentity::forgejo("0B9A7E3C-55A1-4D4A-9C9D-1E2F3A4B5C6D").unwrap();
         assert_eq!(a.key, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d");
         assert_eq!(
-            ForgeRunner::parse("gitea", Some(&a.key), None, None)
+            ForgeRunner::parse("gitea", Some(&a.key), None, None, None)
                 .unwrap()
                 .identity,
             a
@@ -534,7 +586,7 @@ mod tests {
             Err(BadIdentity::TokenSha256)
         );
         assert!(matches!(
-            ForgeRunner::parse("github", None, None, None),
+            ForgeRunner::parse("github", None, None, None, None),
             Err(BadIdentity::Kind(_))
         ));
     }
@@ -542,36 +594,69 @@ mod tests {
     #[test]
     fn bindings_name_a_machine_or_a_token_and_round_trip_as_json() {
         let t = sha256_hex("glrt-fleet");
-        let machine = ForgeRunner::parse("gitlab", None, Some(&t), Some("s_0123456789ab")).unwrap();
+        let machine =
+            ForgeRunner::parse("gitlab", None, Some(&t), Some("s_0123456789ab"), None).unwrap();
         assert_eq!(
             machine.identity.system_id.as_deref(),
             Some("s_0123456789ab")
         );
         assert_eq!(ForgeRunner::from_json(&machine.to_json()).unwrap(), machine);
-        let bare = ForgeRunner::parse("gitlab", None, Some(&t), None).unwrap();
+        let bare = ForgeRunner::parse("gitlab", None, Some(&t), None, None).unwrap();
         assert_ne!(bare.identity, machine.identity);
         assert_eq!(bare.to_json().get("system_id"), None);
         for bad in ["", "has space", &"x".repeat(65)] {
             assert_eq!(
-                ForgeRunner::parse("gitlab", None, Some(&t), Some(bad)),
+                ForgeRunner::parse("gitlab", None, Some(&t), Some(bad), None),
                 Err(BadIdentity::SystemId)
             );
         }
         let uuid = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
         assert_eq!(
-            ForgeRunner::parse("forgejo", Some(uuid), None, Some("s_1")),
+            ForgeRunner::parse("forgejo", Some(uuid), None, Some("s_1"), None),
             Err(BadIdentity::SystemIdNotGitlab)
         );
         assert_eq!(
-            ForgeRunner::parse("forgejo", Some(uuid), Some("secret"), None),
+            ForgeRunner::parse("forgejo", Some(uuid), Some("secret"), None, None),
             Err(BadIdentity::RunnerTokenSha256)
         );
-        let checked = ForgeRunner::parse("forgejo", Some(uuid), Some(&t), None).unwrap();
+        let checked = ForgeRunner::parse("forgejo", Some(uuid), Some(&t), None, None).unwrap();
         assert_eq!(ForgeRunner::from_json(&checked.to_json()).unwrap(), checked);
         assert!(
             ForgeRunner::from_json(&serde_json::json!({"kind": "gitlab", "token": "glrt-x"}))
                 .unwrap_err()
                 .contains("token")
+        );
+    }
+
+    #[test]
+    fn a_buildkite_agent_is_bound_by_its_exact_name() {
+        let a = ForgeRunner::parse("buildkite", None, None, None, Some("ci-1 (x86)")).unwrap();
+        assert_eq!(a.identity.kind, ForgeKind::Buildkite);
+        assert_eq!(a.identity.key, "ci-1 (x86)");
+        assert_eq!(
+            a.to_json(),
+            serde_json::json!({"kind": "buildkite", "agent_name": "ci-1 (x86)"})
+        );
+        assert_eq!(ForgeRunner::from_json(&a.to_json()).unwrap(), a);
+        for bad in ["", " padded", "line\nbreak", &"x".repeat(256)] {
+            assert_eq!(
+                ForgeRunner::parse("buildkite", None, None, None, Some(bad)),
+                Err(BadIdentity::AgentName),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            ForgeRunner::parse("buildkite", None, None, None, None),
+            Err(BadIdentity::AgentName)
+        );
+        assert_eq!(
+            ForgeRunner::parse("buildkite", None, None, Some("s_1"), Some("a")),
+            Err(BadIdentity::BuildkiteExtra)
+        );
+        let t = sha256_hex("glrt-x");
+        assert_eq!(
+            ForgeRunner::parse("gitlab", None, Some(&t), None, Some("a")),
+            Err(BadIdentity::AgentNameNotBuildkite)
         );
     }
 

@@ -6,6 +6,7 @@
 
 pub mod attestation;
 pub mod audit;
+pub mod buildkite;
 pub mod digest;
 pub mod disk;
 pub mod ejection;

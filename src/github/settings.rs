@@ -125,10 +125,9 @@ fn read_token(value: &Option<String>, file: &Option<PathBuf>) -> anyhow::Result<
     Ok(Some(Secret::new(token)))
 }
 
-/// `LEASEGATE_GITHUB_API_URL`, checked: https (plain http only to this machine, for a test
-/// server), no query, no trailing slash.
-fn api_url(given: &str) -> anyhow::Result<String> {
-    let name = "LEASEGATE_GITHUB_API_URL";
+/// An API's URL (`name`: the setting, `LEASEGATE_GITHUB_API_URL`), checked: https (plain
+/// http only to this machine, for a test server), no query, no trailing slash.
+pub(crate) fn api_url(name: &str, given: &str) -> anyhow::Result<String> {
     let url = reqwest::Url::parse(given.trim())
         .map_err(|e| anyhow!("{name}: `{given}` is not a URL: {e}"))?;
     let host = url.host_str().unwrap_or_default();
@@ -228,7 +227,7 @@ impl ServeArgs {
             })?;
         }
         Ok(Some(GithubSettings {
-            api_url: api_url(&self.github_api_url)?,
+            api_url: api_url("LEASEGATE_GITHUB_API_URL", &self.github_api_url)?,
             credential,
             ca_file: self.github_ca_file.clone(),
             poll: Duration::from_secs(self.github_poll_s),
@@ -241,18 +240,20 @@ impl ServeArgs {
 mod tests {
     use super::*;
 
+    const NAME: &str = "LEASEGATE_GITHUB_API_URL";
+
     #[test]
     fn the_api_is_https_or_this_machine() {
         assert_eq!(
-            api_url("https://api.github.com/").unwrap(),
+            api_url(NAME, "https://api.github.com/").unwrap(),
             "https://api.github.com"
         );
         assert_eq!(
-            api_url("https://ghe.example/api/v3").unwrap(),
+            api_url(NAME, "https://ghe.example/api/v3").unwrap(),
             "https://ghe.example/api/v3"
         );
         assert_eq!(
-            api_url("http://127.0.0.1:9999").unwrap(),
+            api_url(NAME, "http://127.0.0.1:9999").unwrap(),
             "http://127.0.0.1:9999"
         );
         for bad in [
@@ -261,7 +262,7 @@ mod tests {
             "api.github.com",
             "https://x/?a=1",
         ] {
-            let e = api_url(bad).unwrap_err().to_string();
+            let e = api_url(NAME, bad).unwrap_err().to_string();
             assert!(e.starts_with("LEASEGATE_GITHUB_API_URL: "), "{bad}: {e}");
         }
     }

@@ -1,7 +1,8 @@
 //! Forge runners as the API writes and shows them: `{"kind": "forgejo", "uuid": "…",
 //! "token_sha256": "…"}` for a Forgejo or Gitea runner (`"gitea"` is accepted as the same;
 //! the token's SHA-256 optional), `{"kind": "gitlab", "token_sha256": "…", "system_id": "…"}`
-//! for a GitLab runner (the machine's `system_id` optional). A registration may carry them; an
+//! for a GitLab runner (the machine's `system_id` optional), `{"kind": "buildkite",
+//! "agent_name": "…"}` for a Buildkite agent. A registration may carry them; an
 //! operator replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`; the agent's
 //! heartbeats may claim them (`forge_runners` in the attestation).
 
@@ -27,6 +28,9 @@ pub struct ForgeRunnerSpec {
     /// A GitLab runner's machine (`.runner_system_id`).
     #[serde(default)]
     system_id: Option<String>,
+    /// A Buildkite agent's name.
+    #[serde(default)]
+    agent_name: Option<String>,
 }
 
 impl utoipa::PartialSchema for ForgeRunnerSpec {
@@ -56,6 +60,7 @@ pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeRunner>, ApiErro
             s.uuid.as_deref(),
             s.token_sha256.as_deref(),
             s.system_id.as_deref(),
+            s.agent_name.as_deref(),
         )
         .map_err(|e| ApiError::bad_request(format!("forge_runners[{i}].{e}")))?;
         if !out.iter().any(|o| o.identity == runner.identity) {
@@ -75,15 +80,17 @@ pub fn view(b: &ForgeBinding) -> super::views::ForgeRunnerView {
 /// A forge runner as views show it, never seen fetching.
 pub fn spec_view(r: &ForgeRunner) -> super::views::ForgeRunnerView {
     let key = Some(r.identity.key.clone());
-    let (uuid, token_sha256) = match r.identity.kind {
-        ForgeKind::Forgejo => (key, r.token_sha256.clone()),
-        ForgeKind::Gitlab => (None, key),
+    let (uuid, token_sha256, agent_name) = match r.identity.kind {
+        ForgeKind::Forgejo => (key, r.token_sha256.clone(), None),
+        ForgeKind::Gitlab => (None, key, None),
+        ForgeKind::Buildkite => (None, None, key),
     };
     super::views::ForgeRunnerView {
         kind: r.identity.kind.as_str().to_string(),
         uuid,
         token_sha256,
         system_id: r.identity.system_id.clone(),
+        agent_name,
         last_fetch_at: None,
     }
 }

@@ -678,7 +678,7 @@ pub struct RunnerImageView {
 /// `gitlab`.
 #[derive(Serialize, ToSchema)]
 pub struct ForgeRunnerView {
-    /// `forgejo` (Gitea's runners too) or `gitlab`.
+    /// `forgejo` (Gitea's runners too), `gitlab` or `buildkite`.
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
@@ -688,7 +688,11 @@ pub struct ForgeRunnerView {
     /// A GitLab runner's machine; absent: the token alone (any machine).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub system_id: Option<String>,
-    /// The last time the gate saw it ask for work (written at most every 30 s).
+    /// A Buildkite agent's name.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_name: Option<String>,
+    /// The last time the gate saw it ask for work (written at most every 30 s; never for a
+    /// Buildkite agent, whose work does not pass the gate).
     #[schema(required = true)]
     pub last_fetch_at: Option<String>,
 }
@@ -832,6 +836,77 @@ pub fn github_registration(
     }
 }
 
+/// A pause leasegate made on one of the runner's Buildkite agents.
+#[derive(Serialize, ToSchema)]
+pub struct BuildkitePauseRecord {
+    /// Buildkite's id of the agent.
+    pub agent_id: String,
+    pub agent_name: String,
+    /// The refusal it was made for, and the note it carried (`leasegate: CODE: DETAIL`).
+    pub code: String,
+    pub note: String,
+    pub paused_at: String,
+    /// When Buildkite lifts it by itself unless leasegate resumes the agent first.
+    pub until: String,
+    #[schema(required = true)]
+    pub ended_at: Option<String>,
+    /// `resumed` (by leasegate), `lapsed` (its timeout passed), `undone` (found no longer
+    /// paused), `replaced` (found paused by somebody else since) or `gone` (no longer
+    /// connected); null while it holds.
+    #[schema(required = true)]
+    pub end: Option<String>,
+}
+
+/// What leasegate notes of one of the runner's Buildkite agent names.
+#[derive(Serialize, ToSchema)]
+pub struct BuildkiteAgentRecord {
+    pub agent_name: String,
+    /// The last time its agents were listed while the runner was refused.
+    #[schema(required = true)]
+    pub checked_at: Option<String>,
+    /// In an observing pool: the refusal it would be paused for.
+    #[schema(required = true)]
+    pub would_pause: Option<String>,
+    /// An agent of this name paused by somebody else, left alone.
+    #[schema(required = true)]
+    pub left_alone: Option<String>,
+    /// Failed calls in a row (a pause or resume that failed), the last one's error and when,
+    /// and when it is tried again; 0 and nulls when the last call went through.
+    pub failures: i64,
+    #[schema(required = true)]
+    pub error: Option<String>,
+    #[schema(required = true)]
+    pub error_at: Option<String>,
+    #[schema(required = true)]
+    pub retry_at: Option<String>,
+}
+
+pub fn buildkite_pause(p: &crate::domain::buildkite::Pause) -> BuildkitePauseRecord {
+    BuildkitePauseRecord {
+        agent_id: p.agent_id.clone(),
+        agent_name: p.agent_name.clone(),
+        code: p.code.clone(),
+        note: p.note.clone(),
+        paused_at: rfc3339(p.paused_at),
+        until: rfc3339(p.until),
+        ended_at: p.ended_at.map(rfc3339),
+        end: p.end.map(|e| e.as_str().to_string()),
+    }
+}
+
+pub fn buildkite_agent(w: &crate::domain::buildkite::AgentWatch) -> BuildkiteAgentRecord {
+    BuildkiteAgentRecord {
+        agent_name: w.agent_name.clone(),
+        checked_at: w.checked_at.map(rfc3339),
+        would_pause: w.observed_code.clone(),
+        left_alone: w.left_alone.clone(),
+        failures: w.failures,
+        error: w.error.clone(),
+        error_at: w.error_at.map(rfc3339),
+        retry_at: w.next_try_at.map(rfc3339),
+    }
+}
+
 /// A runner with its history, newest first (`GET /api/v1/admin/runners/{id}`, cordon,
 /// uncordon, revoke).
 #[derive(Serialize, ToSchema)]
@@ -844,6 +919,11 @@ pub struct RunnerDetail {
     pub leases: Vec<LeaseRecord>,
     /// Its GitHub registrations, newest first (at most 20).
     pub github_registrations: Vec<GithubRegistrationRecord>,
+    /// The pauses leasegate made on its Buildkite agents, newest first (at most 20).
+    pub buildkite_pauses: Vec<BuildkitePauseRecord>,
+    /// What leasegate notes of each of its Buildkite agent names (a pause that failed, one of
+    /// somebody else's left alone, what an observing pool would pause).
+    pub buildkite_agents: Vec<BuildkiteAgentRecord>,
     /// What operators did to this runner, newest first (at most 50).
     pub audit: Vec<AuditEntry>,
 }
@@ -995,6 +1075,16 @@ pub fn runner_detail(
             .github_registrations
             .iter()
             .map(github_registration)
+            .collect(),
+        buildkite_pauses: history
+            .buildkite_pauses
+            .iter()
+            .map(buildkite_pause)
+            .collect(),
+        buildkite_agents: history
+            .buildkite_agents
+            .iter()
+            .map(buildkite_agent)
             .collect(),
         audit,
     }

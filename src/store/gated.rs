@@ -666,6 +666,38 @@ where
             .await
     }
 
+    async fn buildkite_state(&self) -> StoreResult<BuildkiteState> {
+        self.read((), |db, ()| Box::pin(sql::buildkite::state(db)))
+            .await
+    }
+
+    async fn record_buildkite_pause(
+        &self,
+        pause: &crate::domain::buildkite::Pause,
+    ) -> StoreResult<()> {
+        self.write(pause.clone(), |db, pause| {
+            Box::pin(sql::buildkite::record_pause(db, pause))
+        })
+        .await
+    }
+
+    async fn record_buildkite_watch(
+        &self,
+        watch: &crate::domain::buildkite::AgentWatch,
+    ) -> StoreResult<()> {
+        self.write(watch.clone(), |db, watch| {
+            Box::pin(sql::buildkite::record_watch(db, watch))
+        })
+        .await
+    }
+
+    async fn forget_buildkite_watch(&self, agent_name: &str) -> StoreResult<()> {
+        self.write(agent_name.to_string(), |db, name| {
+            Box::pin(sql::buildkite::forget_watch(db, name))
+        })
+        .await
+    }
+
     async fn record_refusal(
         &self,
         runner: &RunnerId,

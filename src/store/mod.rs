@@ -22,6 +22,7 @@ pub mod verdict_cache;
 
 pub use crate::domain::lease::Lease;
 pub use signal::JobSignal;
+pub use sql::buildkite::BuildkiteState;
 pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
 pub use sql::round::{Rejection, RoundItem, RoundOutcome};
 pub use sql::runners::Followed;
@@ -347,6 +348,9 @@ pub struct RunnerHistory {
     pub leases: Vec<Lease>,
     /// Its latest GitHub registrations, each with the steps it went through.
     pub github_registrations: Vec<GithubRegistration>,
+    /// The latest pauses leasegate made on its Buildkite agents, and its notes on them.
+    pub buildkite_pauses: Vec<crate::domain::buildkite::Pause>,
+    pub buildkite_agents: Vec<crate::domain::buildkite::AgentWatch>,
 }
 
 /// A session of the runner-health page, as stored.
@@ -616,6 +620,22 @@ pub trait Store: Send + Sync + 'static {
     ) -> StoreResult<bool>;
     /// Every GitHub registration that has not ended, by scope.
     async fn outstanding_github_registrations(&self) -> StoreResult<Vec<GithubRegistration>>;
+
+    /// The bound Buildkite agent names, leasegate's pauses that have not ended, and the
+    /// watcher's notes: what the Buildkite watcher reads at each look.
+    async fn buildkite_state(&self) -> StoreResult<BuildkiteState>;
+    /// Records a pause leasegate made, or how it ended.
+    async fn record_buildkite_pause(
+        &self,
+        pause: &crate::domain::buildkite::Pause,
+    ) -> StoreResult<()>;
+    /// Writes the watcher's notes on an agent name.
+    async fn record_buildkite_watch(
+        &self,
+        watch: &crate::domain::buildkite::AgentWatch,
+    ) -> StoreResult<()>;
+    /// Forgets the notes on an agent name no longer bound.
+    async fn forget_buildkite_watch(&self, agent_name: &str) -> StoreResult<()>;
 
     /// Records a refusal on the runner: a forge fetch the gate answered itself.
     async fn record_refusal(

@@ -455,6 +455,7 @@ struct RunnerPage {
     attestations: Vec<AttestationLine>,
     leases: Vec<(String, String, i64, &'static str)>,
     github: Vec<views::GithubLine>,
+    buildkite: Vec<views::BuildkiteLine>,
 }
 
 /// An operator's change to the runner, as its page shows it.
@@ -615,6 +616,7 @@ async fn runner_page(
             .iter()
             .map(views::github_line)
             .collect(),
+        buildkite: views::buildkite_lines(&history.buildkite_agents, &history.buildkite_pauses),
         row,
     };
     render(StatusCode::OK, &page)

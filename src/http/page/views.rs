@@ -81,6 +81,72 @@ pub fn github_line(r: &Registration) -> GithubLine {
     }
 }
 
+/// A line of the runner's Buildkite section: a pause leasegate made, or a note on an agent
+/// name (a failed call, somebody else's pause left alone, an observing pool's would-be pause).
+pub struct BuildkiteLine {
+    pub at: String,
+    pub agent: String,
+    pub what: String,
+    /// `bad` for a failed call, `warn` for a pause in force, `ok` for the rest.
+    pub class: &'static str,
+    pub why: String,
+}
+
+/// The notes first (they are about now), then the pauses, newest first.
+pub fn buildkite_lines(
+    watches: &[crate::domain::buildkite::AgentWatch],
+    pauses: &[crate::domain::buildkite::Pause],
+) -> Vec<BuildkiteLine> {
+    let at = |m: Option<Millis>| m.map(Millis::rfc3339).unwrap_or_default();
+    let mut out = Vec::new();
+    for w in watches {
+        if let Some(error) = &w.error {
+            out.push(BuildkiteLine {
+                at: at(w.error_at),
+                agent: w.agent_name.clone(),
+                what: format!("call failed ({} in a row)", w.failures),
+                class: "bad",
+                why: format!("{error}; tried again at {}", at(w.next_try_at)),
+            });
+        }
+        if let Some(by) = &w.left_alone {
+            out.push(BuildkiteLine {
+                at: at(w.checked_at),
+                agent: w.agent_name.clone(),
+                what: "left alone".into(),
+                class: "warn",
+                why: by.clone(),
+            });
+        }
+        if let Some(code) = &w.observed_code {
+            out.push(BuildkiteLine {
+                at: String::new(),
+                agent: w.agent_name.clone(),
+                what: "would pause".into(),
+                class: "warn",
+                why: format!("the pool observes: not paused for {code}"),
+            });
+        }
+    }
+    for p in pauses {
+        let (what, class) = match p.end {
+            None => ("paused".to_string(), "warn"),
+            Some(end) => (format!("paused, then {}", end.as_str()), "ok"),
+        };
+        out.push(BuildkiteLine {
+            at: p.paused_at.rfc3339(),
+            agent: format!("{} ({})", p.agent_name, p.agent_id),
+            what,
+            class,
+            why: match p.ended_at {
+                Some(e) => format!("{} — ended {}", p.note, e.rfc3339()),
+                None => format!("{} — until {}", p.note, p.until.rfc3339()),
+            },
+        });
+    }
+    out
+}
+
 /// The CSS class of a status: its colour. The word is always shown beside it.
 pub fn status_class(status: RunnerStatus) -> &'static str {
     match status {

@@ -54,6 +54,7 @@ pub async fn of<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<RunnerHistory> 
         entry.at = run.last_at.unwrap_or(entry.at);
         entry.detail = run.detail.clone().unwrap_or_default();
     }
+    let (buildkite_pauses, buildkite_agents) = super::buildkite::of_runner(db, id).await?;
     Ok(RunnerHistory {
         attestations: attestations
             .iter()
@@ -66,6 +67,8 @@ pub async fn of<D: Db>(db: &mut D, id: &RunnerId) -> StoreResult<RunnerHistory> 
         refusals,
         leases: leases.iter().map(rows::lease).collect::<StoreResult<_>>()?,
         github_registrations: super::github::of_runner(db, id).await?,
+        buildkite_pauses,
+        buildkite_agents,
     })
 }
 

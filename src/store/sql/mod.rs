@@ -11,6 +11,7 @@
 //! - `replay`: the recent jtis on a runner's row (rule 5);
 //! - `history`: what a runner's detail shows, and refusals outside a round;
 //! - `github`: the GitHub registrations leasegate minted, and their steps;
+//! - `buildkite`: the Buildkite agents' pauses leasegate made, and its notes on each agent;
 //! - `ejection`: job ends counted against runners, ejections and reinstatements;
 //! - `sessions`: the page's sessions;
 //! - `operators`: operators' named tokens;
@@ -22,6 +23,7 @@
 //! Below, the builders of multi-row statements that several of them share.
 
 pub mod audit;
+pub mod buildkite;
 pub mod ejection;
 pub mod github;
 pub mod history;

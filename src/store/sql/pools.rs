@@ -269,6 +269,8 @@ pub async fn delete<D: Db>(
         "DELETE FROM forge_runners WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
         "DELETE FROM github_registrations WHERE runner_id IN \
             (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM buildkite_pauses WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
+        "DELETE FROM buildkite_agents WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",
         "DELETE FROM attestation_history WHERE runner_id IN \
             (SELECT id FROM runners WHERE pool = $1)",
         "DELETE FROM refusals WHERE runner_id IN (SELECT id FROM runners WHERE pool = $1)",

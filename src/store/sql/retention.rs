@@ -82,12 +82,12 @@ pub async fn jobs_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<P
 }
 
 /// One batch of history older than its horizon: refusal runs that ended before it,
-/// attestation samples, status changes, audit entries and GitHub registrations that ended
-/// before it; and registration tokens used or expired before theirs.
+/// attestation samples, status changes, audit entries, GitHub registrations and Buildkite
+/// pauses that ended before it; and registration tokens used or expired before theirs.
 pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResult<PruneReport> {
     let history = horizons.history.0;
     let mut report = PruneReport::default();
-    let deletes: [(&str, &'static str, i64); 9] = [
+    let deletes: [(&str, &'static str, i64); 10] = [
         (
             "refusals",
             "DELETE FROM refusals WHERE (runner_id, slot) IN (SELECT runner_id, slot FROM \
@@ -112,6 +112,7 @@ pub async fn history_batch<D: Db>(db: &mut D, horizons: &Horizons) -> StoreResul
             history,
         ),
         ("github_registrations", super::github::PRUNE_SQL, history),
+        ("buildkite_pauses", super::buildkite::PRUNE_SQL, history),
         (
             "pool_samples",
             "DELETE FROM pool_samples WHERE (pool, at) IN (SELECT pool, at FROM pool_samples \
