@@ -10,7 +10,8 @@
 //! - an agent somebody else paused is left alone, and never resumed;
 //! - a pool that observes pauses nothing, and counts what it would have paused;
 //! - a failed call is retried after a back-off and shown on the runner until one goes through;
-//! - the settings are refused at start with the setting named.
+//! - the settings are refused at start with the setting named;
+//! - `leasegate runner register --buildkite-agent-name` binds agents by name.
 
 use crate::common;
 
@@ -693,4 +694,66 @@ fn the_settings_are_checked_at_start() {
         (s.api_url.as_str(), s.org.as_str(), s.pause_minutes),
         ("https://api.buildkite.com", ORG, 1)
     );
+}
+
+/// `leasegate runner register --buildkite-agent-name` binds the machine's agents by name; a
+/// name Buildkite cannot show stops the registration before the token is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_binds_buildkite_agents_by_name_at_registration() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let (_key, _state, id) = common::agent::registered(
+        &app,
+        dir.path(),
+        "linux",
+        "bk-1",
+        &[
+            "--buildkite-agent-name",
+            "build-01-1",
+            "--buildkite-agent-name",
+            "build-01-2",
+        ],
+    )
+    .await;
+    let view = app.runner(&id).await;
+    assert_eq!(
+        view["forge_runners"],
+        json!([
+            {"kind": "buildkite", "agent_name": "build-01-1", "last_fetch_at": null},
+            {"kind": "buildkite", "agent_name": "build-01-2", "last_fetch_at": null},
+        ])
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    let key = other.path().join("runner.key");
+    let keygen = common::agent::run(common::agent::runner(&[
+        "keygen",
+        "--key",
+        key.to_str().unwrap(),
+    ]))
+    .await;
+    assert_eq!(keygen.code, 0);
+    let state = other.path().join("runner.json");
+    let mut register = common::agent::runner(&[
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        "bk-2",
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--buildkite-agent-name",
+        " padded",
+    ]);
+    register.env(
+        "LEASEGATE_REGISTRATION_TOKEN",
+        app.registration_token("linux").await,
+    );
+    let ran = common::agent::run(register).await;
+    assert_ne!(ran.code, 0, "{ran:?}");
+    assert!(ran.stderr.contains("--buildkite-agent-name"), "{ran:?}");
+    assert!(!state.exists());
 }
