@@ -1,32 +1,11 @@
-//! Command-line and environment configuration (`clap` derive; every variable `LEASEGATE_*`
-//! except the conventional `DATABASE_URL`). Defaults are those of PROTOCOL.md.
+//! Command-line and environment configuration of the service (`clap` derive; every variable
+//! `LEASEGATE_*` except the conventional `DATABASE_URL`). Defaults are those of PROTOCOL.md.
+//! The command line's commands are `main.rs`'s; this module knows none of them, so that the
+//! service's settings depend on nothing of the agent or the bench.
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, ValueEnum};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-
-#[derive(Parser, Debug)]
-#[command(
-    name = "leasegate",
-    version,
-    about = "The forge-side lease gate for self-hosted CI runners"
-)]
-pub struct Cli {
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-#[derive(Subcommand, Debug)]
-pub enum Command {
-    /// Run the service.
-    Serve(ServeArgs),
-    /// Run the service on a temporary database with simulated runners and a trickle of jobs.
-    Demo(ServeArgs),
-    /// The runner agent: key, registration, preflight probe, heartbeats and lease calls.
-    Runner(crate::agent::cli::RunnerArgs),
-    /// Measure the service against the engine's own limits (see docs/BENCHMARKS.md).
-    Bench(crate::bench::BenchArgs),
-}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum, Default)]
 pub enum LogFormat {

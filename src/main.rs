@@ -1,8 +1,8 @@
 //! The `leasegate` binary: parse the command line, start logging, hand over to the library.
 #![forbid(unsafe_code)]
 
-use clap::{CommandFactory, FromArgMatches};
-use leasegate::config::{Cli, Command, LogFormat};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
+use leasegate::config::{LogFormat, ServeArgs};
 use leasegate::usage::Spelling;
 use std::ffi::OsString;
 use std::process::ExitCode;
@@ -12,6 +12,32 @@ use std::process::ExitCode;
 #[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// The command line: one command per thing the binary is. Here, and not in the library, so
+/// that the service's settings (`config`), the agent's (`agent::cli`) and the bench's know
+/// nothing of each other.
+#[derive(Parser, Debug)]
+#[command(
+    name = "leasegate",
+    version,
+    about = "The forge-side lease gate for self-hosted CI runners"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Run the service.
+    Serve(ServeArgs),
+    /// Run the service on a temporary database with simulated runners and a trickle of jobs.
+    Demo(ServeArgs),
+    /// The runner agent: key, registration, preflight probe, heartbeats and lease calls.
+    Runner(leasegate::agent::cli::RunnerArgs),
+    /// Measure the service against the engine's own limits (see docs/BENCHMARKS.md).
+    Bench(leasegate::bench::BenchArgs),
+}
 
 /// Usage errors exit 64 (`EX_USAGE`) rather than clap's 2, which `leasegate runner lease`
 /// uses for "no job".
@@ -98,5 +124,100 @@ async fn main() -> ExitCode {
                 ExitCode::FAILURE
             }
         }
+    }
+}
+
+#[cfg(test)]
+/// The usage helpers over the real command line.
+mod tests {
+    use super::Cli;
+    use clap::CommandFactory;
+    use leasegate::usage::{Spelling, UnknownVariable, env_error, unknown_variables};
+    use std::ffi::OsString;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn a_variable_that_is_no_setting_is_found_with_the_setting_it_slips_from() {
+        let cmd = Cli::command();
+        let names = [
+            "PATH",
+            "LEASEGATE_LISTEN",
+            "LEASEGATE_CLOCK_SKW_S",
+            "LEASEGATE_RUNNER_KEY",
+            "LEASEGATE_TEST_DATABASE_URL",
+            "LEASEGATE_REQUIRE_POSTGRES",
+            "LEASEGATE_PUBLISH",
+            "LEASEGATE_COLOUR",
+            "LEASEGATE_ADMIN_TOKEN_FIL",
+            "LEASEGATE_DATABASE_URL",
+        ]
+        .map(String::from);
+        assert_eq!(
+            unknown_variables(&cmd, names),
+            vec![
+                UnknownVariable {
+                    name: "LEASEGATE_CLOCK_SKW_S".into(),
+                    meant: Some("LEASEGATE_CLOCK_SKEW_S".into()),
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_COLOUR".into(),
+                    meant: None,
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_ADMIN_TOKEN_FIL".into(),
+                    meant: Some("LEASEGATE_ADMIN_TOKEN_FILE".into()),
+                },
+                UnknownVariable {
+                    name: "LEASEGATE_DATABASE_URL".into(),
+                    meant: Some("DATABASE_URL".into()),
+                },
+            ]
+        );
+    }
+
+    #[test]
+    fn a_bad_value_from_the_environment_is_named_by_its_variable() {
+        let cmd = Cli::command();
+        let args = os(&["leasegate", "serve", "--listen", "nowhere"]);
+        let typed = cmd.clone().try_get_matches_from(&args).unwrap_err();
+        assert!(typed.to_string().contains("'--listen <LISTEN>'"), "{typed}");
+        assert_eq!(env_error(&cmd, &typed, &args), None, "typed: clap's words");
+        // As if from the environment: the same error, with no flag on the command line.
+        let args = os(&["leasegate", "serve"]);
+        let reworded = env_error(&cmd, &typed, &args).unwrap();
+        assert!(
+            reworded.contains("invalid value 'nowhere' for LEASEGATE_LISTEN:"),
+            "{reworded}"
+        );
+    }
+
+    #[test]
+    fn the_services_messages_name_the_flags_that_were_typed() {
+        let cmd = Cli::command();
+        let args = os(&[
+            "leasegate",
+            "serve",
+            "--lease-ttl-s",
+            "0",
+            "--admin-token-file=x",
+        ]);
+        let matches = cmd.clone().try_get_matches_from(&args).unwrap();
+        let spelling = Spelling::of(&cmd, &matches);
+        assert_eq!(
+            spelling.apply("LEASEGATE_LEASE_TTL_S must be positive, got 0"),
+            "--lease-ttl-s must be positive, got 0"
+        );
+        assert_eq!(
+            spelling.apply("set LEASEGATE_ADMIN_TOKEN or LEASEGATE_ADMIN_TOKEN_FILE"),
+            "set LEASEGATE_ADMIN_TOKEN or --admin-token-file"
+        );
+        assert_eq!(
+            spelling.apply("LEASEGATE_LISTEN 127.0.0.1:8080: address in use"),
+            "LEASEGATE_LISTEN 127.0.0.1:8080: address in use",
+            "not typed: the variable"
+        );
     }
 }

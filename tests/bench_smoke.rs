@@ -2,14 +2,20 @@
 //! timing threshold: the numbers live in docs/BENCHMARKS.md.
 
 use clap::Parser;
-use leasegate::config::{Cli, Command};
+use leasegate::bench::BenchArgs;
+
+/// `leasegate bench`'s arguments, as the binary reads them.
+#[derive(Parser)]
+struct Bench {
+    #[command(flatten)]
+    args: BenchArgs,
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_bench_run_reports_every_phase_and_the_limits() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
-    let cli = Cli::parse_from([
-        "leasegate",
+    let Bench { mut args } = Bench::parse_from([
         "bench",
         "--quiet",
         "--duration-s",
@@ -25,9 +31,6 @@ async fn a_short_bench_run_reports_every_phase_and_the_limits() {
         "--json",
         json.to_str().unwrap(),
     ]);
-    let Command::Bench(mut args) = cli.command else {
-        panic!("not the bench command")
-    };
     args.database_url = None; // always the embedded engine here, whatever the environment says
     let report = leasegate::bench::run(args).await.expect("the bench runs");
 
