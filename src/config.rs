@@ -187,6 +187,18 @@ pub struct ServeArgs {
     #[arg(long, env = "LEASEGATE_GITLAB_UPSTREAM")]
     pub gitlab_upstream: Option<String>,
 
+    /// A Woodpecker server to gate agents in front of: `http://ci.example:9000` (its gRPC port,
+    /// HTTP/2 cleartext) or `https://…` (HTTP/2 over TLS). Its agents connect to
+    /// `LEASEGATE_WOODPECKER_LISTEN`; every call is forwarded there, and `Next` is gated.
+    #[arg(long, env = "LEASEGATE_WOODPECKER_UPSTREAM")]
+    pub woodpecker_upstream: Option<String>,
+
+    /// The address Woodpecker's agents connect to (their `WOODPECKER_SERVER`): a listener of its
+    /// own, HTTP/2 cleartext (gRPC); TLS belongs to a proxy in front, as for the API. Off
+    /// unless set, and set exactly when `LEASEGATE_WOODPECKER_UPSTREAM` is.
+    #[arg(long, env = "LEASEGATE_WOODPECKER_LISTEN")]
+    pub woodpecker_listen: Option<SocketAddr>,
+
     /// A PEM file of CA certificates to trust for the forges, besides the system's.
     #[arg(long, env = "LEASEGATE_FORGE_CA_FILE")]
     pub forge_ca_file: Option<PathBuf>,
@@ -384,7 +396,26 @@ impl ServeArgs {
         };
         let forgejo = parse("LEASEGATE_FORGEJO_UPSTREAM", &self.forgejo_upstream)?;
         let gitlab = parse("LEASEGATE_GITLAB_UPSTREAM", &self.gitlab_upstream)?;
-        if forgejo.is_none() && gitlab.is_none() {
+        let woodpecker = match self.woodpecker_upstream() {
+            Some(u) => Some(
+                Upstream::parse_grpc(u)
+                    .map_err(|e| anyhow::anyhow!("LEASEGATE_WOODPECKER_UPSTREAM: {e}"))?,
+            ),
+            None => None,
+        };
+        match (&woodpecker, self.woodpecker_listen) {
+            (Some(_), None) => anyhow::bail!(
+                "LEASEGATE_WOODPECKER_UPSTREAM is set but LEASEGATE_WOODPECKER_LISTEN is not: \
+                 Woodpecker's agents connect to a listener of their own (HTTP/2), say \
+                 LEASEGATE_WOODPECKER_LISTEN=0.0.0.0:9000"
+            ),
+            (None, Some(_)) => anyhow::bail!(
+                "LEASEGATE_WOODPECKER_LISTEN is set but LEASEGATE_WOODPECKER_UPSTREAM is not: \
+                 name the Woodpecker server's gRPC address (http://ci.example:9000)"
+            ),
+            _ => {}
+        }
+        if forgejo.is_none() && gitlab.is_none() && woodpecker.is_none() {
             return Ok(None);
         }
         for (name, value) in [
@@ -397,6 +428,8 @@ impl ServeArgs {
         Ok(Some(ForgeSettings {
             forgejo,
             gitlab,
+            woodpecker,
+            woodpecker_listen: self.woodpecker_listen,
             ca_file: self.forge_ca_file.clone(),
             max_body_bytes: self.forge_max_body_bytes,
             pass_unbound: self.forge_unbound == ForgeUnbound::Pass,
@@ -411,9 +444,21 @@ impl ServeArgs {
 
     /// Whether a forge is set: the forwarder then takes its share of the file limit.
     fn forge_is_set(&self) -> bool {
-        [&self.forgejo_upstream, &self.gitlab_upstream]
-            .into_iter()
-            .any(|u| u.as_deref().is_some_and(|u| !u.trim().is_empty()))
+        [
+            &self.forgejo_upstream,
+            &self.gitlab_upstream,
+            &self.woodpecker_upstream,
+        ]
+        .into_iter()
+        .any(|u| u.as_deref().is_some_and(|u| !u.trim().is_empty()))
+    }
+
+    /// `LEASEGATE_WOODPECKER_UPSTREAM`, when set to something.
+    fn woodpecker_upstream(&self) -> Option<&str> {
+        self.woodpecker_upstream
+            .as_deref()
+            .map(str::trim)
+            .filter(|u| !u.is_empty())
     }
 
     /// What the listener allows its clients; names the variable at fault.

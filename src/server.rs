@@ -242,6 +242,7 @@ async fn open(
             tracing::info!(
                 forgejo = s.forgejo.as_ref().map(|u| u.host()),
                 gitlab = s.gitlab.as_ref().map(|u| u.host()),
+                woodpecker = s.woodpecker.as_ref().map(|u| u.host()),
                 forge_sockets = s.connections.sockets,
                 forge_requests = s.connections.requests,
                 forge_requests_per_peer = s.connections.requests_per_peer,
@@ -285,15 +286,23 @@ async fn open(
 }
 
 /// Serves `state` on `listener` until `shutdown` is cancelled, then drains and returns; binds
-/// `LEASEGATE_METRICS_LISTEN` itself, if set.
+/// `LEASEGATE_METRICS_LISTEN` and `LEASEGATE_WOODPECKER_LISTEN` itself, if set.
 pub async fn run(listener: TcpListener, state: AppState) -> anyhow::Result<()> {
     let metrics = match state.settings().metrics_listen {
         Some(addr) => Some(crate::startup::listen("LEASEGATE_METRICS_LISTEN", addr).await?),
         None => None,
     };
+    let woodpecker = match state
+        .forge_gate()
+        .and_then(|g| g.settings().woodpecker_listen)
+    {
+        Some(addr) => Some(crate::startup::listen("LEASEGATE_WOODPECKER_LISTEN", addr).await?),
+        None => None,
+    };
     let listeners = crate::startup::Listeners {
         api: listener,
         metrics,
+        woodpecker,
     };
     run_on(listeners, state).await
 }
@@ -344,6 +353,10 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         }
         None => None,
     };
+    let woodpecker_server = listeners.woodpecker.map(|listener| {
+        let state = state.clone();
+        tokio::spawn(async move { crate::forge_gate::serve_woodpecker(&state, listener).await })
+    });
     crate::http::listener::serve(
         listeners.api,
         crate::http::router(state.clone()),
@@ -360,6 +373,7 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         buildkite_watcher,
         resolver,
         metrics_server,
+        woodpecker_server,
     ]
     .into_iter()
     .flatten()

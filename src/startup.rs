@@ -29,16 +29,27 @@ pub struct Listeners {
     pub api: TcpListener,
     /// `/metrics` on an address of its own (`LEASEGATE_METRICS_LISTEN`).
     pub metrics: Option<TcpListener>,
+    /// Woodpecker's agents (`LEASEGATE_WOODPECKER_LISTEN`).
+    pub woodpecker: Option<TcpListener>,
 }
 
-/// Binds `LEASEGATE_LISTEN` and, if set, `LEASEGATE_METRICS_LISTEN`.
+/// Binds `LEASEGATE_LISTEN` and, if set, `LEASEGATE_METRICS_LISTEN` and
+/// `LEASEGATE_WOODPECKER_LISTEN`.
 pub async fn bind(args: &ServeArgs) -> anyhow::Result<Listeners> {
     let api = listen("LEASEGATE_LISTEN", args.listen).await?;
     let metrics = match args.metrics_listen {
         Some(addr) => Some(listen("LEASEGATE_METRICS_LISTEN", addr).await?),
         None => None,
     };
-    Ok(Listeners { api, metrics })
+    let woodpecker = match args.woodpecker_listen {
+        Some(addr) => Some(listen("LEASEGATE_WOODPECKER_LISTEN", addr).await?),
+        None => None,
+    };
+    Ok(Listeners {
+        api,
+        metrics,
+        woodpecker,
+    })
 }
 
 /// How many connections the kernel completes and queues before the service accepts them.

@@ -55,6 +55,7 @@ mod startup_binary;
 mod text_inputs;
 mod throttle;
 mod upgrade;
+mod woodpecker;
 
 /// A file under `tests/` that no `mod` line names is compiled by nobody, and its tests would
 /// silently never run.

@@ -130,6 +130,16 @@ pub struct ForgeFileArgs {
         value_delimiter = ','
     )]
     pub buildkite_agent_names: Vec<String>,
+
+    /// A Woodpecker agent's config file (its `--agent-config`, JSON `{"agent_id": N}`, written
+    /// when it registers with its server): the agent by that id; may be repeated, or several
+    /// joined with `:` in the variable.
+    #[arg(
+        long = "woodpecker-agent-config",
+        env = "LEASEGATE_WOODPECKER_AGENT_CONFIG",
+        value_delimiter = ':'
+    )]
+    pub woodpecker_agent_configs: Vec<PathBuf>,
 }
 
 impl ForgeFileArgs {
@@ -138,6 +148,7 @@ impl ForgeFileArgs {
             forgejo: self.forgejo_runner_files.clone(),
             gitlab: self.gitlab_configs.clone(),
             buildkite_agents: self.buildkite_agent_names.clone(),
+            woodpecker: self.woodpecker_agent_configs.clone(),
         }
     }
 }

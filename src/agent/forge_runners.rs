@@ -4,7 +4,8 @@
 //!   `config.yaml` (from version 12 it may keep its registrations there, under
 //!   `server.connections.<name>`: `url`, `uuid`, `token`);
 //! - gitlab-runner's `config.toml` (every `[[runners]]` entry's `token`) and the
-//!   `.runner_system_id` beside it, which tells this machine apart from others sharing a token.
+//!   `.runner_system_id` beside it, which tells this machine apart from others sharing a token;
+//! - a Woodpecker agent's config file (`{"agent_id": N}`, written when the agent registers).
 //!
 //! A Buildkite agent has no file leasegate reads: its name is given (`--buildkite-agent-name`)
 //! and claimed as it is.
@@ -25,13 +26,17 @@ pub struct ForgeFiles {
     pub forgejo: Vec<PathBuf>,
     pub gitlab: Vec<PathBuf>,
     pub buildkite_agents: Vec<String>,
+    pub woodpecker: Vec<PathBuf>,
 }
 
 impl ForgeFiles {
     /// Whether any file is named: with none, the agent claims nothing and leaves the bindings
     /// to the operator.
     pub fn any(&self) -> bool {
-        !self.forgejo.is_empty() || !self.gitlab.is_empty() || !self.buildkite_agents.is_empty()
+        !self.forgejo.is_empty()
+            || !self.gitlab.is_empty()
+            || !self.buildkite_agents.is_empty()
+            || !self.woodpecker.is_empty()
     }
 
     /// Every forge runner the files name, each once, at most `MAX_FORGE_RUNNERS`.
@@ -54,6 +59,9 @@ impl ForgeFiles {
             let identity = ForgeIdentity::buildkite(name)
                 .map_err(|e| format!("--buildkite-agent-name {name:?}: {e}"))?;
             add(vec![ForgeRunner::of(identity)]);
+        }
+        for path in &self.woodpecker {
+            add(vec![from_woodpecker_agent_config(path)?]);
         }
         if found.len() > MAX_FORGE_RUNNERS {
             return Err(format!(
@@ -148,6 +156,25 @@ pub fn from_gitlab_config(path: &Path) -> Result<Vec<ForgeRunner>, String> {
         ));
     }
     Ok(found)
+}
+
+/// The agent a Woodpecker agent's config file names: its `agent_id`, which the agent writes
+/// there once its server has registered it (`-1`, or no file, before).
+pub fn from_woodpecker_agent_config(path: &Path) -> Result<ForgeRunner, String> {
+    let what =
+        |e: &dyn std::fmt::Display| format!("--woodpecker-agent-config {}: {e}", path.display());
+    let text = std::fs::read_to_string(path).map_err(|e| what(&e))?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| what(&e))?;
+    let agent_id = v
+        .get("agent_id")
+        .and_then(|a| a.as_i64())
+        .ok_or_else(|| what(&"no integer `agent_id`"))?;
+    let identity = ForgeIdentity::woodpecker_binding(agent_id).map_err(|_| {
+        what(&format!(
+            "agent_id {agent_id}: the agent has not registered with its server yet (start it once)"
+        ))
+    })?;
+    Ok(ForgeRunner::of(identity))
 }
 
 /// gitlab-runner's `.runner_system_id` in the directory of `config`: `None` when there is none
@@ -269,6 +296,7 @@ mod tests {
             forgejo: vec![runner, config],
             gitlab: vec![],
             buildkite_agents: vec![],
+            woodpecker: vec![],
         };
         assert_eq!(files.read().unwrap().len(), 1);
         // Buildkite agents by name, beside them; a name Buildkite cannot show is refused.
@@ -278,5 +306,19 @@ mod tests {
         assert_eq!(read[2].identity, ForgeIdentity::buildkite("ci-2").unwrap());
         files.buildkite_agents = vec![" ci-1".into()];
         assert!(files.read().unwrap_err().contains("--buildkite-agent-name"));
+    }
+
+    #[test]
+    fn reads_a_woodpecker_agents_config_once_it_has_registered() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("agent.conf");
+        std::fs::write(&config, r#"{"agent_id": 17}"#).unwrap();
+        let agent = from_woodpecker_agent_config(&config).unwrap();
+        assert_eq!(agent.identity, ForgeIdentity::woodpecker(17));
+        std::fs::write(&config, r#"{"agent_id": -1}"#).unwrap();
+        let unregistered = from_woodpecker_agent_config(&config).unwrap_err();
+        assert!(unregistered.contains("not registered"), "{unregistered}");
+        std::fs::write(&config, r#"{"id": 17}"#).unwrap();
+        assert!(from_woodpecker_agent_config(&config).is_err());
     }
 }

@@ -1,12 +1,14 @@
 //! The forge gate's rules: which forge runner is which leasegate runner, and may it fetch a job
 //! from its forge now?
 //!
-//! A forge (Forgejo, Gitea, GitLab) hands out work when its runner asks for it, in one call.
+//! A forge (Forgejo, Gitea, GitLab, Woodpecker) hands out work when its runner asks for it, in
+//! one call.
 //! leasegate, in front of the forge, answers that call itself ("no work") for a runner the gate
 //! refuses, so the job stays queued in the forge and nothing is counted against it. The forge's
 //! runner is known by what it presents: a Forgejo/Gitea runner by its uuid, a GitLab runner by
 //! its authentication token, kept only as its SHA-256, and the `system_id` of the machine it
-//! runs on (one token may serve a fleet). Each is bound to the leasegate runner on the same
+//! runs on (one token may serve a fleet), a Woodpecker agent by the `agent_id` its server gave
+//! it. Each is bound to the leasegate runner on the same
 //! machine, whose heartbeats carry the signed probe and image.
 //!
 //! Which binding judges a GitLab fetch: the one naming the token and the fetch's `system_id`;
@@ -34,6 +36,7 @@ pub enum ForgeKind {
     Gitlab,
     /// Gated by pausing the agent through Buildkite's REST API, not in front of a fetch.
     Buildkite,
+    Woodpecker,
 }
 
 impl ForgeKind {
@@ -42,6 +45,7 @@ impl ForgeKind {
             ForgeKind::Forgejo => "forgejo",
             ForgeKind::Gitlab => "gitlab",
             ForgeKind::Buildkite => "buildkite",
+            ForgeKind::Woodpecker => "woodpecker",
         }
     }
 
@@ -51,6 +55,7 @@ impl ForgeKind {
             "forgejo" | "gitea" => Some(ForgeKind::Forgejo),
             "gitlab" => Some(ForgeKind::Gitlab),
             "buildkite" => Some(ForgeKind::Buildkite),
+            "woodpecker" => Some(ForgeKind::Woodpecker),
             _ => None,
         }
     }
@@ -74,7 +79,7 @@ pub const SYSTEM_ID_MAX_CHARS: usize = 64;
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum BadIdentity {
-    #[error("kind: `{0}` is not forgejo, gitea, gitlab or buildkite")]
+    #[error("kind: `{0}` is not forgejo, gitea, gitlab, buildkite or woodpecker")]
     Kind(String),
     #[error(
         "uuid: a forgejo or gitea runner is named by its uuid (the `uuid` of its .runner file)"
@@ -104,6 +109,14 @@ pub enum BadIdentity {
         "a buildkite agent is named by its agent_name alone (no uuid, token_sha256 or system_id)"
     )]
     BuildkiteExtra,
+    #[error(
+        "agent_id: a woodpecker agent is named by its agent_id (its agent config file's `agent_id`), a positive integer"
+    )]
+    AgentId,
+    #[error("agent_id: only a woodpecker agent has one")]
+    AgentIdNotWoodpecker,
+    #[error("a woodpecker agent is named by its agent_id alone")]
+    WoodpeckerAgentIdOnly,
 }
 
 /// The longest Buildkite agent name kept (Buildkite's names are hostnames and a spawn number).
@@ -183,6 +196,33 @@ impl ForgeIdentity {
         })
     }
 
+    /// A Woodpecker agent by the id its server gave it (the `agent_id` of its access token, and
+    /// of its agent config file).
+    pub fn woodpecker(agent_id: i64) -> Self {
+        ForgeIdentity {
+            kind: ForgeKind::Woodpecker,
+            key: agent_id.to_string(),
+            system_id: None,
+        }
+    }
+
+    /// A Woodpecker agent's id, for a binding: a server's ids start at 1 (an agent that has
+    /// not registered yet holds -1).
+    pub fn woodpecker_binding(agent_id: i64) -> Result<Self, BadIdentity> {
+        if agent_id < 1 {
+            return Err(BadIdentity::AgentId);
+        }
+        Ok(Self::woodpecker(agent_id))
+    }
+
+    /// A Woodpecker agent's id, for views (`None` for other forges).
+    pub fn agent_id(&self) -> Option<i64> {
+        match self.kind {
+            ForgeKind::Woodpecker => self.key.parse().ok(),
+            _ => None,
+        }
+    }
+
     /// The same runner on the machine named `system_id` (none: the token alone).
     pub fn on_machine(mut self, system_id: Option<String>) -> Self {
         self.system_id = system_id.filter(|s| !s.is_empty());
@@ -202,19 +242,32 @@ pub struct ForgeRunner {
 impl ForgeRunner {
     /// From the parts of a binding as the API and the `forge_runners` claim write it:
     /// `forgejo` (or `gitea`) with `uuid` and an optional `token_sha256`, `gitlab` with
-    /// `token_sha256` and an optional `system_id`, or `buildkite` with `agent_name` alone.
+    /// `token_sha256` and an optional `system_id`, `buildkite` with `agent_name` alone, or
+    /// `woodpecker` with `agent_id` alone.
     pub fn parse(
         kind: &str,
         uuid: Option<&str>,
         token_sha256: Option<&str>,
         system_id: Option<&str>,
         agent_name: Option<&str>,
+        agent_id: Option<i64>,
     ) -> Result<Self, BadIdentity> {
         let kind = ForgeKind::parse(kind).ok_or_else(|| BadIdentity::Kind(kind.to_string()))?;
         if kind != ForgeKind::Buildkite && agent_name.is_some() {
             return Err(BadIdentity::AgentNameNotBuildkite);
         }
+        if kind != ForgeKind::Woodpecker && agent_id.is_some() {
+            return Err(BadIdentity::AgentIdNotWoodpecker);
+        }
         match kind {
+            ForgeKind::Woodpecker => {
+                if uuid.is_some() || token_sha256.is_some() || system_id.is_some() {
+                    return Err(BadIdentity::WoodpeckerAgentIdOnly);
+                }
+                Ok(ForgeRunner::of(ForgeIdentity::woodpecker_binding(
+                    agent_id.ok_or(BadIdentity::AgentId)?,
+                )?))
+            }
             ForgeKind::Forgejo => {
                 if system_id.is_some() {
                     return Err(BadIdentity::SystemIdNotGitlab);
@@ -264,7 +317,15 @@ impl ForgeRunner {
             return Err("a forge runner is an object".into());
         };
         if let Some(k) = o.keys().find(|k| {
-            !["kind", "uuid", "token_sha256", "system_id", "agent_name"].contains(&k.as_str())
+            ![
+                "kind",
+                "uuid",
+                "token_sha256",
+                "system_id",
+                "agent_name",
+                "agent_id",
+            ]
+            .contains(&k.as_str())
         }) {
             return Err(format!("unknown member `{k}`"));
         }
@@ -276,12 +337,17 @@ impl ForgeRunner {
             }
         };
         let kind = text("kind")?.ok_or("kind: required")?;
+        let agent_id = match o.get("agent_id") {
+            None | Some(serde_json::Value::Null) => None,
+            Some(v) => Some(v.as_i64().ok_or("agent_id: an integer")?),
+        };
         Self::parse(
             kind,
             text("uuid")?,
             text("token_sha256")?,
             text("system_id")?,
             text("agent_name")?,
+            agent_id,
         )
         .map_err(|e| e.to_string())
     }
@@ -305,6 +371,9 @@ impl ForgeRunner {
             }
             ForgeKind::Buildkite => {
                 o.insert("agent_name".into(), self.identity.key.clone().into());
+            }
+            ForgeKind::Woodpecker => {
+                o.insert("agent_id".into(), self.identity.agent_id().into());
             }
         }
         serde_json::Value::Object(o)
@@ -572,7 +641,7 @@ mod tests {
         let a = ForgeIdentity::forgejo("0B9A7E3C-55A1-4D4A-9C9D-1E2F3A4B5C6D").unwrap();
         assert_eq!(a.key, "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d");
         assert_eq!(
-            ForgeRunner::parse("gitea", Some(&a.key), None, None, None)
+            ForgeRunner::parse("gitea", Some(&a.key), None, None, None, None)
                 .unwrap()
                 .identity,
             a
@@ -586,40 +655,77 @@ mod tests {
             Err(BadIdentity::TokenSha256)
         );
         assert!(matches!(
-            ForgeRunner::parse("github", None, None, None, None),
+            ForgeRunner::parse("github", None, None, None, None, None),
             Err(BadIdentity::Kind(_))
         ));
+    }
+
+    #[test]
+    fn a_woodpecker_agent_is_bound_by_its_agent_id_alone() {
+        let agent = ForgeRunner::parse("woodpecker", None, None, None, None, Some(42)).unwrap();
+        assert_eq!(agent.identity, ForgeIdentity::woodpecker(42));
+        assert_eq!(agent.identity.agent_id(), Some(42));
+        assert_eq!(
+            agent.to_json(),
+            serde_json::json!({"kind": "woodpecker", "agent_id": 42})
+        );
+        assert_eq!(ForgeRunner::from_json(&agent.to_json()).unwrap(), agent);
+        for bad in [0, -1] {
+            assert_eq!(
+                ForgeRunner::parse("woodpecker", None, None, None, None, Some(bad)),
+                Err(BadIdentity::AgentId)
+            );
+        }
+        assert_eq!(
+            ForgeRunner::parse("woodpecker", None, None, None, None, None),
+            Err(BadIdentity::AgentId)
+        );
+        assert_eq!(
+            ForgeRunner::parse("woodpecker", None, None, Some("s_1"), None, Some(1)),
+            Err(BadIdentity::WoodpeckerAgentIdOnly)
+        );
+        let uuid = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
+        assert_eq!(
+            ForgeRunner::parse("forgejo", Some(uuid), None, None, None, Some(1)),
+            Err(BadIdentity::AgentIdNotWoodpecker)
+        );
+        assert!(
+            ForgeRunner::from_json(&serde_json::json!({"kind": "woodpecker", "agent_id": "42"}))
+                .is_err()
+        );
     }
 
     #[test]
     fn bindings_name_a_machine_or_a_token_and_round_trip_as_json() {
         let t = sha256_hex("glrt-fleet");
         let machine =
-            ForgeRunner::parse("gitlab", None, Some(&t), Some("s_0123456789ab"), None).unwrap();
+            ForgeRunner::parse("gitlab", None, Some(&t), Some("s_0123456789ab"), None, None)
+                .unwrap();
         assert_eq!(
             machine.identity.system_id.as_deref(),
             Some("s_0123456789ab")
         );
         assert_eq!(ForgeRunner::from_json(&machine.to_json()).unwrap(), machine);
-        let bare = ForgeRunner::parse("gitlab", None, Some(&t), None, None).unwrap();
+        let bare = ForgeRunner::parse("gitlab", None, Some(&t), None, None, None).unwrap();
         assert_ne!(bare.identity, machine.identity);
         assert_eq!(bare.to_json().get("system_id"), None);
         for bad in ["", "has space", &"x".repeat(65)] {
             assert_eq!(
-                ForgeRunner::parse("gitlab", None, Some(&t), Some(bad), None),
+                ForgeRunner::parse("gitlab", None, Some(&t), Some(bad), None, None),
                 Err(BadIdentity::SystemId)
             );
         }
         let uuid = "0b9a7e3c-55a1-4d4a-9c9d-1e2f3a4b5c6d";
         assert_eq!(
-            ForgeRunner::parse("forgejo", Some(uuid), None, Some("s_1"), None),
+            ForgeRunner::parse("forgejo", Some(uuid), None, Some("s_1"), None, None),
             Err(BadIdentity::SystemIdNotGitlab)
         );
         assert_eq!(
-            ForgeRunner::parse("forgejo", Some(uuid), Some("secret"), None, None),
+            ForgeRunner::parse("forgejo", Some(uuid), Some("secret"), None, None, None),
             Err(BadIdentity::RunnerTokenSha256)
         );
-        let checked = ForgeRunner::parse("forgejo", Some(uuid), Some(&t), None, None).unwrap();
+        let checked =
+            ForgeRunner::parse("forgejo", Some(uuid), Some(&t), None, None, None).unwrap();
         assert_eq!(ForgeRunner::from_json(&checked.to_json()).unwrap(), checked);
         assert!(
             ForgeRunner::from_json(&serde_json::json!({"kind": "gitlab", "token": "glrt-x"}))
@@ -630,7 +736,8 @@ mod tests {
 
     #[test]
     fn a_buildkite_agent_is_bound_by_its_exact_name() {
-        let a = ForgeRunner::parse("buildkite", None, None, None, Some("ci-1 (x86)")).unwrap();
+        let a =
+            ForgeRunner::parse("buildkite", None, None, None, Some("ci-1 (x86)"), None).unwrap();
         assert_eq!(a.identity.kind, ForgeKind::Buildkite);
         assert_eq!(a.identity.key, "ci-1 (x86)");
         assert_eq!(
@@ -640,22 +747,22 @@ mod tests {
         assert_eq!(ForgeRunner::from_json(&a.to_json()).unwrap(), a);
         for bad in ["", " padded", "line\nbreak", &"x".repeat(256)] {
             assert_eq!(
-                ForgeRunner::parse("buildkite", None, None, None, Some(bad)),
+                ForgeRunner::parse("buildkite", None, None, None, Some(bad), None),
                 Err(BadIdentity::AgentName),
                 "{bad:?}"
             );
         }
         assert_eq!(
-            ForgeRunner::parse("buildkite", None, None, None, None),
+            ForgeRunner::parse("buildkite", None, None, None, None, None),
             Err(BadIdentity::AgentName)
         );
         assert_eq!(
-            ForgeRunner::parse("buildkite", None, None, Some("s_1"), Some("a")),
+            ForgeRunner::parse("buildkite", None, None, Some("s_1"), Some("a"), None),
             Err(BadIdentity::BuildkiteExtra)
         );
         let t = sha256_hex("glrt-x");
         assert_eq!(
-            ForgeRunner::parse("gitlab", None, Some(&t), None, Some("a")),
+            ForgeRunner::parse("gitlab", None, Some(&t), None, Some("a"), None),
             Err(BadIdentity::AgentNameNotBuildkite)
         );
     }

@@ -25,12 +25,14 @@ mod decide;
 mod forgejo;
 mod gitlab;
 mod gitlab_params;
+mod h2_listener;
 mod job_ends;
 mod job_watch;
 mod pipeline;
 mod state;
 mod upload;
 mod upstream;
+mod woodpecker;
 
 pub use connections::ForwardCaps;
 pub use decide::Verdict;
@@ -63,11 +65,15 @@ pub const WOULD_REFUSE_HEADER: &str = "x-leasegate-would-refuse";
 pub struct ForgeSettings {
     pub forgejo: Option<Upstream>,
     pub gitlab: Option<Upstream>,
+    /// A Woodpecker server's gRPC address.
+    pub woodpecker: Option<Upstream>,
+    /// The listener Woodpecker's agents connect to (set exactly when `woodpecker` is).
+    pub woodpecker_listen: Option<SocketAddr>,
     pub ca_file: Option<PathBuf>,
     pub max_body_bytes: u64,
     /// Forward the fetches of forge runners bound to no leasegate runner.
     pub pass_unbound: bool,
-    /// How long a refused GitLab runner's request is held.
+    /// How long a refused GitLab runner's request, or Woodpecker agent's `Next`, is held.
     pub hold: Duration,
     /// How long a forge may take to begin an answer.
     pub timeout: Duration,
@@ -80,6 +86,8 @@ pub struct ForgeGate {
     settings: ForgeSettings,
     forwarder: Forwarder,
     recent: decide::Recent,
+    /// Where Woodpecker's agents' listener was bound, once it is.
+    woodpecker_addr: std::sync::OnceLock<SocketAddr>,
 }
 
 impl ForgeGate {
@@ -94,12 +102,36 @@ impl ForgeGate {
             settings,
             forwarder,
             recent: decide::Recent::default(),
+            woodpecker_addr: std::sync::OnceLock::new(),
         })
     }
 
     pub fn settings(&self) -> &ForgeSettings {
         &self.settings
     }
+
+    /// The address Woodpecker's agents' listener is bound to, once it is.
+    pub fn woodpecker_addr(&self) -> Option<SocketAddr> {
+        self.woodpecker_addr.get().copied()
+    }
+}
+
+/// Serves Woodpecker's agents on `listener` (`LEASEGATE_WOODPECKER_LISTEN`) until shutdown.
+pub async fn serve_woodpecker(state: &AppState, listener: tokio::net::TcpListener) {
+    let Some(gate) = GateState::of(state) else {
+        return;
+    };
+    if let Ok(addr) = listener.local_addr() {
+        let _ = gate.gate().woodpecker_addr.set(addr);
+        tracing::info!(%addr, "Woodpecker agents listening (HTTP/2)");
+    }
+    h2_listener::serve(
+        listener,
+        woodpecker::router(gate.clone()),
+        state.settings().listener.clone(),
+        gate.shutdown().clone(),
+    )
+    .await;
 }
 
 /// The forge routes, for the forges that are set; `None` when none is.
@@ -128,7 +160,8 @@ fn canonical_path(parts: &Parts, prefixes: &[&str]) -> Result<String, Response> 
         .iter()
         .find(|p| raw.strip_prefix(**p).is_some_and(|r| r.starts_with('/')))
         .copied()
-        .unwrap_or("/");
+        // No prefix (Woodpecker's calls, at the root): any canonical path.
+        .unwrap_or("");
     canonical::canonical(raw, prefix).map_err(|why| {
         tracing::debug!(
             path = raw,

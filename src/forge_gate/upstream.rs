@@ -40,6 +40,10 @@ pub struct Upstream {
     authority: String,
     /// Without a trailing `/` (empty for the root).
     prefix: String,
+    /// A gRPC server (Woodpecker's): spoken to over HTTP/2 only (`http` prior knowledge,
+    /// `https` by ALPN), `te: trailers` kept, and given all the time it takes to answer,
+    /// since its calls wait for work or for a workflow's end.
+    grpc: bool,
 }
 
 impl Upstream {
@@ -61,7 +65,20 @@ impl Upstream {
             scheme: scheme.to_string(),
             authority: authority.as_str().to_string(),
             prefix: uri.path().trim_end_matches('/').to_string(),
+            grpc: false,
         })
+    }
+
+    /// A gRPC server at `url`, which names no path: gRPC's calls are at the server's root.
+    pub fn parse_grpc(url: &str) -> Result<Self, String> {
+        let mut upstream = Self::parse(url)?;
+        if !upstream.prefix.is_empty() {
+            return Err(format!(
+                "`{url}` may not name a path: a gRPC server's calls are at its root"
+            ));
+        }
+        upstream.grpc = true;
+        Ok(upstream)
     }
 
     /// The forge's URL for `path_and_query` of a request to leasegate.
@@ -112,6 +129,8 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 #[derive(Clone)]
 pub struct Forwarder {
     client: HttpClient<HttpsConnector<super::connections::CountedConnector>, Body>,
+    /// HTTP/2 only, for gRPC servers.
+    client_h2: HttpClient<HttpsConnector<super::connections::CountedConnector>, Body>,
     connections: ForgeConnections,
     max_body_bytes: u64,
     timeout: Duration,
@@ -168,17 +187,35 @@ impl Forwarder {
         http.set_nodelay(true);
         http.set_connect_timeout(Some(timeout.min(Duration::from_secs(10))));
         let connections = ForgeConnections::new(caps);
+        let counted = connections.connector(http);
+        // Two connectors on one socket budget: a forge that offers HTTP/2 over TLS is still
+        // spoken HTTP/1.1 to, as before; a gRPC server only HTTP/2.
         let connector = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
+            .with_tls_config(tls.clone())
             .https_or_http()
             .enable_http1()
-            .wrap_connector(connections.connector(http));
+            .wrap_connector(counted.clone());
         let client = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(caps.idle_per_forge)
             .build(connector);
+        let connector_h2 = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_tls_config(tls)
+            .https_or_http()
+            .enable_http2()
+            .wrap_connector(counted);
+        let client_h2 = HttpClient::builder(TokioExecutor::new())
+            .http2_only(true)
+            .timer(hyper_util::rt::TokioTimer::new())
+            .pool_timer(hyper_util::rt::TokioTimer::new())
+            // A call waiting for work leaves the connection quiet: pings tell a dead server.
+            .http2_keep_alive_interval(Duration::from_secs(30))
+            .http2_keep_alive_timeout(Duration::from_secs(20))
+            .pool_idle_timeout(Duration::from_secs(60))
+            .build(connector_h2);
         Ok(Forwarder {
             client,
+            client_h2,
             connections,
             max_body_bytes,
             timeout,
@@ -216,22 +253,43 @@ impl Forwarder {
             Ok(place) => place,
             Err(turned_away) => return turned_away,
         };
+        // gRPC requires `te: trailers`, the one `te` HTTP/2 allows.
+        let te_trailers = upstream.grpc
+            && parts
+                .headers
+                .get(header::TE)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"trailers"));
         strip_hop_by_hop(&mut parts.headers);
         forwarded_for(&mut parts.headers, peer);
-        parts.headers.insert(
-            header::HOST,
-            HeaderValue::from_str(upstream.host()).expect("an authority is a header value"),
-        );
+        if upstream.grpc {
+            // HTTP/2 names the server in `:authority`, from the URI.
+            parts.headers.remove(header::HOST);
+            parts.version = axum::http::Version::HTTP_2;
+            if te_trailers {
+                parts
+                    .headers
+                    .insert(header::TE, HeaderValue::from_static("trailers"));
+            }
+        } else {
+            parts.headers.insert(
+                header::HOST,
+                HeaderValue::from_str(upstream.host()).expect("an authority is a header value"),
+            );
+        }
         parts.uri = uri;
         let body = body.map_err(ClientBodyError::from);
         let limited = Limited::new(body, self.max_body_bytes as usize);
         let turn = Turn::new();
         let body = Watched::new(limited.map_err(axum::Error::new), turn.clone());
         let outgoing = Request::from_parts(parts, Body::new(body));
-        let answer = match self
-            .on_the_forges_time(&turn, self.client.request(outgoing))
-            .await
-        {
+        let sent = if upstream.grpc {
+            // A gRPC server's calls wait for work, or for a workflow's end: as long as it takes.
+            Some(self.client_h2.request(outgoing).await)
+        } else {
+            self.on_the_forges_time(&turn, self.client.request(outgoing))
+                .await
+        };
+        let answer = match sent {
             None => {
                 return ApiError::new(
                     StatusCode::GATEWAY_TIMEOUT,
@@ -249,6 +307,11 @@ impl Forwarder {
         };
         let (mut parts, body) = answer.into_parts();
         strip_hop_by_hop(&mut parts.headers);
+        if upstream.grpc {
+            // Its answer ends with its trailers whenever the call ends; HTTP/2's pings tell a
+            // server that died meanwhile.
+            return Response::from_parts(parts, Body::new(Holding::new(body, place)));
+        }
         // A forge that stops halfway through an answer does not hold the runner forever.
         let pace = BodyPace {
             timeout: self.timeout,

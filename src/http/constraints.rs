@@ -93,7 +93,7 @@ fn uuid_pattern() -> String {
 pub fn forge_runner() -> Value {
     let sha256 = "^[0-9a-f]{64}$";
     json!({
-        "description": "A forge runner: `{\"kind\": \"forgejo\", \"uuid\": …, \"token_sha256\": …}` (`gitea` is the same; `token_sha256` optional) or `{\"kind\": \"gitlab\", \"token_sha256\": …, \"system_id\": …}` (`system_id` optional: without it, the token alone, any machine), or `{\"kind\": \"buildkite\", \"agent_name\": …}` (paused through Buildkite's API while refused). A GitLab runner's `uuid` may be sent and is ignored.",
+        "description": "A forge runner: `{\"kind\": \"forgejo\", \"uuid\": …, \"token_sha256\": …}` (`gitea` is the same; `token_sha256` optional), `{\"kind\": \"gitlab\", \"token_sha256\": …, \"system_id\": …}` (`system_id` optional: without it, the token alone, any machine), `{\"kind\": \"buildkite\", \"agent_name\": …}` (paused through Buildkite's API while refused) or `{\"kind\": \"woodpecker\", \"agent_id\": …}`. A GitLab runner's `uuid` may be sent and is ignored.",
         "oneOf": [
             {
                 "type": "object",
@@ -107,6 +107,7 @@ pub fn forge_runner() -> Value {
                                      "description": "The SHA-256 of the runner's token, lowercase hex: only a fetch presenting that token is judged by this binding."},
                     "system_id": {"type": "null"},
                     "agent_name": {"type": "null"},
+                    "agent_id": {"type": "null"},
                 },
             },
             {
@@ -121,6 +122,7 @@ pub fn forge_runner() -> Value {
                                   "description": "The machine's `system_id` (gitlab-runner's `.runner_system_id`); absent or null: the token alone, any machine."},
                     "uuid": {"type": ["string", "null"]},
                     "agent_name": {"type": "null"},
+                    "agent_id": {"type": "null"},
                 },
             },
             {
@@ -132,6 +134,22 @@ pub fn forge_runner() -> Value {
                     "agent_name": {"type": "string", "minLength": 1, "maxLength": crate::domain::forge::AGENT_NAME_MAX_CHARS,
                                    "pattern": "^[^ \\u0000-\\u001f\\u007f-\\u009f]([^\\u0000-\\u001f\\u007f-\\u009f]*[^ \\u0000-\\u001f\\u007f-\\u009f])?$",
                                    "description": "The Buildkite agent's name as Buildkite shows it (compared exactly): leasegate pauses the agents of that name while the runner is refused."},
+                    "uuid": {"type": "null"},
+                    "token_sha256": {"type": "null"},
+                    "system_id": {"type": "null"},
+                    "agent_id": {"type": "null"},
+                },
+            },
+            {
+                "type": "object",
+                "required": ["kind", "agent_id"],
+                "additionalProperties": false,
+                "properties": {
+                    "kind": {"type": "string", "enum": ["woodpecker"]},
+                    "agent_id": {"type": "integer", "format": "int64", "minimum": 1,
+                                 "maximum": i64::MAX,
+                                 "description": "The Woodpecker agent's id (its agent config file's `agent_id`; the `agent_id` of its access token)."},
+                    "agent_name": {"type": "null"},
                     "uuid": {"type": "null"},
                     "token_sha256": {"type": "null"},
                     "system_id": {"type": "null"},

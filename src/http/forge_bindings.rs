@@ -2,7 +2,8 @@
 //! "token_sha256": "…"}` for a Forgejo or Gitea runner (`"gitea"` is accepted as the same;
 //! the token's SHA-256 optional), `{"kind": "gitlab", "token_sha256": "…", "system_id": "…"}`
 //! for a GitLab runner (the machine's `system_id` optional), `{"kind": "buildkite",
-//! "agent_name": "…"}` for a Buildkite agent. A registration may carry them; an
+//! "agent_name": "…"}` for a Buildkite agent, `{"kind": "woodpecker", "agent_id": N}` for a
+//! Woodpecker agent. A registration may carry them; an
 //! operator replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`; the agent's
 //! heartbeats may claim them (`forge_runners` in the attestation).
 
@@ -16,7 +17,7 @@ pub use crate::domain::forge::MAX_FORGE_RUNNERS;
 #[derive(Deserialize, Clone)]
 #[serde(deny_unknown_fields)]
 pub struct ForgeRunnerSpec {
-    /// `forgejo` (or `gitea`) or `gitlab`.
+    /// `forgejo` (or `gitea`), `gitlab` or `woodpecker`.
     kind: String,
     /// A Forgejo or Gitea runner's uuid (its `.runner` file's `uuid`).
     #[serde(default)]
@@ -31,6 +32,9 @@ pub struct ForgeRunnerSpec {
     /// A Buildkite agent's name.
     #[serde(default)]
     agent_name: Option<String>,
+    /// A Woodpecker agent's id (its agent config file's `agent_id`).
+    #[serde(default, deserialize_with = "super::json::whole_number")]
+    agent_id: Option<i64>,
 }
 
 impl utoipa::PartialSchema for ForgeRunnerSpec {
@@ -61,6 +65,7 @@ pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeRunner>, ApiErro
             s.token_sha256.as_deref(),
             s.system_id.as_deref(),
             s.agent_name.as_deref(),
+            s.agent_id,
         )
         .map_err(|e| ApiError::bad_request(format!("forge_runners[{i}].{e}")))?;
         if !out.iter().any(|o| o.identity == runner.identity) {
@@ -84,6 +89,7 @@ pub fn spec_view(r: &ForgeRunner) -> super::views::ForgeRunnerView {
         ForgeKind::Forgejo => (key, r.token_sha256.clone(), None),
         ForgeKind::Gitlab => (None, key, None),
         ForgeKind::Buildkite => (None, None, key),
+        ForgeKind::Woodpecker => (None, None, None),
     };
     super::views::ForgeRunnerView {
         kind: r.identity.kind.as_str().to_string(),
@@ -91,6 +97,7 @@ pub fn spec_view(r: &ForgeRunner) -> super::views::ForgeRunnerView {
         token_sha256,
         system_id: r.identity.system_id.clone(),
         agent_name,
+        agent_id: r.identity.agent_id(),
         last_fetch_at: None,
     }
 }

@@ -678,7 +678,7 @@ pub struct RunnerImageView {
 /// `gitlab`.
 #[derive(Serialize, ToSchema)]
 pub struct ForgeRunnerView {
-    /// `forgejo` (Gitea's runners too), `gitlab` or `buildkite`.
+    /// `forgejo` (Gitea's runners too), `gitlab`, `buildkite` or `woodpecker`.
     pub kind: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub uuid: Option<String>,
@@ -691,6 +691,9 @@ pub struct ForgeRunnerView {
     /// A Buildkite agent's name.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub agent_name: Option<String>,
+    /// A Woodpecker agent's id.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub agent_id: Option<i64>,
     /// The last time the gate saw it ask for work (written at most every 30 s; never for a
     /// Buildkite agent, whose work does not pass the gate).
     #[schema(required = true)]

@@ -111,6 +111,8 @@ pub fn test_args(dir: &std::path::Path) -> ServeArgs {
         metrics_listen: None,
         forgejo_upstream: None,
         gitlab_upstream: None,
+        woodpecker_upstream: None,
+        woodpecker_listen: None,
         forge_ca_file: None,
         forge_max_body_bytes: 1 << 30,
         forge_unbound: leasegate::config::ForgeUnbound::Refuse,
