@@ -36,10 +36,6 @@ pub enum Param<'a> {
     OptInt(Option<i64>),
     /// A value made for the statement (JSON, a formatted digest).
     Owned(Option<String>),
-    /// A column of a set of rows, bound as one array (`UNNEST($1::text[])`, `= ANY($1)`):
-    /// only on an engine that `binds_arrays`.
-    Texts(Vec<Option<&'a str>>),
-    Ints(Vec<Option<i64>>),
 }
 
 impl<'a> Param<'a> {
@@ -49,7 +45,7 @@ impl<'a> Param<'a> {
             Param::Text(s) => Some(s),
             Param::OptText(s) => *s,
             Param::Owned(s) => s.as_deref(),
-            Param::Int(_) | Param::OptInt(_) | Param::Texts(_) | Param::Ints(_) => None,
+            Param::Int(_) | Param::OptInt(_) => None,
         }
     }
 }
@@ -257,13 +253,6 @@ pub trait Db: Send {
 
     /// Rolls the transaction back instead of committing it when the work returns.
     fn discard(&mut self);
-
-    /// Whether a column of a set of rows may be bound as one array (`Param::Texts`,
-    /// `Param::Ints`): on PostgreSQL, where each statement is a round trip to the server, a
-    /// set of rows then goes in one statement whose text is the same whatever its size (so it
-    /// stays prepared), and several sets in one statement (`sql::round_arrays`). SQLite runs
-    /// in this process, where a statement costs no round trip, and binds no arrays.
-    fn binds_arrays(&self) -> bool;
 
     /// The index of spilled jtis kept in memory, where this process is the database's only
     /// writer (SQLite); `None` where the spill table's primary key is the index (PostgreSQL,

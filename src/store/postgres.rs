@@ -244,8 +244,6 @@ fn query<'q>(
             Param::OptText(s) => q.bind(*s),
             Param::OptInt(i) => q.bind(*i),
             Param::Owned(s) => q.bind(s.as_deref()),
-            Param::Texts(v) => q.bind(v.as_slice()),
-            Param::Ints(v) => q.bind(v.as_slice()),
         };
     }
     q
@@ -346,10 +344,6 @@ impl Db for PgDb {
 
     fn discard(&mut self) {
         self.discard = true;
-    }
-
-    fn binds_arrays(&self) -> bool {
-        true
     }
 
     fn spill_index(&self) -> Option<&super::sql::replay::SpillIndex> {

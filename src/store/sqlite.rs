@@ -378,9 +378,6 @@ impl ToSql for Param<'_> {
             Param::OptText(s) => s.to_sql(),
             Param::OptInt(i) => i.to_sql(),
             Param::Owned(s) => s.to_sql(),
-            Param::Texts(_) | Param::Ints(_) => Err(rusqlite::Error::ToSqlConversionFailure(
-                "SQLite binds no arrays (Db::binds_arrays)".into(),
-            )),
         }
     }
 }
@@ -445,10 +442,6 @@ impl Db for SqliteDb {
 
     fn discard(&mut self) {
         self.discard = true;
-    }
-
-    fn binds_arrays(&self) -> bool {
-        false
     }
 
     fn spill_index(&self) -> Option<&SpillIndex> {

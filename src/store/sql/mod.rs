@@ -7,7 +7,6 @@
 //! - `queue`: the queue's order, claims, and the bench's bulk statements over it;
 //! - `leases`: a lease's calls, its end by expiry or revocation, and cancels;
 //! - `round`: group commit's rounds (attestations and claims), planned and written;
-//! - `round_arrays`: a round's read and write as one statement each, where arrays bind;
 //! - `replay`: the recent jtis on a runner's row (rule 5);
 //! - `history`: what a runner's detail shows, and refusals outside a round;
 //! - `github`: the GitHub registrations leasegate minted, and their steps;
@@ -35,7 +34,6 @@ pub mod queue;
 pub mod replay;
 pub mod retention;
 pub mod round;
-pub mod round_arrays;
 pub mod rows;
 pub mod runners;
 pub mod samples;

@@ -211,11 +211,8 @@ pub async fn seen<D: Db>(
     Ok(false)
 }
 
-/// Spilled entries into `seen_jtis` (`note_spilled` then puts them in the index in memory).
-pub async fn insert_spills<D: Db>(
-    db: &mut D,
-    entries: &[(&RunnerId, Millis, &str)],
-) -> StoreResult<()> {
+/// Spilled entries into `seen_jtis` (and, once committed, into the index in memory).
+pub async fn spill<D: Db>(db: &mut D, entries: &[(&RunnerId, Millis, &str)]) -> StoreResult<()> {
     let sql = |values: &str| {
         format!(
             "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES {values} \
@@ -229,14 +226,7 @@ pub async fn insert_spills<D: Db>(
             Param::Int(until.0),
         ]
     })
-    .await
-}
-
-/// Notes the spilled entries, for the index in memory once the transaction commits.
-pub async fn note_spilled<D: Db>(
-    db: &mut D,
-    entries: &[(&RunnerId, Millis, &str)],
-) -> StoreResult<()> {
+    .await?;
     for (runner, until, key) in entries {
         db.changed(Change::Spilled {
             runner: (*runner).clone(),

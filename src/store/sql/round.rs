@@ -19,7 +19,7 @@
 
 use super::replay::{self, RecentJtis, jti_key};
 use super::rows;
-use super::{chunks, param_list, queue, round_arrays, write_rows};
+use super::{chunks, param_list, queue, write_rows};
 use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
 use crate::domain::lease::Lease;
@@ -446,8 +446,7 @@ async fn lock_runners<D: Db>(
     Ok(rows)
 }
 
-/// The jtis of this round that `seen_jtis` holds, for runners that spilled (rare). Asked in a
-/// statement after the lock's, whose snapshot sees what the round it waited for spilled.
+/// The jtis of this round that `seen_jtis` holds, for runners that spilled (rare).
 async fn spilled_jtis<D: Db>(
     db: &mut D,
     rows: &BTreeMap<RunnerId, RunnerRow>,
@@ -572,7 +571,7 @@ async fn upsert_history<D: Db>(db: &mut D, entries: &[HistoryEntry<'_>]) -> Stor
     .await
 }
 
-/// The status changes.
+/// The status changes, then each changed runner's trimmed to the newest.
 async fn insert_status_changes<D: Db>(
     db: &mut D,
     changes: &[StatusChangeEntry<'_>],
@@ -592,14 +591,7 @@ async fn insert_status_changes<D: Db>(
             Param::OptText(c.detail),
         ]
     })
-    .await
-}
-
-/// Each changed runner's status changes trimmed to the newest, once they are written.
-async fn trim_status_changes<D: Db>(
-    db: &mut D,
-    changes: &[StatusChangeEntry<'_>],
-) -> StoreResult<()> {
+    .await?;
     // Through the (runner_id, id) index: only for runners that changed, never a sweep over
     // everyone's history.
     let changed: Vec<&str> = changes
@@ -658,7 +650,7 @@ pub async fn upsert_refusals<D: Db>(
 
 /// The claims: per pool, its oldest queued jobs, as many as are asked for, handed out in
 /// arrival order to the items whose attestation (if any) was accepted and whose runner may
-/// lease as stored now. Their leases are written with the round's other rows.
+/// lease as stored now.
 async fn claim<D: Db>(
     db: &mut D,
     items: &[RoundItem],
@@ -721,14 +713,20 @@ async fn claim<D: Db>(
             }
         }
     }
+    let granted: Vec<(&Lease, &str)> = items
+        .iter()
+        .zip(outcomes.iter())
+        .filter_map(|(item, o)| {
+            let (lease, _) = o.granted.as_ref()?;
+            Some((lease, item.claim.as_ref()?.token_hash.as_str()))
+        })
+        .collect();
+    queue::insert_leases(db, &granted).await?;
+    queue::insert_leased_events(db, &granted).await?;
     Ok(())
 }
 
 /// Writes `items` as one round inside `db`'s transaction, and says what became of each.
-///
-/// The round reads its runner rows (locked) and the jtis they spilled, plans, claims, then
-/// writes what it planned and granted: on SQLite one statement per set of rows, on an engine
-/// that binds arrays one statement in all (`round_arrays`).
 pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
     let ids: Vec<&str> = items
         .iter()
@@ -740,12 +738,12 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
+    let rows = lock_runners(db, &ids).await?;
     let attestations: Vec<(usize, &AttestationRecord)> = items
         .iter()
         .enumerate()
         .filter_map(|(i, item)| item.attestation.as_ref().map(|a| (i, a)))
         .collect();
-    let rows = lock_runners(db, &ids).await?;
     let spilled = spilled_jtis(db, &rows, &attestations).await?;
     let plan = plan(&rows, &attestations, &spilled);
 
@@ -762,6 +760,27 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
             granted: None,
         })
         .collect();
+    update_runners(db, &plan.updates).await?;
+    for u in &plan.updates {
+        // A lifted quarantine or ejection changes what the gate holds of the runner.
+        let before = rows.get(u.runner_id);
+        let was_quarantined = before.is_some_and(|r| r.quarantined_at.is_some());
+        let was_ejected = before.is_some_and(|r| r.ejected_until.is_some());
+        if (was_quarantined && u.row.quarantined_at.is_none())
+            || (was_ejected && u.row.ejected_until.is_none())
+        {
+            db.changed(Change::Runner(u.runner_id.clone())).await?;
+        }
+    }
+    upsert_history(db, &plan.history).await?;
+    insert_status_changes(db, &plan.status_changes).await?;
+    upsert_refusals(db, &plan.refusals).await?;
+    let spills: Vec<(&RunnerId, Millis, &str)> = plan
+        .spills
+        .iter()
+        .map(|(r, u, k)| (*r, *u, k.as_str()))
+        .collect();
+    replay::spill(db, &spills).await?;
     let released: BTreeSet<&RunnerId> = plan
         .updates
         .iter()
@@ -774,43 +793,6 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .map(|u| u.runner_id)
         .collect();
     claim(db, items, &mut outcomes, &rows, &released).await?;
-    let granted: Vec<(&Lease, &str)> = items
-        .iter()
-        .zip(outcomes.iter())
-        .filter_map(|(item, o)| {
-            let (lease, _) = o.granted.as_ref()?;
-            Some((lease, item.claim.as_ref()?.token_hash.as_str()))
-        })
-        .collect();
-    let spills: Vec<(&RunnerId, Millis, &str)> = plan
-        .spills
-        .iter()
-        .map(|(r, u, k)| (*r, *u, k.as_str()))
-        .collect();
-    if db.binds_arrays() {
-        round_arrays::write(db, &plan, &spills, &granted).await?;
-    } else {
-        update_runners(db, &plan.updates).await?;
-        upsert_history(db, &plan.history).await?;
-        insert_status_changes(db, &plan.status_changes).await?;
-        upsert_refusals(db, &plan.refusals).await?;
-        replay::insert_spills(db, &spills).await?;
-        queue::insert_leases(db, &granted).await?;
-        queue::insert_leased_events(db, &granted).await?;
-    }
-    trim_status_changes(db, &plan.status_changes).await?;
-    replay::note_spilled(db, &spills).await?;
-    for u in &plan.updates {
-        // A lifted quarantine or ejection changes what the gate holds of the runner.
-        let before = rows.get(u.runner_id);
-        let was_quarantined = before.is_some_and(|r| r.quarantined_at.is_some());
-        let was_ejected = before.is_some_and(|r| r.ejected_until.is_some());
-        if (was_quarantined && u.row.quarantined_at.is_none())
-            || (was_ejected && u.row.ejected_until.is_none())
-        {
-            db.changed(Change::Runner(u.runner_id.clone())).await?;
-        }
-    }
     Ok(outcomes)
 }
 
