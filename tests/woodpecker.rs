@@ -7,7 +7,8 @@
 //! agent's never reaches it and comes back empty with status OK after the hold, or forwarded as
 //! soon as its runner is eligible; a `Next` waiting at the server is cancelled when its runner
 //! is refused; `Init`, `Update`, `Log` and `Done` pass for a refused agent; an unbound agent is
-//! refused or passed as `LEASEGATE_FORGE_UNBOUND` says. Without Python's `grpcio` and
+//! refused or passed as `LEASEGATE_FORGE_UNBOUND` says; an observing pool's agent gets its
+//! workflow, marked with what would have been refused. Without Python's `grpcio` and
 //! `grpcio-tools` the tests say so and skip; `LEASEGATE_REQUIRE_GRPCIO=1` (set by `.ci/run`,
 //! which installs them) makes that a failure.
 
@@ -208,6 +209,7 @@ each_engine!(
     a_held_next_is_forwarded_once_the_runner_is_eligible,
     a_next_waiting_at_the_server_is_cancelled_when_the_runner_is_refused,
     unbound_agents_are_refused_or_passed_as_configured,
+    a_pool_that_observes_forwards_next_marked_with_what_it_would_refuse,
 );
 
 async fn an_eligible_agent_gets_its_workflow_and_a_refused_one_an_empty_answer_after_the_hold(
@@ -381,4 +383,40 @@ async fn unbound_agents_are_refused_or_passed_as_configured(engine: Engine) {
     let passed = double.call(&target, "Next", 99, &[]).await;
     assert_eq!(passed["workflow"]["id"], "wf-99", "{passed}");
     assert_eq!(double.calls_named("Next").len(), 1);
+}
+
+async fn a_pool_that_observes_forwards_next_marked_with_what_it_would_refuse(engine: Engine) {
+    if !grpcio_available() {
+        return;
+    }
+    let double = Double::start().await;
+    let Some((app, target)) = gated(engine, &double, 5, |_| {}).await else {
+        return;
+    };
+    let runner = bound_runner(&app).await;
+    let r = app
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_A], "gate_mode": "observe"}),
+        )
+        .await;
+    assert_eq!(r.status(), StatusCode::OK);
+    attest(&app, &runner.failing("crun not found")).await;
+    let observed = double.call(&target, "Next", AGENT, &[]).await;
+    assert_eq!(observed["workflow"]["id"], "wf-7", "{observed}");
+    assert_eq!(
+        observed["initial"]["x-leasegate-would-refuse"],
+        "probe_failed"
+    );
+    assert!(
+        observed["seconds"].as_f64().unwrap() < 3.0,
+        "held: {observed}"
+    );
+    assert_eq!(
+        app.runner(&runner.id).await["refusals"][0]["code"],
+        "probe_failed"
+    );
+    let metrics = app.metrics_text().await;
+    let line = r#"leasegate_forge_fetches_total{forge="woodpecker",outcome="observed",code="probe_failed"} 1"#;
+    assert!(metrics.contains(line), "{line} in {metrics}");
 }
