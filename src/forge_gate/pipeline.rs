@@ -10,9 +10,10 @@
 //! at the forge is watched (cancelled and answered "no work" when its runner stops being
 //! admitted).
 //!
-//! Every request a forge's routes forward, fetch or not, goes through `forward`, which hands
-//! the request's head and the forge's answer to `Forge::answered`: where a forge reads what an
-//! answer tells (a job's end, say).
+//! Every request a forge's routes forward, fetch or not, goes through `forward`. What a forge
+//! reads of the jobs on their way (for ejection) wraps it: the answer to a fetch for a bound
+//! runner goes through `Forge::handed_out`, and a job's report through
+//! `job_watch::forward_report`.
 
 use super::decide::{self, Judged, Verdict};
 use super::upstream::{Forwarder, Peer};
@@ -21,7 +22,7 @@ use crate::domain::forge::{ForgeIdentity, ForgeKind};
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
 use axum::extract::Request;
-use axum::http::{HeaderMap, HeaderValue, Method, Uri};
+use axum::http::HeaderValue;
 use axum::response::Response;
 use std::time::Duration;
 
@@ -69,33 +70,6 @@ pub trait Forge: Send + Sync + 'static {
     ) -> impl Future<Output = Response> + Send {
         std::future::ready(answer)
     }
-
-    /// A forwarded request's `head` and the forge's `answer`, before it goes back to the
-    /// runner.
-    fn answered(_gate: &GateState, _head: &RequestHead, answer: Response) -> Response {
-        answer
-    }
-}
-
-/// What is kept of a forwarded request once its body has gone to the forge.
-#[derive(Clone, Debug)]
-// No forge reads an answer yet: `Forge::answered` is where one will.
-#[allow(dead_code)]
-pub struct RequestHead {
-    pub method: Method,
-    /// The canonical path and query, as forwarded.
-    pub uri: Uri,
-    pub headers: HeaderMap,
-}
-
-impl RequestHead {
-    fn of(request: &Request) -> Self {
-        RequestHead {
-            method: request.method().clone(),
-            uri: request.uri().clone(),
-            headers: request.headers().clone(),
-        }
-    }
 }
 
 /// A fetch, its caller identified by its forge.
@@ -112,10 +86,8 @@ pub struct Fetch<F: Forge> {
 
 /// `request` forwarded to `F`'s forge, and its answer.
 pub async fn forward<F: Forge>(gate: &GateState, request: Request, peer: Peer) -> Response {
-    let head = RequestHead::of(&request);
     let (forwarder, upstream) = F::route(gate);
-    let answer = forwarder.forward(upstream, request, peer).await;
-    F::answered(gate, &head, answer)
+    forwarder.forward(upstream, request, peer).await
 }
 
 /// A fetch judged, recorded, and forwarded or answered "no work".
