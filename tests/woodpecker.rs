@@ -8,7 +8,8 @@
 //! soon as its runner is eligible; a `Next` waiting at the server is cancelled when its runner
 //! is refused; `Init`, `Update`, `Log` and `Done` pass for a refused agent; an unbound agent is
 //! refused or passed as `LEASEGATE_FORGE_UNBOUND` says; an observing pool's agent gets its
-//! workflow, marked with what would have been refused. Without Python's `grpcio` and
+//! workflow, marked with what would have been refused; and `leasegate runner register
+//! --woodpecker-agent-config` binds the agent its config names. Without Python's `grpcio` and
 //! `grpcio-tools` the tests say so and skip; `LEASEGATE_REQUIRE_GRPCIO=1` (set by `.ci/run`,
 //! which installs them) makes that a failure.
 
@@ -419,4 +420,66 @@ async fn a_pool_that_observes_forwards_next_marked_with_what_it_would_refuse(eng
     let metrics = app.metrics_text().await;
     let line = r#"leasegate_forge_fetches_total{forge="woodpecker",outcome="observed",code="probe_failed"} 1"#;
     assert!(metrics.contains(line), "{line} in {metrics}");
+}
+
+/// `leasegate runner register --woodpecker-agent-config` binds the agent its config file names;
+/// a config of an agent that has not registered with its server yet (`agent_id: -1`) stops the
+/// registration, naming the flag, before the token is spent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_agent_binds_its_woodpecker_agent_from_its_config_at_registration() {
+    let app = spawn_app().await;
+    app.pool("linux", &[IMAGE_A]).await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("agent.conf");
+    std::fs::write(&config, r#"{"agent_id": 42}"#).unwrap();
+    let (_key, _state, id) = common::agent::registered(
+        &app,
+        dir.path(),
+        "linux",
+        "wp-1",
+        &["--woodpecker-agent-config", config.to_str().unwrap()],
+    )
+    .await;
+    let view = app.runner(&id).await;
+    assert_eq!(
+        view["forge_runners"],
+        json!([{"kind": "woodpecker", "agent_id": 42, "last_fetch_at": null}])
+    );
+
+    let other = tempfile::tempdir().unwrap();
+    let unregistered = other.path().join("agent.conf");
+    std::fs::write(&unregistered, r#"{"agent_id": -1}"#).unwrap();
+    let key = other.path().join("runner.key");
+    let keygen = common::agent::run(common::agent::runner(&[
+        "keygen",
+        "--key",
+        key.to_str().unwrap(),
+    ]))
+    .await;
+    assert_eq!(keygen.code, 0);
+    let state = other.path().join("runner.json");
+    let mut register = common::agent::runner(&[
+        "register",
+        "--server",
+        &app.base,
+        "--name",
+        "wp-2",
+        "--key",
+        key.to_str().unwrap(),
+        "--state",
+        state.to_str().unwrap(),
+        "--woodpecker-agent-config",
+        unregistered.to_str().unwrap(),
+    ]);
+    register.env(
+        "LEASEGATE_REGISTRATION_TOKEN",
+        app.registration_token("linux").await,
+    );
+    let ran = common::agent::run(register).await;
+    assert_ne!(ran.code, 0, "{ran:?}");
+    assert!(
+        ran.stderr.contains("--woodpecker-agent-config") && ran.stderr.contains("not registered"),
+        "{ran:?}"
+    );
+    assert!(!state.exists());
 }
