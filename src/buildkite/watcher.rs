@@ -18,9 +18,9 @@ use crate::domain::buildkite::{
     Act, AgentWatch, Pause, PauseEnd, Step, Verdict, exactly, next_step, note, on_admitted,
     on_refused,
 };
-use crate::domain::forge::{FetchRules, judge_fetch};
+use crate::domain::forge::{FetchRules, standing};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::{GateMode, Pool, PoolName};
+use crate::domain::pool::{Pool, PoolName};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
@@ -213,23 +213,8 @@ fn verdict_on(
     now: Millis,
     rules: FetchRules,
 ) -> Verdict {
-    let Some((runner, pool)) = runners.get(id).and_then(|r| Some((r, pools.get(&r.pool)?))) else {
-        return Verdict::Refused {
-            code: "runner_revoked".into(),
-            detail: "its runner or its pool is gone".into(),
-        };
-    };
-    match judge_fetch(runner, pool, now, rules) {
-        Ok(()) => Verdict::Admitted,
-        Err(r) if pool.gate_mode == GateMode::Observe => Verdict::Observed {
-            code: r.code().into(),
-            detail: r.detail(),
-        },
-        Err(r) => Verdict::Refused {
-            code: r.code().into(),
-            detail: r.detail(),
-        },
-    }
+    let found = runners.get(id).and_then(|r| Some((r, pools.get(&r.pool)?)));
+    standing(found, now, rules).into()
 }
 
 /// Lists the agents of `watch`'s name and pauses them (refused) or resumes leasegate's pauses

@@ -191,6 +191,17 @@ pub enum Verdict {
     Unbound,
 }
 
+impl From<crate::domain::forge::Standing> for Verdict {
+    fn from(standing: crate::domain::forge::Standing) -> Self {
+        use crate::domain::forge::Standing;
+        match standing {
+            Standing::Admitted => Verdict::Admitted,
+            Standing::Observed { code, detail } => Verdict::Observed { code, detail },
+            Standing::Refused { code, detail } => Verdict::Refused { code, detail },
+        }
+    }
+}
+
 /// What to do for one agent name now.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Step {

@@ -521,6 +521,50 @@ pub fn judge_fetch(
         .map_err(FetchRefusal::Refused)
 }
 
+/// A runner's standing for what acts on it through a forge's API rather than at its fetch
+/// (GitHub's registrations, Buildkite's pauses): the lease's rules (`judge_fetch`), a refusal
+/// in a pool that only observes kept apart.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Standing {
+    Admitted,
+    /// Refused, in a pool that enforces: its code and detail.
+    Refused {
+        code: String,
+        detail: String,
+    },
+    /// Would be refused, in a pool that observes.
+    Observed {
+        code: String,
+        detail: String,
+    },
+}
+
+/// The standing of a runner and its pool at `now`; `None` (the runner or its pool is gone)
+/// stands refused as revoked.
+pub fn standing(
+    found: Option<(&Runner, &super::pool::Pool)>,
+    now: Millis,
+    rules: FetchRules,
+) -> Standing {
+    let Some((runner, pool)) = found else {
+        return Standing::Refused {
+            code: "runner_revoked".into(),
+            detail: "its runner or its pool is gone".into(),
+        };
+    };
+    match judge_fetch(runner, pool, now, rules) {
+        Ok(()) => Standing::Admitted,
+        Err(r) if pool.gate_mode == super::pool::GateMode::Observe => Standing::Observed {
+            code: r.code().into(),
+            detail: r.detail(),
+        },
+        Err(r) => Standing::Refused {
+            code: r.code().into(),
+            detail: r.detail(),
+        },
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -14,13 +14,13 @@ use super::Github;
 use super::actions::{Deleted, ListedRunner};
 use crate::app::AppState;
 use crate::domain::audit::Action;
-use crate::domain::forge::{FetchRules, judge_fetch};
+use crate::domain::forge::{FetchRules, standing};
 use crate::domain::github::GithubScope;
 use crate::domain::github::registration::{
     Listed, MINTING_WINDOW_S, Registration, State, Verdict, Withdrawal, watch,
 };
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::{GateMode, Pool, PoolName};
+use crate::domain::pool::{Pool, PoolName};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
@@ -139,24 +139,10 @@ fn verdict_on(
     now: Millis,
     rules: FetchRules,
 ) -> Verdict {
-    let runner = runners.get(&reg.runner_id);
-    let Some((runner, pool)) = runner.and_then(|r| Some((r, pools.get(&r.pool)?))) else {
-        return Verdict::Refused {
-            code: "runner_revoked".into(),
-            detail: "its runner or its pool is gone".into(),
-        };
-    };
-    match judge_fetch(runner, pool, now, rules) {
-        Ok(()) => Verdict::Admitted,
-        Err(r) if pool.gate_mode == GateMode::Observe => Verdict::Observed {
-            code: r.code().into(),
-            detail: r.detail(),
-        },
-        Err(r) => Verdict::Refused {
-            code: r.code().into(),
-            detail: r.detail(),
-        },
-    }
+    let found = runners
+        .get(&reg.runner_id)
+        .and_then(|r| Some((r, pools.get(&r.pool)?)));
+    standing(found, now, rules)
 }
 
 /// A reservation older than its window: its replica died between asking GitHub and writing

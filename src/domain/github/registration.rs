@@ -151,20 +151,7 @@ pub enum Listed {
 
 /// The lease's verdict on the registration's runner now (rules 7–13 over its latest fresh
 /// attestation, revocation included).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Verdict {
-    Admitted,
-    /// Refused, in a pool that enforces: its code and detail.
-    Refused {
-        code: String,
-        detail: String,
-    },
-    /// Would be refused, in a pool that observes.
-    Observed {
-        code: String,
-        detail: String,
-    },
-}
+pub use crate::domain::forge::Standing as Verdict;
 
 /// Why leasegate deletes a registration in GitHub.
 #[derive(Clone, Debug, PartialEq, Eq)]
