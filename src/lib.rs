@@ -44,5 +44,6 @@ pub mod startup;
 pub mod store;
 pub mod sweeper;
 pub mod timeline;
+pub mod turns;
 pub mod usage;
 pub mod verifier;

@@ -24,6 +24,7 @@ use crate::domain::pool::{Pool, PoolName};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
+use crate::turns::{Turn, every_turn};
 use std::collections::{BTreeSet, HashMap};
 use std::time::{Duration, Instant};
 
@@ -33,7 +34,7 @@ const FORGE: &str = "buildkite";
 pub const TICK: Duration = Duration::from_secs(2);
 /// How long one replica holds the turn: longer than a look may take (`LOOK_BUDGET`), so that
 /// two replicas never act at once; a replica that dies holding it is replaced after it.
-const HOLD_S: i64 = 60;
+const HOLD_S: u64 = 60;
 /// A look stops making calls after this; the rest waits for the next tick.
 const LOOK_BUDGET: Duration = Duration::from_secs(40);
 
@@ -63,30 +64,19 @@ pub async fn run(state: AppState) {
     };
     let s = buildkite.settings();
     tracing::info!(api = %s.api_url, org = %s.org, pause_minutes = s.pause_minutes, "pausing refused runners' Buildkite agents");
-    let mut tick = tokio::time::interval(TICK);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = state.shutdown().cancelled() => return,
-        }
-        let now = Millis::now();
-        let until = now.plus_secs(HOLD_S);
-        match state.store().claim_task(TASK, now, until).await {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "the Buildkite watcher cannot claim its turn");
-                continue;
-            }
-        }
-        if let Err(e) = watch_once(&state, &buildkite, now).await {
-            tracing::warn!(error = %e, "the Buildkite watcher's look failed; trying next tick");
-        }
-        if let Err(e) = state.store().release_task(TASK, until, Millis::now()).await {
-            tracing::warn!(error = %e, "the Buildkite watcher cannot let its turn go");
-        }
-    }
+    let turn = Turn {
+        task: TASK,
+        who: "the Buildkite watcher",
+        tick: TICK,
+        hold: Duration::from_secs(HOLD_S),
+        release: true,
+    };
+    let buildkite = std::sync::Arc::new(buildkite);
+    every_turn(&state, turn, |now| {
+        let (state, buildkite) = (state.clone(), buildkite.clone());
+        async move { watch_once(&state, &buildkite, now).await.map(|_| ()) }
+    })
+    .await;
 }
 
 /// One look at every bound agent name at `now`.

@@ -24,6 +24,7 @@ use crate::domain::pool::{Pool, PoolName};
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
+use crate::turns::{Turn, every_turn};
 use std::collections::{BTreeMap, HashMap};
 
 const TASK: &str = "github";
@@ -46,29 +47,20 @@ pub async fn run(state: AppState) {
         return;
     };
     let poll = github.settings().poll;
-    let mut tick = tokio::time::interval(poll);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    loop {
-        tokio::select! {
-            _ = tick.tick() => {}
-            _ = state.shutdown().cancelled() => return,
-        }
-        let now = Millis::now();
-        // Held a little under one interval, so that this replica takes it again next tick
-        // and another takes over within one interval of this one stopping.
-        let until = Millis(now.0 + (poll.as_millis() as i64) * 9 / 10);
-        match state.store().claim_task(TASK, now, until).await {
-            Ok(true) => {}
-            Ok(false) => continue,
-            Err(e) => {
-                tracing::warn!(error = %e, "the GitHub watcher cannot claim its turn");
-                continue;
-            }
-        }
-        if let Err(e) = watch_once(&state, &github, now).await {
-            tracing::warn!(error = %e, "the GitHub watcher's look failed; trying next turn");
-        }
-    }
+    // Held a little under one interval, so that this replica takes it again next tick and
+    // another takes over within one interval of this one stopping.
+    let turn = Turn {
+        task: TASK,
+        who: "the GitHub watcher",
+        tick: poll,
+        hold: poll * 9 / 10,
+        release: false,
+    };
+    every_turn(&state, turn, |now| {
+        let (state, github) = (state.clone(), github.clone());
+        async move { watch_once(&state, &github, now).await.map(|_| ()) }
+    })
+    .await;
 }
 
 /// One look at every outstanding registration at `now`.
