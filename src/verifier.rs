@@ -8,7 +8,11 @@
 //! signature is checked with `ed25519-dalek`'s `verify_strict` over the exact bytes received:
 //! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S`, where the
 //! plain Ed25519 check (what JWT libraries call) lets a forged signature pass for a weak key.
-//! The claims are then parsed strictly by `domain::attestation`.
+//! The claims are then parsed strictly by `domain::attestation`. Not a JWT library's `decode`
+//! with its validation: its defaults are not the protocol's (its own leeway, no `aud`, `iss` or
+//! `sub` checked, no `jti` kept), and here every claim rule is `domain`'s, unit-tested there.
+//! An unknown `kid` and a bad signature answer with the same detail, so runner ids cannot be
+//! probed.
 //!
 //! The runner's key arrives decoded (`RunnerKey`): decompressing its point costs a good part
 //! of a verification, so it is done once, when the runner's record enters the gate's cache,

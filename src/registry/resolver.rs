@@ -16,6 +16,12 @@
 //! PostgreSQL replicas, exactly one replica resolves a due pool. A claim outlives a replica
 //! that dies mid-attempt only until it expires. At most `CONCURRENCY` attempts run at once, so
 //! that one slow registry does not hold up the others' pools.
+//!
+//! A pool that resolved before is asked with a `HEAD` first, and the same digest ends the
+//! attempt there: Docker Hub counts manifest `GET`s against its pull limits, not `HEAD`s. The
+//! schedule (`next_resolve_at`) is in the database, so it survives restarts and is shared by
+//! replicas; the admin `resolve` call and push notifications attempt without a claim, which is
+//! harmless, since each outcome is applied under the pool's row lock.
 
 use super::Registry;
 use crate::domain::digest::ImageDigest;
