@@ -11,6 +11,7 @@
 
 use super::clock::{self, ClockOffset, ClockWatch};
 use super::net_error::{self, Cause, Timeouts};
+use super::problem::Problem;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -29,25 +30,6 @@ pub struct AgentClient {
     base: String,
     timeouts: Timeouts,
     clock: ClockWatch,
-}
-
-/// An RFC 9457 problem the service answered with.
-#[derive(Clone, Debug)]
-pub struct Problem {
-    pub status: u16,
-    /// The stable code to branch on, e.g. `probe_failed`, `runner_revoked`.
-    pub code: String,
-    pub detail: String,
-    pub retry_after_s: Option<u64>,
-    /// The problem document as received.
-    pub raw: Value,
-}
-
-impl Problem {
-    /// Worth trying again later unchanged: the service is down or busy.
-    pub fn is_server_side(&self) -> bool {
-        self.status >= 500 || self.status == 429
-    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -10,7 +10,7 @@
 //! it is off, and lets time sync catch up. The agent does not shift its own timestamps: the
 //! service would then record a probe time that the machine never saw.
 
-use super::client::Problem;
+use super::problem::Problem;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};

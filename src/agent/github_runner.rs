@@ -15,12 +15,13 @@
 //! it: the loop exits (3, 4) once GitHub's runner has.
 
 use super::attestation;
-use super::client::{AgentClient, ClientError, GithubRegistration, Problem};
+use super::client::{AgentClient, ClientError, GithubRegistration};
 use super::clock;
 use super::exit::Exit;
 use super::heartbeat::{self, Backoff};
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeSpec};
+use super::problem::Problem;
 use super::recycle::Recycler;
 use super::state::RunnerState;
 use std::path::{Path, PathBuf};

@@ -17,12 +17,13 @@
 //! token or a re-registered Forgejo runner is gated within one beat, with no operator.
 
 use super::attestation;
-use super::client::{AgentClient, ClientError, HeartbeatAnswer, Problem};
+use super::client::{AgentClient, ClientError, HeartbeatAnswer};
 use super::clock;
 use super::exit::Exit;
 use super::forge_runners::ForgeFiles;
 use super::keys::RunnerKey;
 use super::probe::{self, ProbeReport, ProbeSpec};
+use super::problem::Problem;
 use super::recycle::Recycler;
 use super::state::RunnerState;
 use crate::domain::forge::ForgeRunner;

@@ -7,7 +7,8 @@
 //! - [`attestation`]: a probe report as signed claims.
 //! - [`runtime_message`]: the line of a runtime's stderr that says why, unframed.
 //! - [`client`]: `AgentClient`, the HTTP API with typed answers; [`net_error`]: why the service
-//!   could not be reached; [`clock`]: this machine's clock against the service's.
+//!   could not be reached; [`problem`]: the problem it answered with instead; [`clock`]: this
+//!   machine's clock against the service's.
 //! - [`heartbeat`]: the heartbeat loop and its backoff; [`recycle`]: asking for a recycle
 //!   once per expected image set, remembered beside the state file.
 //! - [`github_runner`]: GitHub's runner, one single-use registration (one job) at a time,
@@ -33,6 +34,7 @@ pub mod key_file;
 pub mod keys;
 pub mod net_error;
 pub mod probe;
+pub mod problem;
 pub mod recycle;
 pub mod runner_images;
 pub mod runtime_message;
