@@ -226,7 +226,7 @@ impl AppState {
     pub fn job_ended(
         &self,
         runner: &crate::domain::ids::RunnerId,
-        pool: &crate::domain::pool::PoolName,
+        pool: &crate::domain::pool_name::PoolName,
         effect: &crate::domain::ejection::Effect,
     ) {
         job_end_seen(self.metrics(), runner, pool, effect);
@@ -259,7 +259,7 @@ impl AppState {
 pub fn job_end_seen(
     metrics: &crate::metrics::Metrics,
     runner: &crate::domain::ids::RunnerId,
-    pool: &crate::domain::pool::PoolName,
+    pool: &crate::domain::pool_name::PoolName,
     effect: &crate::domain::ejection::Effect,
 ) {
     use crate::domain::ejection::Effect;

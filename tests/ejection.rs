@@ -11,7 +11,7 @@ use leasegate::domain::attestation::{Probe, RunningImage};
 use leasegate::domain::ejection::{Effect, FailureReason, JobEnd};
 use leasegate::domain::ids::{LeaseId, RunnerId};
 use leasegate::domain::lease::{LeaseCall, Outcome};
-use leasegate::domain::pool::PoolName;
+use leasegate::domain::pool_name::PoolName;
 use leasegate::domain::time::Millis;
 use leasegate::domain::verdict::{AttestedState, RunnerStatus};
 use leasegate::store::{AttestationRecord, Claim, DynStore, RoundItem};

@@ -179,7 +179,7 @@ async fn an_abandoned_job_is_held_from_its_runner_for_a_while_only(engine: commo
     let store = app.state.store();
     let claim = |now: Millis| leasegate::store::Claim {
         runner_id: RunnerId(runner.id.clone()),
-        pool: leasegate::domain::pool::PoolName::parse("linux").unwrap(),
+        pool: leasegate::domain::pool_name::PoolName::parse("linux").unwrap(),
         lease_id: LeaseId::generate(),
         token_hash: "h".repeat(64),
         ttl_s: 300,

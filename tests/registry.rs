@@ -996,7 +996,8 @@ async fn replicas_do_not_stampede_the_registry() {
 /// schedules the next attempt.
 mod claims {
     use super::*;
-    use leasegate::domain::pool::{PoolName, ResolutionOutcome};
+    use leasegate::domain::pool::ResolutionOutcome;
+    use leasegate::domain::pool_name::PoolName;
     use leasegate::domain::time::Millis;
 
     // Nothing listens on port 9 and the background resolver is off in these apps: the

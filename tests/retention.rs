@@ -14,7 +14,7 @@ use leasegate::domain::attestation::{Probe, RunningImage};
 use leasegate::domain::audit::{Action, Entry};
 use leasegate::domain::ids::{JobId, LeaseId, RunnerId};
 use leasegate::domain::lease::{LeaseCall, Outcome};
-use leasegate::domain::pool::PoolName;
+use leasegate::domain::pool_name::PoolName;
 use leasegate::domain::retention::Retention;
 use leasegate::domain::time::Millis;
 use leasegate::domain::verdict::{AttestedState, RunnerStatus};

@@ -20,7 +20,8 @@ use crate::domain::buildkite::{
 };
 use crate::domain::forge::{FetchRules, standing};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::{Pool, PoolName};
+use crate::domain::pool::Pool;
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::Runner;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;

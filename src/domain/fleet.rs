@@ -7,7 +7,8 @@
 //! both go through here, so that they count, filter and page alike.
 
 use super::ids::RunnerId;
-use super::pool::{Pool, PoolName};
+use super::pool::Pool;
+use super::pool_name::PoolName;
 use super::runner::{Observed, Runner, RunnerSummary, StatusRules, matches_search};
 use super::time::Millis;
 use super::verdict::RunnerStatus;

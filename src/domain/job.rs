@@ -5,7 +5,7 @@
 //! `domain::lease`, because every change to a leased job goes through its lease.
 
 use super::ids::{JobId, LeaseId, RunnerId};
-use super::pool::PoolName;
+use super::pool_name::PoolName;
 use super::time::Millis;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

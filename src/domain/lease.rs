@@ -8,7 +8,7 @@
 use super::ejection::{FailureReason, JobEnd};
 use super::ids::{JobId, LeaseId, RunnerId};
 use super::job::{EventKind, JobState};
-use super::pool::PoolName;
+use super::pool_name::PoolName;
 use super::time::Millis;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

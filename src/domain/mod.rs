@@ -22,6 +22,7 @@ pub mod json_object;
 pub mod lease;
 pub mod operator;
 pub mod pool;
+pub mod pool_name;
 pub mod retention;
 pub mod roll;
 pub mod runner;

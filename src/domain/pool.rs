@@ -6,9 +6,9 @@
 use super::digest::ImageDigest;
 use super::disk::DiskWarning;
 use super::images::{ImageSpec, MAX_IMAGES, MAX_REF_BYTES, PoolImage, Undescribed};
+use super::pool_name::PoolName;
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
-use std::fmt;
 
 /// How strictly a pool's image is enforced at the lease.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
@@ -97,49 +97,6 @@ impl ImageSource {
             "registry" => Some(ImageSource::Registry),
             _ => None,
         }
-    }
-}
-
-/// A pool name: 1–63 characters of `a-z 0-9 - _ .`, starting with a letter or digit.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(transparent)]
-pub struct PoolName(String);
-
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-#[error(
-    "`{0}` is not a valid pool name (1-63 characters of a-z 0-9 - _ ., starting with a letter or digit)"
-)]
-pub struct BadPoolName(pub String);
-
-impl PoolName {
-    pub fn parse(s: &str) -> Result<Self, BadPoolName> {
-        let first_ok = s
-            .bytes()
-            .next()
-            .is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
-        let all_ok = s.bytes().all(|b| {
-            b.is_ascii_lowercase() || b.is_ascii_digit() || matches!(b, b'-' | b'_' | b'.')
-        });
-        if first_ok && all_ok && s.len() <= 63 {
-            Ok(PoolName(s.to_string()))
-        } else {
-            Err(BadPoolName(s.to_string()))
-        }
-    }
-
-    pub fn as_str(&self) -> &str {
-        &self.0
-    }
-
-    /// For values read back from the store, which only ever holds parsed names.
-    pub fn from_trusted(s: String) -> Self {
-        PoolName(s)
-    }
-}
-
-impl fmt::Display for PoolName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
     }
 }
 
@@ -638,16 +595,6 @@ mod tests {
             ejection: Default::default(),
             images: Vec::new(),
             undescribed_images: Default::default(),
-        }
-    }
-
-    #[test]
-    fn names_follow_the_protocol() {
-        assert!(PoolName::parse("linux-x86_64.big").is_ok());
-        assert!(PoolName::parse("0pool").is_ok());
-        assert!(PoolName::parse(&"a".repeat(63)).is_ok());
-        for bad in ["", "-x", "_x", ".x", "Upper", "a b", "a/b", &"a".repeat(64)] {
-            assert!(PoolName::parse(bad).is_err(), "{bad:?} accepted");
         }
     }
 

@@ -7,7 +7,8 @@
 use super::digest::ImageDigest;
 use super::ids::{JobId, LeaseId, RunnerId};
 use super::lease::LeaseState;
-use super::pool::{ImagePolicy, Pool, PoolName};
+use super::pool::{ImagePolicy, Pool};
+use super::pool_name::PoolName;
 use super::time::Millis;
 use super::verdict::{
     AttestedState, GateState, Refusal, RunnerStatus, image_current, judge, refs_to_pull,

@@ -5,7 +5,7 @@
 //! Samples are taken by one replica a minute (`crate::timeline`) and kept a day; the page draws
 //! the last hour a minute a bar and the last day a quarter hour a bar (`http::page::timeline`).
 
-use super::pool::PoolName;
+use super::pool_name::PoolName;
 use super::roll::roll_health;
 use super::runner::{RunnerSummary, StatusRules};
 use super::time::Millis;

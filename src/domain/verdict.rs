@@ -324,7 +324,8 @@ pub fn refs_to_pull(state: &AttestedState, pool: &Pool) -> Vec<String> {
 mod tests {
     use super::*;
     use crate::domain::images::{ImageSpec, Undescribed};
-    use crate::domain::pool::{ImageSource, PoolName, PoolSpec};
+    use crate::domain::pool::{ImageSource, PoolSpec};
+    use crate::domain::pool_name::PoolName;
 
     use crate::domain::fixtures::digest;
 

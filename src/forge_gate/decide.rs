@@ -16,7 +16,8 @@
 use super::GateState;
 use crate::domain::forge::{FetchRefusal, ForgeIdentity, ForgeKind, judge_fetch};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::{GateMode, PoolName};
+use crate::domain::pool::GateMode;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use std::collections::HashMap;

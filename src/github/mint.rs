@@ -20,7 +20,7 @@ use crate::domain::audit::Action;
 use crate::domain::github::GithubScope;
 use crate::domain::github::registration::{Registration, State, registration_name};
 use crate::domain::ids::RegistrationId;
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::domain::verdict::Refusal;
 use crate::gate::{AdmitError, Purpose};

@@ -24,8 +24,9 @@ use crate::domain::images::{ImageSpec, Undescribed};
 use crate::domain::json_object::ObjectOnly;
 use crate::domain::pool::{
     DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
-    PoolName, PoolSpec, PoolSpecError,
+    PoolSpec, PoolSpecError,
 };
+use crate::domain::pool_name::PoolName;
 use crate::domain::roll::roll_health;
 use crate::domain::runner::{DriftEntry, RunnerSummary, drift_entry};
 use crate::domain::time::Millis;

@@ -11,7 +11,7 @@ use super::views::{GateDecision, JobSummary, JobView};
 use crate::app::AppState;
 use crate::domain::ids::JobId;
 use crate::domain::job::{DEFAULT_MAX_ATTEMPTS, MAX_ATTEMPTS_RANGE};
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::text::without_controls;
 use crate::domain::time::Millis;
 use crate::gate::{AdmitError, Purpose};

@@ -15,7 +15,7 @@ use crate::app::AppState;
 use crate::domain::ids::{LeaseId, RunnerId};
 use crate::domain::job::Job;
 use crate::domain::lease::{LeaseCall, Outcome};
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, Lease};

@@ -26,7 +26,8 @@
 use super::Registry;
 use crate::domain::digest::ImageDigest;
 use crate::domain::images::PoolImage;
-use crate::domain::pool::{ImageSource, Pool, PoolName, ResolutionOutcome};
+use crate::domain::pool::{ImageSource, Pool, ResolutionOutcome};
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::store::{DynStore, StoreError};
 use std::sync::Arc;

@@ -21,7 +21,7 @@
 use super::sql::replay::SpillIndex;
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use std::borrow::Cow;
 use std::future::Future;

@@ -13,7 +13,7 @@
 use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow, Postgres,
 };

@@ -20,7 +20,8 @@
 //! under its row lock, so no job goes to a revoked or cordoned runner whatever the cache says.
 
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::{Pool, PoolName};
+use crate::domain::pool::Pool;
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::Runner;
 use crate::verifier::RunnerKey;
 use std::collections::HashMap;

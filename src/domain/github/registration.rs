@@ -12,7 +12,7 @@
 use super::GithubScope;
 use crate::domain::audit::{Action, Entry};
 use crate::domain::ids::{RegistrationId, RunnerId};
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 
 /// GitHub's limit on a runner's name.

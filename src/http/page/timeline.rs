@@ -124,7 +124,7 @@ fn draw(buckets: &[Option<PoolSample>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::pool::PoolName;
+    use crate::domain::pool_name::PoolName;
     use std::collections::BTreeMap;
 
     #[test]

@@ -537,7 +537,7 @@ mod tests {
     fn a_stale_runner_says_how_long_it_has_been_silent() {
         use crate::domain::attestation::{Probe, RunningImage};
         use crate::domain::ids::RunnerId;
-        use crate::domain::pool::PoolName;
+        use crate::domain::pool_name::PoolName;
         use crate::domain::runner::LatestAttestation;
         use crate::domain::verdict::{AttestedState, GateState};
         let now = Millis(1_900_000_000_000);

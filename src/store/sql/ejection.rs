@@ -10,7 +10,7 @@
 use super::{pools, rows};
 use crate::domain::ejection::{self, Effect, EjectionRecord, JobEnd, PoolLoad};
 use crate::domain::ids::RunnerId;
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{Runner, StatusRules};
 use crate::domain::time::Millis;
 use crate::store::StoreResult;

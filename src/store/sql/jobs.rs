@@ -4,7 +4,7 @@ use super::leases::{Event, add_event};
 use super::rows;
 use crate::domain::ids::JobId;
 use crate::domain::job::{EventKind, Job, JobEvent};
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Statement, fetch_optional};
 use crate::store::{EnqueueError, NewJob, QueueDepth, StoreResult};

@@ -11,7 +11,7 @@ use crate::domain::ejection::Effect;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{EventKind, Job, JobState};
 use crate::domain::lease::{self, EndCause, Lease, LeaseCall, LeaseState, Snapshot, Transition};
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::StatusRules;
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Statement, Tail, fetch_optional};

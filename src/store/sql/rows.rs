@@ -17,7 +17,8 @@ use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
 use crate::domain::images::{AttestedImage, PoolImage, PoolImageRecord, Undescribed};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
-use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, PoolName, Resolution};
+use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, Resolution};
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{
     AgentInfo, CurrentLease, LatestAttestation, Rejection, Runner, RunnerSummary, SearchFields,
 };

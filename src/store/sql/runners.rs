@@ -6,7 +6,7 @@ use super::rows;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
 use crate::domain::ids::RunnerId;
 use crate::domain::lease::EndCause;
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{Runner, RunnerSummary};
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Row, Statement, fetch_optional};

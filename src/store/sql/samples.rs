@@ -1,7 +1,7 @@
 //! Pools' samples for the page's timelines: written a minute at a time, read a window at a
 //! time, pruned after a day (`retention`).
 
-use crate::domain::pool::PoolName;
+use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::domain::timeline::PoolSample;
 use crate::store::engine::{Db, Param, Statement};
