@@ -25,8 +25,9 @@ use crate::domain::images::AttestedImage;
 use crate::domain::job::Job;
 use crate::domain::pool::{GateMode, Pool};
 use crate::domain::runner::Runner;
+use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
-use crate::domain::verdict::{AttestedState, Refusal, RunnerStatus, judge};
+use crate::domain::verdict::{AttestedState, Refusal, judge};
 use crate::store::{
     AttestationRecord, Claim, DynStore, GateRunner, Lease, Rejection, RoundItem, StoreError,
 };

@@ -1545,7 +1545,7 @@ fn operations_doc_explains_every_alert_code_and_status_and_is_linked() {
             "OPERATIONS.md: code {code}"
         );
     }
-    for status in leasegate::domain::verdict::RunnerStatus::ALL {
+    for status in leasegate::domain::status::RunnerStatus::ALL {
         assert!(
             doc.contains(&format!("`{}`", status.as_str())),
             "OPERATIONS.md: status {}",

@@ -16,8 +16,9 @@ use leasegate::domain::ids::{JobId, LeaseId, RunnerId};
 use leasegate::domain::lease::{LeaseCall, Outcome};
 use leasegate::domain::pool_name::PoolName;
 use leasegate::domain::retention::Retention;
+use leasegate::domain::status::RunnerStatus;
 use leasegate::domain::time::Millis;
-use leasegate::domain::verdict::{AttestedState, RunnerStatus};
+use leasegate::domain::verdict::AttestedState;
 use leasegate::store::{AttestationRecord, Claim, DynStore, NewJob, NewRunner, RoundItem};
 
 /// The status rules the store judges a pool by when a job's end may eject (the defaults).

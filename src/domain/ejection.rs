@@ -14,8 +14,8 @@
 
 use super::audit::{Action, Entry};
 use super::runner::{RunnerSummary, StatusRules};
+use super::status::RunnerStatus;
 use super::time::Millis;
-use super::verdict::RunnerStatus;
 use super::{ids::RunnerId, pool::Pool};
 use JobEnd::Infrastructure;
 use serde::{Deserialize, Serialize};

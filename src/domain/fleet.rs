@@ -10,8 +10,8 @@ use super::ids::RunnerId;
 use super::pool::Pool;
 use super::pool_name::PoolName;
 use super::runner::{Observed, Runner, RunnerSummary, StatusRules, matches_search};
+use super::status::RunnerStatus;
 use super::time::Millis;
-use super::verdict::RunnerStatus;
 use std::cmp::Ordering;
 use std::collections::BTreeMap;
 

@@ -26,6 +26,7 @@ pub mod pool_name;
 pub mod retention;
 pub mod roll;
 pub mod runner;
+pub mod status;
 pub mod text;
 pub mod time;
 pub mod timeline;

@@ -9,10 +9,10 @@ use super::ids::{JobId, LeaseId, RunnerId};
 use super::lease::LeaseState;
 use super::pool::{ImagePolicy, Pool};
 use super::pool_name::PoolName;
+use super::status::RunnerStatus;
 use super::time::Millis;
 use super::verdict::{
-    AttestedState, GateState, Refusal, RunnerStatus, image_current, judge, refs_to_pull,
-    state_current,
+    AttestedState, GateState, Refusal, image_current, judge, refs_to_pull, state_current,
 };
 use std::collections::BTreeMap;
 

@@ -9,6 +9,7 @@ use super::digest::ImageDigest;
 use super::ejection::Ejection;
 use super::images::{self, AttestedImage, ImageRefusal, Problem};
 use super::pool::{ImagePolicy, Pool};
+use super::status::RunnerStatus;
 use super::time::Millis;
 
 /// The facts of one attestation that the verdict looks at; also what is kept as "latest".
@@ -151,62 +152,6 @@ impl Refusal {
             Refusal::ImageNotAccepted(r) if r.problem == Problem::Unresolved => 60,
             _ => heartbeat_interval_s.max(1),
         }
-    }
-}
-
-/// A runner's health, as the heartbeat and the admin views name it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum RunnerStatus {
-    Ejected,
-    ProbeFailed,
-    Drifted,
-    ImageUnreported,
-    PoolImageUnresolved,
-    Quarantined,
-    ProbeStale,
-    Stale,
-    Cordoned,
-    #[default]
-    Unknown,
-    Revoked,
-    Healthy,
-}
-
-impl RunnerStatus {
-    pub const ALL: [RunnerStatus; 12] = [
-        RunnerStatus::Healthy,
-        RunnerStatus::ProbeFailed,
-        RunnerStatus::ProbeStale,
-        RunnerStatus::PoolImageUnresolved,
-        RunnerStatus::ImageUnreported,
-        RunnerStatus::Drifted,
-        RunnerStatus::Cordoned,
-        RunnerStatus::Quarantined,
-        RunnerStatus::Ejected,
-        RunnerStatus::Revoked,
-        RunnerStatus::Stale,
-        RunnerStatus::Unknown,
-    ];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            RunnerStatus::Healthy => "healthy",
-            RunnerStatus::ProbeFailed => "probe_failed",
-            RunnerStatus::ProbeStale => "probe_stale",
-            RunnerStatus::PoolImageUnresolved => "pool_image_unresolved",
-            RunnerStatus::ImageUnreported => "image_unreported",
-            RunnerStatus::Drifted => "drifted",
-            RunnerStatus::Cordoned => "cordoned",
-            RunnerStatus::Quarantined => "quarantined",
-            RunnerStatus::Ejected => "ejected",
-            RunnerStatus::Revoked => "revoked",
-            RunnerStatus::Stale => "stale",
-            RunnerStatus::Unknown => "unknown",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|st| st.as_str() == s)
     }
 }
 

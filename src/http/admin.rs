@@ -748,7 +748,7 @@ async fn list_runners(
     };
     let status = filter.status.unwrap_or_default();
     if !status.is_empty()
-        && !crate::domain::verdict::RunnerStatus::ALL
+        && !crate::domain::status::RunnerStatus::ALL
             .iter()
             .any(|s| s.as_str() == status)
     {
@@ -766,7 +766,7 @@ async fn list_runners(
     let pools = pools_by_name(&state).await?;
     let now = Millis::now();
     let rules = state.settings().status_rules();
-    let wanted = crate::domain::verdict::RunnerStatus::ALL
+    let wanted = crate::domain::status::RunnerStatus::ALL
         .into_iter()
         .find(|s| s.as_str() == status);
     let filter = Filter {
@@ -1104,7 +1104,7 @@ fn resolve_error(e: ResolvePoolError) -> ApiError {
 
 #[cfg(test)]
 mod tests {
-    use crate::domain::verdict::RunnerStatus;
+    use crate::domain::status::RunnerStatus;
     use std::collections::BTreeSet;
 
     #[test]

@@ -3,8 +3,8 @@
 use super::problem::ApiError;
 use super::schema::Problem;
 use crate::app::AppState;
+use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
-use crate::domain::verdict::RunnerStatus;
 use crate::metrics::{Metrics, PoolStatusLabels};
 use axum::Router;
 use axum::extract::State;

@@ -8,7 +8,7 @@
 
 use super::views::RunnerRow;
 use crate::domain::fleet::{Filter, Judged, attention_order, page};
-use crate::domain::verdict::RunnerStatus;
+use crate::domain::status::RunnerStatus;
 use serde::Deserialize;
 
 /// Rows per page by default, and at most.

@@ -283,7 +283,7 @@ struct FleetFragment<'a> {
 
 /// Every status a runner may have, for the filter.
 fn statuses() -> Vec<&'static str> {
-    crate::domain::verdict::RunnerStatus::ALL
+    crate::domain::status::RunnerStatus::ALL
         .iter()
         .map(|s| s.as_str())
         .collect()
@@ -522,7 +522,7 @@ async fn runner_page(
     row.failing_since = history
         .status_changes
         .first()
-        .filter(|c| c.to == row.status && row.rank != crate::domain::verdict::RunnerStatus::Healthy)
+        .filter(|c| c.to == row.status && row.rank != crate::domain::status::RunnerStatus::Healthy)
         .map(|c| format!("{} ({})", c.at.rfc3339(), views::age(c.at, now)));
     let rejected = runner
         .last_rejection

@@ -7,9 +7,9 @@
 //! text here and placed in the page unescaped; a bar's `<title>` says what it holds on hover.
 
 use super::views::status_class;
+use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
 use crate::domain::timeline::{PoolSample, buckets};
-use crate::domain::verdict::RunnerStatus;
 use std::fmt::Write;
 
 const WIDTH: f64 = 240.0;

@@ -8,8 +8,9 @@ use crate::domain::github::registration::{Registration, State};
 use crate::domain::pool::Pool;
 use crate::domain::runner::Observed;
 use crate::domain::runner::Runner;
+use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
-use crate::domain::verdict::{Refusal, RunnerStatus};
+use crate::domain::verdict::Refusal;
 use crate::store::QueueDepth;
 
 /// A digest shown short, with the full value on hover.

@@ -23,8 +23,8 @@ use super::{chunks, param_list, queue, write_rows};
 use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
 use crate::domain::lease::Lease;
+use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
-use crate::domain::verdict::RunnerStatus;
 use crate::store::engine::{Change, Db, Param, Row, Statement, Tail};
 use crate::store::{
     ATTESTATION_HISTORY, AttestationRecord, Claim, REFUSAL_HISTORY, STATUS_CHANGE_HISTORY,
