@@ -996,7 +996,7 @@ async fn replicas_do_not_stampede_the_registry() {
 /// schedules the next attempt.
 mod claims {
     use super::*;
-    use leasegate::domain::pool::ResolutionOutcome;
+    use leasegate::domain::image_set::ResolutionOutcome;
     use leasegate::domain::pool_name::PoolName;
     use leasegate::domain::time::Millis;
 

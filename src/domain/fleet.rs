@@ -181,7 +181,8 @@ pub(crate) mod fixtures {
     //! A pool and runners to judge, for this module's tests and the views'.
     use super::*;
     use crate::domain::fixtures::{attested, digest};
-    use crate::domain::pool::{ImagePolicy, ImageSource, PoolSpec};
+    use crate::domain::image_set::ImageSource;
+    use crate::domain::pool::{ImagePolicy, PoolSpec};
     use crate::domain::runner::SearchFields;
     use crate::domain::verdict::GateState;
 

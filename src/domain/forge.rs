@@ -571,7 +571,8 @@ mod tests {
     use crate::domain::attestation::{Probe, RunningImage};
     use crate::domain::digest::ImageDigest;
     use crate::domain::ids::RunnerId;
-    use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool};
+    use crate::domain::image_set::ImageSource;
+    use crate::domain::pool::{GateMode, ImagePolicy, Pool};
     use crate::domain::pool_name::PoolName;
     use crate::domain::runner::LatestAttestation;
     use crate::domain::verdict::{AttestedState, GateState};

@@ -11,11 +11,11 @@
 //!
 //! An entry's set comes from its operator (`manual`) or from its ref resolved against its
 //! registry (`registry`), exactly as a registry pool's single image: the same resolution
-//! rolls it, and a failure keeps its last known good set. The pool's resolver resolves its
+//! rolls it (`domain::image_set`), and a failure keeps its last known good set. The pool's resolver resolves its
 //! registry entries on the pool's schedule (`domain::pool`, `registry::resolver`).
 
 use super::digest::{ImageDigest, NotADigest};
-use super::pool::{ImageSource, Resolution, ResolutionOutcome, roll_sets};
+use super::image_set::{ImageSource, Resolution, ResolutionOutcome, roll_sets};
 use super::time::Millis;
 use serde::{Deserialize, Serialize};
 
@@ -637,7 +637,7 @@ mod tests {
     }
 
     fn resolved(top: char, config: char) -> ResolutionOutcome {
-        ResolutionOutcome::Resolved(super::super::pool::ResolvedImage {
+        ResolutionOutcome::Resolved(super::super::image_set::ResolvedImage {
             digest: digest(top),
             image_id: Some(digest(config)),
             accepted: vec![digest(top), digest(config)],

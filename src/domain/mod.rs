@@ -16,6 +16,7 @@ pub mod fleet;
 pub mod forge;
 pub mod github;
 pub mod ids;
+pub mod image_set;
 pub mod images;
 pub mod job;
 pub mod json_object;

@@ -5,6 +5,7 @@
 
 use super::digest::ImageDigest;
 use super::disk::DiskWarning;
+use super::image_set::{ImageSource, Resolution, ResolutionOutcome, roll_sets};
 use super::images::{ImageSpec, MAX_IMAGES, MAX_REF_BYTES, PoolImage, Undescribed};
 use super::pool_name::PoolName;
 use super::time::Millis;
@@ -21,17 +22,6 @@ pub enum ImagePolicy {
     Report,
     /// Ignore images entirely.
     Off,
-}
-
-/// Where a pool's expected image set comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ImageSource {
-    /// Set by an operator or a pipeline through the admin API.
-    #[default]
-    Manual,
-    /// Resolved by the service from `image_ref` against its OCI registry.
-    Registry,
 }
 
 /// Whether a pool's refusals refuse, or only say what they would have refused.
@@ -78,23 +68,6 @@ impl ImagePolicy {
             "enforce" => Some(ImagePolicy::Enforce),
             "report" => Some(ImagePolicy::Report),
             "off" => Some(ImagePolicy::Off),
-            _ => None,
-        }
-    }
-}
-
-impl ImageSource {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            ImageSource::Manual => "manual",
-            ImageSource::Registry => "registry",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "manual" => Some(ImageSource::Manual),
-            "registry" => Some(ImageSource::Registry),
             _ => None,
         }
     }
@@ -206,40 +179,6 @@ impl PoolSpec {
     }
 }
 
-/// The outcome of the last registry resolution of a pool.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Resolution {
-    pub at: Millis,
-    pub ok: bool,
-    pub error: Option<String>,
-}
-
-/// What one attempt to resolve a pool's `image_ref` against its registry came to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum ResolutionOutcome {
-    /// The reference resolved to `image`.
-    Resolved(ResolvedImage),
-    /// The reference still points at `digest`, the one the pool last resolved to (a `HEAD`
-    /// answered it; nothing else was fetched).
-    Unchanged { digest: ImageDigest },
-    /// The attempt failed (network, 5xx, authentication, unknown tag, bad manifest). The
-    /// message is for operators and never carries credentials.
-    Failed { error: String },
-}
-
-/// What a reference resolved to.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResolvedImage {
-    /// The digest the reference points at: an image manifest, or an image index.
-    pub digest: ImageDigest,
-    /// The config digest (the image ID a runner's `image inspect` reports) of the service's
-    /// platform, when the reference has an image for it.
-    pub image_id: Option<ImageDigest>,
-    /// Everything a runner of this pool may run: the digest, and for every platform its
-    /// manifest digest and config digest.
-    pub accepted: Vec<ImageDigest>,
-}
-
 /// How a registry pool's resolver is doing, as the pool view shows it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case")]
@@ -287,26 +226,6 @@ pub struct Pool {
     pub undescribed_images: Undescribed,
     pub created_at: Millis,
     pub updated_at: Millis,
-}
-
-/// The sets after `new` replaces the current set at `now`: when it differs from a non-empty
-/// current set, the current set becomes the previous one, accepted for `grace_s`; otherwise
-/// the previous set and its grace are left as they are (the grace is not restarted).
-pub(super) fn roll_sets(
-    current: &[ImageDigest],
-    previous: &[ImageDigest],
-    previous_valid_until: Option<Millis>,
-    mut new: Vec<ImageDigest>,
-    grace_s: i64,
-    now: Millis,
-) -> (Vec<ImageDigest>, Vec<ImageDigest>, Option<Millis>) {
-    new.sort();
-    new.dedup();
-    if new.as_slice() != current && !current.is_empty() {
-        (new, current.to_vec(), Some(now.plus_secs(grace_s)))
-    } else {
-        (new, previous.to_vec(), previous_valid_until)
-    }
 }
 
 impl Pool {
@@ -580,6 +499,7 @@ impl Pool {
 mod tests {
     use super::*;
     use crate::domain::fixtures::digest;
+    use crate::domain::image_set::ResolvedImage;
 
     fn spec(images: Vec<ImageDigest>) -> PoolSpec {
         PoolSpec {

@@ -72,7 +72,8 @@ mod tests {
     use super::*;
     use crate::domain::fixtures::{attested, digest};
     use crate::domain::ids::RunnerId;
-    use crate::domain::pool::{ImageSource, PoolSpec};
+    use crate::domain::image_set::ImageSource;
+    use crate::domain::pool::PoolSpec;
     use crate::domain::pool_name::PoolName;
     use crate::domain::verdict::GateState;
 

@@ -333,7 +333,8 @@ pub fn drift_entry(
 mod tests {
     use super::*;
     use crate::domain::fixtures::{attested, digest};
-    use crate::domain::pool::{ImageSource, PoolSpec};
+    use crate::domain::image_set::ImageSource;
+    use crate::domain::pool::PoolSpec;
 
     const NOW: Millis = Millis(1_800_000_000_000);
     const RULES: StatusRules = StatusRules {

@@ -268,8 +268,9 @@ pub fn refs_to_pull(state: &AttestedState, pool: &Pool) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::domain::image_set::ImageSource;
     use crate::domain::images::{ImageSpec, Undescribed};
-    use crate::domain::pool::{ImageSource, PoolSpec};
+    use crate::domain::pool::PoolSpec;
     use crate::domain::pool_name::PoolName;
 
     use crate::domain::fixtures::digest;

@@ -20,11 +20,12 @@ use crate::domain::ejection::EjectionPolicy;
 use crate::domain::fleet::{self, Filter};
 use crate::domain::github::{DEFAULT_RUNNER_GROUP_ID, GithubPool};
 use crate::domain::ids::RunnerId;
+use crate::domain::image_set::ImageSource;
 use crate::domain::images::{ImageSpec, Undescribed};
 use crate::domain::json_object::ObjectOnly;
 use crate::domain::pool::{
-    DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, ImageSource, Pool,
-    PoolSpec, PoolSpecError,
+    DEFAULT_DRIFT_GRACE_S, DEFAULT_RESOLVE_INTERVAL_S, GateMode, ImagePolicy, Pool, PoolSpec,
+    PoolSpecError,
 };
 use crate::domain::pool_name::PoolName;
 use crate::domain::roll::roll_health;

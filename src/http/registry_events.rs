@@ -21,7 +21,7 @@ use super::views::PoolsResolving;
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
-use crate::domain::pool::ImageSource;
+use crate::domain::image_set::ImageSource;
 use crate::domain::time::Millis;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver;

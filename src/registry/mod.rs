@@ -21,7 +21,7 @@ pub mod resolve;
 pub mod resolver;
 
 use crate::domain::digest::ImageDigest;
-use crate::domain::pool::ResolutionOutcome;
+use crate::domain::image_set::ResolutionOutcome;
 use auth::AuthSource;
 use client::{RegistryClient, RegistryError};
 use reference::ImageRef;

@@ -18,7 +18,7 @@ use super::client::{
 };
 use super::reference::ImageRef;
 use crate::domain::digest::ImageDigest;
-use crate::domain::pool::ResolvedImage;
+use crate::domain::image_set::ResolvedImage;
 use serde::Deserialize;
 use std::collections::BTreeMap;
 use std::fmt;

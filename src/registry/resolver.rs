@@ -25,8 +25,9 @@
 
 use super::Registry;
 use crate::domain::digest::ImageDigest;
+use crate::domain::image_set::{ImageSource, ResolutionOutcome};
 use crate::domain::images::PoolImage;
-use crate::domain::pool::{ImageSource, Pool, ResolutionOutcome};
+use crate::domain::pool::Pool;
 use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::store::{DynStore, StoreError};

@@ -35,10 +35,11 @@ use crate::domain::github::registration::{
     Registration as GithubRegistration, State as GithubState,
 };
 use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
+use crate::domain::image_set::ResolutionOutcome;
 use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{LeaseCall, LeaseCallError};
 use crate::domain::operator::{Operator, OperatorName};
-use crate::domain::pool::{Pool, PoolSpec, ResolutionOutcome};
+use crate::domain::pool::{Pool, PoolSpec};
 use crate::domain::pool_name::PoolName;
 use crate::domain::retention::Horizons;
 use crate::domain::runner::{Runner, RunnerSummary, StatusRules};

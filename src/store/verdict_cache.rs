@@ -140,7 +140,8 @@ impl VerdictCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::domain::pool::{ImagePolicy, ImageSource, PoolSpec};
+    use crate::domain::image_set::ImageSource;
+    use crate::domain::pool::{ImagePolicy, PoolSpec};
     use crate::domain::time::Millis;
     use crate::domain::verdict::GateState;
 

@@ -1,7 +1,8 @@
 //! Pools: written by operators (`put`) and by registry resolutions, read by the gate.
 
 use super::rows::{self, digests_json};
-use crate::domain::pool::{Pool, PoolSpec, ResolutionOutcome};
+use crate::domain::image_set::ResolutionOutcome;
+use crate::domain::pool::{Pool, PoolSpec};
 use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Statement, Tail, fetch_one, fetch_optional};

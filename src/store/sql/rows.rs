@@ -14,10 +14,11 @@ use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeKind, ForgeRunner};
 use crate::domain::github::registration::{Registration, State as RegistrationState};
 use crate::domain::github::{GithubPool, GithubScope};
 use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
+use crate::domain::image_set::{ImageSource, Resolution};
 use crate::domain::images::{AttestedImage, PoolImage, PoolImageRecord, Undescribed};
 use crate::domain::job::{Job, JobEvent, JobState};
 use crate::domain::lease::{Lease, LeaseState};
-use crate::domain::pool::{GateMode, ImagePolicy, ImageSource, Pool, Resolution};
+use crate::domain::pool::{GateMode, ImagePolicy, Pool};
 use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{
     AgentInfo, CurrentLease, LatestAttestation, Rejection, Runner, RunnerSummary, SearchFields,
