@@ -4,6 +4,7 @@
 //! here too, so that the HTTP handlers and the demo's simulated runners show alike.
 
 use crate::domain::attestation::AttestationRules;
+use crate::domain::forge::FetchRules;
 use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
 use crate::domain::lease::{Lease, LeaseCall};
@@ -53,6 +54,15 @@ impl Settings {
         StatusRules {
             probe_max_age_s: self.probe_max_age_s,
             heartbeat_interval_s: self.heartbeat_interval_s,
+        }
+    }
+
+    /// The rules a runner is judged by where the forge, not a lease, hands out its work (the
+    /// forge gate's fetches, GitHub's registrations, Buildkite's pauses).
+    pub fn fetch_rules(&self) -> FetchRules {
+        FetchRules {
+            attestation_max_age_s: self.rules.max_age_s,
+            probe_max_age_s: self.probe_max_age_s,
         }
     }
 }
@@ -222,18 +232,34 @@ impl AppState {
         tracing::info!(lease_id = %lease.id, job_id = %job.id, runner_id = %lease.runner_id, state = lease.state.as_str(), "lease call");
     }
 
-    /// What a job's end did to its runner's standing, counted and logged (`job_end_seen`).
+    /// What a job's end did to its runner's standing, counted and logged
+    /// (`Metrics::job_end_seen`).
     pub fn job_ended(
         &self,
         runner: &crate::domain::ids::RunnerId,
         pool: &crate::domain::pool_name::PoolName,
         effect: &crate::domain::ejection::Effect,
     ) {
-        job_end_seen(self.metrics(), runner, pool, effect);
+        self.metrics().job_end_seen(runner, pool, effect);
     }
 
     pub fn forge_gate(&self) -> Option<&Arc<crate::forge_gate::ForgeGate>> {
         self.inner.forge_gate.as_ref()
+    }
+
+    /// What the forge gate touches of the service, when a forge is set.
+    pub fn gate_state(&self) -> Option<crate::forge_gate::GateState> {
+        let gate = self.forge_gate()?.clone();
+        let s = self.settings();
+        Some(crate::forge_gate::GateState::new(
+            gate,
+            self.store().clone(),
+            self.metrics().clone(),
+            s.fetch_rules(),
+            s.status_rules(),
+            s.listener.trusted_proxies.clone().into(),
+            self.shutdown().clone(),
+        ))
     }
 
     /// GitHub Actions' side; `None` when no GitHub credential is set (the feature is off).
@@ -251,30 +277,5 @@ impl AppState {
 
     pub fn shutdown(&self) -> &CancellationToken {
         &self.inner.shutdown
-    }
-}
-
-/// What a job's end did to its runner's standing, counted and logged whichever path saw it (a
-/// lease call, the forge gate).
-pub fn job_end_seen(
-    metrics: &crate::metrics::Metrics,
-    runner: &crate::domain::ids::RunnerId,
-    pool: &crate::domain::pool_name::PoolName,
-    effect: &crate::domain::ejection::Effect,
-) {
-    use crate::domain::ejection::Effect;
-    let reason = effect.main_reason().map_or("none", |r| r.as_str());
-    match effect {
-        Effect::Ejected(e) => {
-            metrics.ejected(pool.as_str(), reason);
-            tracing::warn!(runner_id = %runner, pool = %pool, until = %e.until, nth = e.nth,
-                failures = %e.failures, "runner ejected");
-        }
-        Effect::Withheld(w) => {
-            metrics.ejection_withheld(pool.as_str(), w.why.as_str());
-            tracing::warn!(runner_id = %runner, pool = %pool, why = w.why.as_str(),
-                failures = %w.failures, "runner would be ejected; not ejected");
-        }
-        Effect::None | Effect::Reset | Effect::Counted => {}
     }
 }

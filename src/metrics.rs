@@ -383,6 +383,31 @@ impl Metrics {
         self.ejections_withheld.get_or_create(&labels).inc();
     }
 
+    /// What a job's end did to its runner's standing, counted and logged here whichever path
+    /// saw it (a lease call, the forge gate), so that an ejection shows alike from both.
+    pub fn job_end_seen(
+        &self,
+        runner: &crate::domain::ids::RunnerId,
+        pool: &crate::domain::pool_name::PoolName,
+        effect: &crate::domain::ejection::Effect,
+    ) {
+        use crate::domain::ejection::Effect;
+        let reason = effect.main_reason().map_or("none", |r| r.as_str());
+        match effect {
+            Effect::Ejected(e) => {
+                self.ejected(pool.as_str(), reason);
+                tracing::warn!(runner_id = %runner, pool = %pool, until = %e.until, nth = e.nth,
+                    failures = %e.failures, "runner ejected");
+            }
+            Effect::Withheld(w) => {
+                self.ejection_withheld(pool.as_str(), w.why.as_str());
+                tracing::warn!(runner_id = %runner, pool = %pool, why = w.why.as_str(),
+                    failures = %w.failures, "runner would be ejected; not ejected");
+            }
+            Effect::None | Effect::Reset | Effect::Counted => {}
+        }
+    }
+
     pub fn attempt_used(&self, pool: &str) {
         self.attempts_used.get_or_create(&Self::pool(pool)).inc();
     }

@@ -353,10 +353,16 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         }
         None => None,
     };
-    let woodpecker_server = listeners.woodpecker.map(|listener| {
-        let state = state.clone();
-        tokio::spawn(async move { crate::forge_gate::serve_woodpecker(&state, listener).await })
-    });
+    let woodpecker_server = listeners
+        .woodpecker
+        .zip(state.gate_state())
+        .map(|(listener, gate)| {
+            tokio::spawn(crate::forge_gate::serve_woodpecker(
+                gate,
+                settings.clone(),
+                listener,
+            ))
+        });
     crate::http::listener::serve(
         listeners.api,
         crate::http::router(state.clone()),

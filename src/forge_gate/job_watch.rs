@@ -170,9 +170,7 @@ async fn counted(gate: &GateState, report: Option<Report>, answer: StatusCode) {
         .forge_job_ended(&report.key, &runner, report.end, now, rules)
         .await
     {
-        Ok(Some((pool, effect))) => {
-            crate::app::job_end_seen(gate.metrics(), &runner, &pool, &effect)
-        }
+        Ok(Some((pool, effect))) => gate.metrics().job_end_seen(&runner, &pool, &effect),
         Ok(None) => {}
         Err(e) => {
             tracing::warn!(error = %e, runner_id = %runner, job = %report.key, "cannot count a job's end")

@@ -40,7 +40,6 @@ pub use gitlab_params::JobRequestParams;
 pub use state::GateState;
 pub use upstream::Upstream;
 
-use crate::app::AppState;
 use crate::http::client::{Client, client_of};
 use crate::http::problem::ApiError;
 use axum::Router;
@@ -116,27 +115,23 @@ impl ForgeGate {
     }
 }
 
-/// Serves Woodpecker's agents on `listener` (`LEASEGATE_WOODPECKER_LISTEN`) until shutdown.
-pub async fn serve_woodpecker(state: &AppState, listener: tokio::net::TcpListener) {
-    let Some(gate) = GateState::of(state) else {
-        return;
-    };
+/// Serves Woodpecker's agents on `listener` (`LEASEGATE_WOODPECKER_LISTEN`) until shutdown,
+/// allowing them what `settings` allows the API's clients.
+pub async fn serve_woodpecker(
+    gate: GateState,
+    settings: crate::http::listener::ListenerSettings,
+    listener: tokio::net::TcpListener,
+) {
     if let Ok(addr) = listener.local_addr() {
         let _ = gate.gate().woodpecker_addr.set(addr);
         tracing::info!(%addr, "Woodpecker agents listening (HTTP/2)");
     }
-    h2_listener::serve(
-        listener,
-        woodpecker::router(gate.clone()),
-        state.settings().listener.clone(),
-        gate.shutdown().clone(),
-    )
-    .await;
+    let shutdown = gate.shutdown().clone();
+    h2_listener::serve(listener, woodpecker::router(gate), settings, shutdown).await;
 }
 
-/// The forge routes, for the forges that are set; `None` when none is.
-pub fn router(state: &AppState) -> Option<Router> {
-    let gate = GateState::of(state)?;
+/// The forge routes, for the forges that are set.
+pub fn router(gate: GateState) -> Router {
     let mut router = Router::new();
     if gate.settings().forgejo.is_some() {
         for prefix in forgejo::PREFIXES {
@@ -149,7 +144,7 @@ pub fn router(state: &AppState) -> Option<Router> {
             any(gitlab::handle),
         );
     }
-    Some(router.with_state(gate))
+    router.with_state(gate)
 }
 
 /// The canonical path of a request routed by one of `prefixes`, or the 400 that refuses it.

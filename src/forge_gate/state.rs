@@ -2,11 +2,11 @@
 //! metrics, the rules a fetch is judged by (and a job's end counted by), the trusted proxies
 //! and the shutdown signal.
 //!
-//! The gate takes these out of the service's state once, when its routes are made, rather
-//! than borrowing the whole `AppState`: what a forge's calls may touch is then written here.
+//! The service hands these over once, when the gate's routes are made (`AppState::gate_state`),
+//! rather than lending its whole state: what a forge's calls may touch is then written here,
+//! and the gate knows nothing of the service it is part of.
 
 use super::{ForgeGate, ForgeSettings};
-use crate::app::AppState;
 use crate::domain::forge::FetchRules;
 use crate::domain::runner::StatusRules;
 use crate::metrics::Metrics;
@@ -28,22 +28,24 @@ pub struct GateState {
 }
 
 impl GateState {
-    /// The gate's state within the service's, when a forge is set.
-    pub fn of(state: &AppState) -> Option<Self> {
-        let gate = state.forge_gate()?.clone();
-        let s = state.settings();
-        Some(GateState {
+    pub fn new(
+        gate: Arc<ForgeGate>,
+        store: DynStore,
+        metrics: Arc<Metrics>,
+        rules: FetchRules,
+        status_rules: StatusRules,
+        trusted_proxies: Arc<[ipnet::IpNet]>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        GateState {
             gate,
-            store: state.store().clone(),
-            metrics: state.metrics().clone(),
-            rules: FetchRules {
-                attestation_max_age_s: s.rules.max_age_s,
-                probe_max_age_s: s.probe_max_age_s,
-            },
-            status_rules: s.status_rules(),
-            trusted_proxies: s.listener.trusted_proxies.clone().into(),
-            shutdown: state.shutdown().clone(),
-        })
+            store,
+            metrics,
+            rules,
+            status_rules,
+            trusted_proxies,
+            shutdown,
+        }
     }
 
     pub fn gate(&self) -> &ForgeGate {

@@ -37,7 +37,7 @@ pub fn router(state: AppState) -> Router {
     let metrics_here = state.settings().metrics_listen.is_none();
     // The forge's routes stay outside the API's layers: forwarded as they came, answered as
     // the forge answered.
-    let forge = crate::forge_gate::router(&state);
+    let forge = state.gate_state().map(crate::forge_gate::router);
     let api = with_layers(
         state,
         Router::new()
