@@ -13,10 +13,8 @@
 //! probe checked after that (`released_by`).
 
 use super::audit::{Action, Entry};
-use super::runner::{RunnerSummary, StatusRules};
-use super::status::RunnerStatus;
+use super::ids::RunnerId;
 use super::time::Millis;
-use super::{ids::RunnerId, pool::Pool};
 use JobEnd::Infrastructure;
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -323,7 +321,8 @@ pub fn decayed(ejections: i64, last_until: Option<Millis>, base_s: i64, now: Mil
     (ejections - forgotten).max(0)
 }
 
-/// What an ejection would do to the pool, as the store finds it at the moment.
+/// What an ejection would do to the pool, as the store finds it at the moment (counted by
+/// `ejection_load::of`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PoolLoad {
     /// Its live runners (not revoked, attested within the stale limit), this one included.
@@ -336,38 +335,6 @@ pub struct PoolLoad {
     pub others_admitted: i64,
     /// The pool only observes.
     pub observe: bool,
-}
-
-impl PoolLoad {
-    /// The load of `pool` for an ejection of `runner`, from its runners' summaries.
-    pub fn of(
-        runner: &RunnerId,
-        summaries: &[RunnerSummary],
-        pool: &Pool,
-        now: Millis,
-        rules: StatusRules,
-    ) -> PoolLoad {
-        let mut load = PoolLoad {
-            observe: pool.gate_mode == super::pool::GateMode::Observe,
-            ..PoolLoad::default()
-        };
-        for s in summaries.iter().filter(|s| s.pool == pool.name) {
-            let status = s.observe(pool, now, rules).status;
-            let live = !matches!(
-                status,
-                RunnerStatus::Revoked | RunnerStatus::Stale | RunnerStatus::Unknown
-            );
-            let admitted = status == RunnerStatus::Healthy;
-            if &s.id == runner {
-                load.live += i64::from(live);
-                continue;
-            }
-            load.live += i64::from(live);
-            load.ejected += i64::from(live && s.gate.ejection.is_some());
-            load.others_admitted += i64::from(admitted);
-        }
-        load
-    }
 }
 
 /// What a job's end did to its runner.

@@ -10,6 +10,7 @@ pub mod buildkite;
 pub mod digest;
 pub mod disk;
 pub mod ejection;
+pub mod ejection_load;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod fleet;

@@ -9,6 +9,7 @@
 
 use super::{pools, rows};
 use crate::domain::ejection::{self, Effect, EjectionRecord, JobEnd, PoolLoad};
+use crate::domain::ejection_load;
 use crate::domain::ids::RunnerId;
 use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{Runner, StatusRules};
@@ -111,7 +112,7 @@ pub async fn job_ended<D: Db>(
     let policy = the_pool.ejection;
     let load = if ejection::needs_load(&current, end, &policy) {
         let summaries = super::runners::summaries(db, Some(pool), false).await?;
-        PoolLoad::of(runner, &summaries, &the_pool, now, rules)
+        ejection_load::of(runner, &summaries, &the_pool, now, rules)
     } else {
         PoolLoad::default()
     };
