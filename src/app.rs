@@ -4,7 +4,7 @@
 //! here too, so that the HTTP handlers and the demo's simulated runners show alike.
 
 use crate::domain::attestation::AttestationRules;
-use crate::domain::forge::FetchRules;
+use crate::domain::fetch::FetchRules;
 use crate::domain::ids::RunnerId;
 use crate::domain::job::Job;
 use crate::domain::lease::{Lease, LeaseCall};

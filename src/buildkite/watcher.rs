@@ -1,5 +1,5 @@
 //! The watcher: every `TICK` one replica reads the bound Buildkite agent names, judges each
-//! one's runner as the forge gate judges a fetch (`domain::forge::judge_fetch`: rules 7–13
+//! one's runner as the forge gate judges a fetch (`domain::fetch::judge_fetch`: rules 7–13
 //! over its latest attestation, which must be fresh), and, where the verdict calls for it
 //! (`domain::buildkite::next_step`), lists the agents of that name and pauses or resumes them.
 //! Reading the store every tick, not waiting on a slow poll of anything, is what puts a pause
@@ -18,7 +18,7 @@ use crate::domain::buildkite::{
     Act, AgentWatch, Pause, PauseEnd, Step, Verdict, exactly, next_step, note, on_admitted,
     on_refused,
 };
-use crate::domain::forge::{FetchRules, standing};
+use crate::domain::fetch::{FetchRules, standing};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::Pool;
 use crate::domain::pool_name::PoolName;

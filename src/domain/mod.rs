@@ -11,6 +11,7 @@ pub mod digest;
 pub mod disk;
 pub mod ejection;
 pub mod ejection_load;
+pub mod fetch;
 #[cfg(test)]
 pub(crate) mod fixtures;
 pub mod fleet;

@@ -14,7 +14,8 @@
 //! header, no last fetch, no refusal), so that knowing a runner's uuid tells nothing of it.
 
 use super::GateState;
-use crate::domain::forge::{FetchRefusal, ForgeIdentity, ForgeKind, judge_fetch};
+use crate::domain::fetch::{FetchRefusal, judge_fetch};
+use crate::domain::forge::{ForgeIdentity, ForgeKind};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::GateMode;
 use crate::domain::pool_name::PoolName;

@@ -7,7 +7,7 @@
 //! and the gate knows nothing of the service it is part of.
 
 use super::{ForgeGate, ForgeSettings};
-use crate::domain::forge::FetchRules;
+use crate::domain::fetch::FetchRules;
 use crate::domain::runner::StatusRules;
 use crate::metrics::Metrics;
 use crate::store::DynStore;

@@ -6,7 +6,7 @@
 //! a delete (it just took a job) leaves it to be watched on. Runners leasegate did not mint
 //! are never looked at: only its own registrations' ids are.
 //!
-//! The verdict on a registration's runner is the lease's (`domain::forge::judge_fetch`: rules
+//! The verdict on a registration's runner is the lease's (`domain::fetch::judge_fetch`: rules
 //! 7–13 over its latest attestation, which must be fresh), so a machine that breaks while its
 //! listener waits loses its registration at the next look.
 
@@ -14,7 +14,7 @@ use super::Github;
 use super::actions::{Deleted, ListedRunner};
 use crate::app::AppState;
 use crate::domain::audit::Action;
-use crate::domain::forge::{FetchRules, standing};
+use crate::domain::fetch::{FetchRules, standing};
 use crate::domain::github::GithubScope;
 use crate::domain::github::registration::{
     Listed, MINTING_WINDOW_S, Registration, State, Verdict, Withdrawal, watch,
