@@ -24,7 +24,8 @@ pub struct AttestationRules {
     pub clock_skew_s: i64,
 }
 
-/// A NumericDate: a JSON number of seconds. A string is a type error, never a date.
+/// A NumericDate: a JSON number of seconds. A string is a type error, never a date: a claim of
+/// the wrong type skipped as if absent is the bug behind `jsonwebtoken`'s CVE-2026-25537.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct NumericDate(pub f64);
 
