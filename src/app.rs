@@ -33,7 +33,7 @@ pub struct Settings {
     /// Whether this replica runs the background registry resolver.
     pub background_resolver: bool,
     /// What the listener allows its clients (timeouts, connection caps, trusted proxies).
-    pub listener: crate::http::listener::ListenerSettings,
+    pub listener: crate::listener::ListenerSettings,
     /// Failed credential checks a client may make in a burst, and the span they are forgiven
     /// over.
     pub auth_failure_limit: u32,
@@ -127,7 +127,7 @@ struct Inner {
     gate: Gate,
     metrics: Arc<Metrics>,
     /// Failed credential checks per client, for the 429s of guessing clients.
-    throttle: crate::http::throttle::AuthThrottle,
+    throttle: crate::throttle::AuthThrottle,
     /// Resolves registry pools' image references.
     registry: Arc<Registry>,
     /// Cancelled on SIGTERM: long polls answer 204 at once and `/readyz` turns 503.
@@ -155,7 +155,7 @@ impl AppState {
             probe_max_age_s: settings.probe_max_age_s,
             metrics: metrics.clone(),
         };
-        let throttle = crate::http::throttle::AuthThrottle::new(
+        let throttle = crate::throttle::AuthThrottle::new(
             settings.auth_failure_limit,
             settings.auth_failure_window_s,
         );
@@ -267,7 +267,7 @@ impl AppState {
         self.inner.github.as_ref()
     }
 
-    pub fn throttle(&self) -> &crate::http::throttle::AuthThrottle {
+    pub fn throttle(&self) -> &crate::throttle::AuthThrottle {
         &self.inner.throttle
     }
 

@@ -462,10 +462,10 @@ impl ServeArgs {
     }
 
     /// What the listener allows its clients; names the variable at fault.
-    pub fn listener_settings(&self) -> anyhow::Result<crate::http::listener::ListenerSettings> {
-        use crate::http::listener::ListenerSettings;
-        use crate::http::listener::body::BodyPace;
-        use crate::http::listener::limits::ConnectionCaps;
+    pub fn listener_settings(&self) -> anyhow::Result<crate::listener::ListenerSettings> {
+        use crate::listener::ListenerSettings;
+        use crate::listener::body::BodyPace;
+        use crate::listener::limits::ConnectionCaps;
         for (name, value) in [
             ("LEASEGATE_HEADER_TIMEOUT_S", self.header_timeout_s),
             ("LEASEGATE_BODY_TIMEOUT_S", self.body_timeout_s),

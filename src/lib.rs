@@ -8,7 +8,11 @@
 //! - [`verifier`]: rules 1–4 on a compact JWS, with `ed25519-dalek`'s strict verification.
 //! - [`gate`]: rules 1–13 end to end, recording what the protocol says to record.
 //! - [`store`]: the `Store` trait and its engines; the only place SQL lives.
-//! - [`http`]: axum routers, one module per party, and the problem+json error.
+//! - [`http`]: the API and the page: axum routers, one module per party, and the OpenAPI
+//!   document.
+//! - [`listener`], [`throttle`], [`client`], [`problem`]: what the API and the forge gate
+//!   both stand on: serving connections with their limits, throttling credential guessing,
+//!   who the client is, and the problem+json error.
 //! - [`registry`]: resolving registry pools' image references (OCI distribution API), and
 //!   the background resolver.
 //! - [`github`]: GitHub Actions under the gate: single-use registrations minted only for
@@ -27,6 +31,7 @@ pub mod agent;
 pub mod app;
 pub mod bench;
 pub mod buildkite;
+pub mod client;
 pub mod config;
 pub mod demo;
 pub mod domain;
@@ -34,8 +39,10 @@ pub mod forge_gate;
 pub mod gate;
 pub mod github;
 pub mod http;
+pub mod listener;
 pub mod logging;
 pub mod metrics;
+pub mod problem;
 pub mod registry;
 pub mod retention;
 pub mod secrets;
@@ -43,6 +50,7 @@ pub mod server;
 pub mod startup;
 pub mod store;
 pub mod sweeper;
+pub mod throttle;
 pub mod timeline;
 pub mod turns;
 pub mod usage;

@@ -343,7 +343,7 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
     let metrics_server = match listeners.metrics {
         Some(listener) => {
             tracing::info!(addr = %listener.local_addr()?, "metrics listening");
-            Some(tokio::spawn(crate::http::listener::serve(
+            Some(tokio::spawn(crate::listener::serve(
                 listener,
                 crate::http::metrics_router(state.clone()),
                 settings.clone(),
@@ -363,7 +363,7 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
                 listener,
             ))
         });
-    crate::http::listener::serve(
+    crate::listener::serve(
         listeners.api,
         crate::http::router(state.clone()),
         settings,

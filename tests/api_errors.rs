@@ -720,7 +720,7 @@ async fn a_request_head_over_8_kib_is_refused_and_the_service_goes_on(engine: co
     let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
         return;
     };
-    // The service reads request heads into a buffer of 8 KiB (`http::listener`), so that the
+    // The service reads request heads into a buffer of 8 KiB (`listener`), so that the
     // connections of waiting long polls stay small; a bigger head is refused by hyper.
     let request = format!(
         "GET /livez HTTP/1.1\r\nHost: test\r\nX-Padding: {}\r\nConnection: close\r\n\r\n",

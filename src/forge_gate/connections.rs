@@ -3,7 +3,7 @@
 //!
 //! A forwarded request holds two sockets, the client's and one to the forge, for as long as
 //! the forge takes (GitLab holds a job request ~50 s; an artifact upload runs for minutes).
-//! The listener's caps (`http/listener/limits.rs`) count only the first, so before these
+//! The listener's caps (`listener/limits.rs`) count only the first, so before these
 //! caps four addresses of slow forwarded requests took a process with a file limit of 512 to
 //! its limit: `accept` failed and every other client's `/readyz` timed out.
 //!
@@ -36,8 +36,8 @@
 //! connections, and four busy addresses (each allowed a quarter) would fill the listener and
 //! lock every other client out, which is the failure this module is for.
 
-use crate::http::listener::limits::{ConnectionCaps, ConnectionLimits, Permit, Refused};
-use crate::http::problem::ApiError;
+use crate::listener::limits::{ConnectionCaps, ConnectionLimits, Permit, Refused};
+use crate::problem::ApiError;
 use axum::body::{Body, Bytes};
 use axum::http::{Response, StatusCode, Uri};
 use axum::response::IntoResponse;

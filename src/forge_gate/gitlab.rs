@@ -27,7 +27,7 @@ use super::upstream::{ClientBodyError, Forwarder, is_length_limit};
 use super::{GateState, REFUSAL_HEADER, Upstream, canonical_path, peer_of, set_path};
 use crate::domain::forge::{ForgeIdentity, ForgeKind};
 use crate::domain::ids::RunnerId;
-use crate::http::problem::ApiError;
+use crate::problem::ApiError;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::CONTENT_TYPE;

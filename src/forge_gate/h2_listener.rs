@@ -10,8 +10,8 @@
 //! leave a connection without traffic for as long as there is no work. On shutdown it stops
 //! accepting and lets the calls in flight finish, as the API's listener does.
 
-use crate::http::listener::ListenerSettings;
-use crate::http::listener::limits::ConnectionLimits;
+use crate::listener::ListenerSettings;
+use crate::listener::limits::ConnectionLimits;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use hyper::body::Incoming;

@@ -40,8 +40,8 @@ pub use gitlab_params::JobRequestParams;
 pub use state::GateState;
 pub use upstream::Upstream;
 
-use crate::http::client::{Client, client_of};
-use crate::http::problem::ApiError;
+use crate::client::{Client, client_of};
+use crate::problem::ApiError;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::http::request::Parts;
@@ -119,7 +119,7 @@ impl ForgeGate {
 /// allowing them what `settings` allows the API's clients.
 pub async fn serve_woodpecker(
     gate: GateState,
-    settings: crate::http::listener::ListenerSettings,
+    settings: crate::listener::ListenerSettings,
     listener: tokio::net::TcpListener,
 ) {
     if let Ok(addr) = listener.local_addr() {

@@ -19,9 +19,9 @@
 
 use super::connections::{ForgeConnections, ForwardCaps, Holding, is_no_socket, turned_away};
 use super::upload::{Turn, Watched};
-use crate::http::client::Client;
-use crate::http::listener::body::{BodyPace, PacedBody, is_body_timeout};
-use crate::http::problem::ApiError;
+use crate::client::Client;
+use crate::listener::body::{BodyPace, PacedBody, is_body_timeout};
+use crate::problem::ApiError;
 use axum::body::Body;
 use axum::http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use axum::http::{Request, Response, StatusCode, Uri};

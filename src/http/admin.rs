@@ -5,7 +5,6 @@
 
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
-use super::problem::ApiError;
 use super::schema::Problem;
 use super::views::{self, PoolStanding};
 use super::views::{
@@ -31,6 +30,7 @@ use crate::domain::pool_name::PoolName;
 use crate::domain::roll::roll_health;
 use crate::domain::runner::{DriftEntry, RunnerSummary, drift_entry};
 use crate::domain::time::Millis;
+use crate::problem::ApiError;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver::{self, ResolvePoolError};
 use crate::secrets::{generate_token, hash_token};

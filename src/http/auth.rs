@@ -6,15 +6,15 @@
 //! previous value) or a named token from the store, looked up by its hash on every request so
 //! that a revocation holds at once on every replica. A valid credential that may not do what
 //! it asks (a viewer's write, the forge token on an admin route) is 403 `forbidden`; anything
-//! else is 401 `unauthorized`, and counts against the client in the throttle (`throttle.rs`):
+//! else is 401 `unauthorized`, and counts against the client in the throttle (`crate::throttle`):
 //! a client past its allowance is answered 429 before its credential is looked at.
 
-use super::client::Client;
-use super::problem::ApiError;
 use crate::app::AppState;
+use crate::client::Client;
 use crate::domain::audit::{Action, Entry};
 use crate::domain::operator::{Operator, Role};
 use crate::domain::time::Millis;
+use crate::problem::ApiError;
 use crate::secrets::{hash_token, secret_matches};
 use axum::extract::FromRequestParts;
 use axum::http::StatusCode;

@@ -3,7 +3,6 @@
 
 use super::auth::ForgeAuth;
 use super::json::JsonBody;
-use super::problem::ApiError;
 use super::runners::AttestationBody;
 use super::schema::Problem;
 use super::views;
@@ -15,6 +14,7 @@ use crate::domain::pool_name::PoolName;
 use crate::domain::text::without_controls;
 use crate::domain::time::Millis;
 use crate::gate::{AdmitError, Purpose};
+use crate::problem::ApiError;
 use crate::store::NewJob;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;

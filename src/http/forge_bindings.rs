@@ -7,8 +7,8 @@
 //! operator replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`; the agent's
 //! heartbeats may claim them (`forge_runners` in the attestation).
 
-use super::problem::ApiError;
 use crate::domain::forge::{ForgeBinding, ForgeKind, ForgeRunner};
+use crate::problem::ApiError;
 use serde::Deserialize;
 
 pub use crate::domain::forge::MAX_FORGE_RUNNERS;

@@ -2,14 +2,14 @@
 //! attestation (`POST /api/v1/github/runners`), judged by the lease's rules; see
 //! `crate::github::mint`. Without a GitHub credential the route answers 404.
 
-use super::client::Client;
-use super::problem::ApiError;
 use super::schema::Problem;
 use super::views::GithubRegistrationGrant;
 use crate::app::AppState;
+use crate::client::Client;
 use crate::domain::time::Millis;
 use crate::github::error::GithubError;
 use crate::github::mint::{MintError, mint};
+use crate::problem::ApiError;
 use axum::body::Bytes;
 use axum::extract::State;
 use axum::http::StatusCode;

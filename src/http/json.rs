@@ -7,7 +7,7 @@
 //! anything else is refused before it is read. `whole_number` reads the integers of a body as
 //! JSON Schema defines them, so that `22.0` is the `22` the OpenAPI document allows.
 
-use super::problem::ApiError;
+use crate::problem::ApiError;
 use axum::body::Bytes;
 use axum::extract::{FromRequest, Request};
 use serde::de::DeserializeOwned;
@@ -18,7 +18,7 @@ pub struct OptionalJson<T>(pub T);
 
 async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
     Bytes::from_request(req, state).await.map_err(|rejection| {
-        if super::listener::body::is_body_timeout(&rejection) {
+        if crate::listener::body::is_body_timeout(&rejection) {
             return ApiError::request_timeout();
         }
         ApiError::from_status(rejection.status(), rejection.body_text())

@@ -5,18 +5,18 @@
 //! and its pool before the store is asked to claim anything.
 
 use super::auth::{Credential, LeaseBearer, throttled};
-use super::client::Client;
 use super::json::{JsonBody, OptionalJson};
-use super::problem::ApiError;
 use super::schema::Problem;
 use super::views;
 use super::views::{LeaseGrant, LeaseView};
 use crate::app::AppState;
+use crate::client::Client;
 use crate::domain::ids::{LeaseId, RunnerId};
 use crate::domain::job::Job;
 use crate::domain::lease::{LeaseCall, Outcome};
 use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
+use crate::problem::ApiError;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, Lease};
 use axum::extract::{Path, State};

@@ -10,7 +10,6 @@ pub mod forge_bindings;
 pub mod github;
 pub mod json;
 pub mod lease;
-pub mod listener;
 pub mod merge_patch;
 pub mod operators;
 pub mod ops;
@@ -19,16 +18,15 @@ pub mod problem;
 pub mod registry_events;
 pub mod runners;
 pub mod schema;
-pub mod throttle;
 pub mod views;
 
 use crate::app::AppState;
+use crate::problem::ApiError;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::Response;
-use problem::ApiError;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 

@@ -7,7 +7,6 @@
 
 use super::auth::{AsAdmin, AsViewer};
 use super::json::JsonBody;
-use super::problem::ApiError;
 use super::schema::{
     AuditPage, CreatedOperatorToken, OperatorTokenList, OperatorTokenView, Problem,
 };
@@ -16,6 +15,7 @@ use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::operator::{BOOTSTRAP, Operator, OperatorName, Role};
 use crate::domain::time::Millis;
+use crate::problem::ApiError;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{AuditFilter, OperatorToken};
 use axum::extract::{Path, Query, State};

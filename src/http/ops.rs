@@ -1,11 +1,11 @@
 //! Unauthenticated operational endpoints: liveness, readiness, metrics and the OpenAPI document.
 
-use super::problem::ApiError;
 use super::schema::Problem;
 use crate::app::AppState;
 use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
 use crate::metrics::{Metrics, PoolStatusLabels};
+use crate::problem::ApiError;
 use axum::Router;
 use axum::extract::State;
 use axum::http::HeaderValue;

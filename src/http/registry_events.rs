@@ -15,7 +15,6 @@
 
 use super::auth::AsOperator;
 use super::json::JsonBody;
-use super::problem::ApiError;
 use super::schema::Problem;
 use super::views::PoolsResolving;
 use crate::app::AppState;
@@ -23,6 +22,7 @@ use crate::domain::audit::Action;
 use crate::domain::digest::ImageDigest;
 use crate::domain::image_set::ImageSource;
 use crate::domain::time::Millis;
+use crate::problem::ApiError;
 use crate::registry::reference::ImageRef;
 use crate::registry::resolver;
 use axum::extract::State;

@@ -1,18 +1,18 @@
 //! The runner's endpoints: registration with a single-use token, and the signed heartbeat.
 
 use super::auth::{Credential, throttled};
-use super::client::Client;
 use super::forge_bindings::{ForgeRunnerSpec, identities};
 use super::json::JsonBody;
-use super::problem::ApiError;
 use super::schema::Problem;
 use super::views::{ExpectedImage, Heartbeat, Registered};
 use crate::app::AppState;
+use crate::client::Client;
 use crate::domain::ids::RunnerId;
 use crate::domain::text::plain_name;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{refs_to_pull, state_current};
 use crate::gate::Purpose;
+use crate::problem::ApiError;
 use crate::secrets::hash_token;
 use crate::store::NewRunner;
 use axum::extract::State;

@@ -207,7 +207,7 @@ fn problem_response(description: &str) -> Response {
     ResponseBuilder::new()
         .description(description)
         .content(
-            super::problem::PROBLEM_JSON,
+            crate::problem::PROBLEM_JSON,
             ContentBuilder::new()
                 .schema(Some(Ref::from_schema_name("Problem")))
                 .build(),
