@@ -267,6 +267,27 @@ impl AppState {
         self.inner.github.as_ref()
     }
 
+    /// What GitHub's side touches of the service (its registrations' minting and watching).
+    pub fn github_context(&self) -> crate::github::context::GithubContext {
+        crate::github::context::GithubContext::new(
+            self.store().clone(),
+            self.metrics().clone(),
+            self.gate().clone(),
+            self.settings().fetch_rules(),
+            self.shutdown().clone(),
+        )
+    }
+
+    /// What Buildkite's side touches of the service (its watcher's pauses and resumes).
+    pub fn buildkite_context(&self) -> crate::buildkite::context::BuildkiteContext {
+        crate::buildkite::context::BuildkiteContext::new(
+            self.store().clone(),
+            self.metrics().clone(),
+            self.settings().fetch_rules(),
+            self.shutdown().clone(),
+        )
+    }
+
     pub fn throttle(&self) -> &crate::throttle::AuthThrottle {
         &self.inner.throttle
     }

@@ -324,15 +324,18 @@ pub async fn run_on(listeners: crate::startup::Listeners, state: AppState) -> an
         shutdown.clone(),
     ));
     let sampler = tokio::spawn(crate::timeline::run(state.clone()));
-    let github_watcher = state
-        .github()
-        .is_some()
-        .then(|| tokio::spawn(crate::github::watcher::run(state.clone())));
-    let buildkite_watcher = state
-        .settings()
-        .buildkite
-        .is_some()
-        .then(|| tokio::spawn(crate::buildkite::watcher::run(state.clone())));
+    let github_watcher = state.github().map(|github| {
+        tokio::spawn(crate::github::watcher::run(
+            state.github_context(),
+            github.clone(),
+        ))
+    });
+    let buildkite_watcher = state.settings().buildkite.clone().map(|settings| {
+        tokio::spawn(crate::buildkite::watcher::run(
+            state.buildkite_context(),
+            settings,
+        ))
+    });
     let resolver = state.settings().background_resolver.then(|| {
         tokio::spawn(crate::registry::resolver::run(
             state.store().clone(),

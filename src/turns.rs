@@ -2,10 +2,10 @@
 //! claims the task in the store (`Store::claim_task`) takes a look. The GitHub and Buildkite
 //! watchers run on it; the claim is the store's, so any number of replicas may run the loop.
 
-use crate::app::AppState;
 use crate::domain::time::Millis;
-use crate::store::StoreResult;
+use crate::store::{DynStore, StoreResult};
 use std::time::Duration;
+use tokio_util::sync::CancellationToken;
 
 /// How a task's turn is held.
 #[derive(Clone, Copy, Debug)]
@@ -22,9 +22,13 @@ pub struct Turn {
     pub release: bool,
 }
 
-/// Runs `look` at every tick this replica holds `turn`'s task, until shutdown.
-pub async fn every_turn<F, Look>(state: &AppState, turn: Turn, mut look: Look)
-where
+/// Runs `look` at every tick this replica holds `turn`'s task in `store`, until `shutdown`.
+pub async fn every_turn<F, Look>(
+    store: &DynStore,
+    shutdown: &CancellationToken,
+    turn: Turn,
+    mut look: Look,
+) where
     Look: FnMut(Millis) -> F,
     F: Future<Output = StoreResult<()>> + Send,
 {
@@ -33,11 +37,11 @@ where
     loop {
         tokio::select! {
             _ = tick.tick() => {}
-            _ = state.shutdown().cancelled() => return,
+            _ = shutdown.cancelled() => return,
         }
         let now = Millis::now();
         let until = Millis(now.0 + turn.hold.as_millis() as i64);
-        match state.store().claim_task(turn.task, now, until).await {
+        match store.claim_task(turn.task, now, until).await {
             Ok(true) => {}
             Ok(false) => continue,
             Err(e) => {
@@ -49,10 +53,7 @@ where
             tracing::warn!(error = %e, "{}'s look failed; trying next turn", turn.who);
         }
         if turn.release
-            && let Err(e) = state
-                .store()
-                .release_task(turn.task, until, Millis::now())
-                .await
+            && let Err(e) = store.release_task(turn.task, until, Millis::now()).await
         {
             tracing::warn!(error = %e, "{} cannot let its turn go", turn.who);
         }

@@ -486,7 +486,9 @@ async fn a_lapsed_pause_is_made_again_and_a_persons_pause_is_left_alone(engine: 
     app.heartbeat(&runner.failing("no space left on device"))
         .await;
     let now = Millis::now();
-    let report = watch_once(&app.state, &bk, now).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, now)
+        .await
+        .unwrap();
     assert_eq!(report.paused, 1);
     let pauses = buildkite.calls_to("pause");
     assert_eq!(pauses.len(), 1, "only the free agent: {pauses:?}");
@@ -506,14 +508,18 @@ async fn a_lapsed_pause_is_made_again_and_a_persons_pause_is_left_alone(engine: 
     );
 
     // Held: the next looks call nothing new.
-    watch_once(&app.state, &bk, now.plus_secs(1)).await.unwrap();
+    watch_once(&app.state.buildkite_context(), &bk, now.plus_secs(1))
+        .await
+        .unwrap();
     assert_eq!(buildkite.calls_to("pause").len(), 1);
 
     // Ten minutes on, Buildkite lifted the pause; the refusal lasts (the runner's attestation
     // is now old, too): paused again.
     buildkite.lapse("a1");
     let later = now.plus_secs(10 * 60 + 1);
-    let report = watch_once(&app.state, &bk, later).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, later)
+        .await
+        .unwrap();
     assert_eq!((report.ended, report.paused), (1, 1), "{report:?}");
     let pauses = buildkite.calls_to("pause");
     assert_eq!(pauses.len(), 2);
@@ -535,7 +541,9 @@ async fn a_lapsed_pause_is_made_again_and_a_persons_pause_is_left_alone(engine: 
 
     // Admitted again: leasegate's pause is resumed, the person's is not.
     app.heartbeat(&runner.healthy()).await;
-    let report = watch_once(&app.state, &bk, Millis::now()).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, Millis::now())
+        .await
+        .unwrap();
     assert_eq!(report.resumed, 1);
     let resumes = buildkite.calls_to("resume");
     assert_eq!(resumes.len(), 1);
@@ -565,10 +573,12 @@ async fn an_observing_pool_pauses_nothing(engine: Engine) {
     let bk = hold_the_watcher(&app).await;
     app.heartbeat(&runner.failing("crun not found")).await;
     let now = Millis::now();
-    let report = watch_once(&app.state, &bk, now).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, now)
+        .await
+        .unwrap();
     assert_eq!((report.observed, report.paused), (1, 0));
     // Counted once for the refusal, not at every look.
-    watch_once(&app.state, &bk, now.plus_secs(10))
+    watch_once(&app.state.buildkite_context(), &bk, now.plus_secs(10))
         .await
         .unwrap();
     assert!(buildkite.calls_to("pause").is_empty());
@@ -593,7 +603,9 @@ async fn a_failed_call_is_retried_after_a_back_off_and_shown(engine: Engine) {
     buildkite.fail_next("pause", 500);
     app.heartbeat(&runner.failing("crun not found")).await;
     let now = Millis::now();
-    let report = watch_once(&app.state, &bk, now).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, now)
+        .await
+        .unwrap();
     assert_eq!((report.failed, report.paused), (1, 0));
     let detail = app.runner(&runner.id).await;
     let agent = &detail["buildkite_agents"][0];
@@ -614,10 +626,14 @@ async fn a_failed_call_is_retried_after_a_back_off_and_shown(engine: Engine) {
     assert!(page.contains("call failed (1 in a row)"));
 
     // Within the back-off: no call.
-    watch_once(&app.state, &bk, now.plus_secs(1)).await.unwrap();
+    watch_once(&app.state.buildkite_context(), &bk, now.plus_secs(1))
+        .await
+        .unwrap();
     assert_eq!(buildkite.calls_to("pause").len(), 1);
     // After it: made, and the failure is over.
-    let report = watch_once(&app.state, &bk, now.plus_secs(3)).await.unwrap();
+    let report = watch_once(&app.state.buildkite_context(), &bk, now.plus_secs(3))
+        .await
+        .unwrap();
     assert_eq!(report.paused, 1);
     assert_eq!(buildkite.calls_to("pause").len(), 2);
     let detail = app.runner(&runner.id).await;

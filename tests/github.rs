@@ -127,7 +127,9 @@ impl Setup {
     /// One look of the watcher at `now`.
     async fn look(&self, now: Millis) -> WatchReport {
         let github = self.app.state.github().unwrap().clone();
-        watch_once(&self.app.state, &github, now).await.unwrap()
+        watch_once(&self.app.state.github_context(), &github, now)
+            .await
+            .unwrap()
     }
 
     async fn registrations(&self, runner: &TestRunner) -> Vec<Value> {

@@ -10,11 +10,13 @@
 //!
 //! - `settings`: `LEASEGATE_BUILDKITE_*`, read and checked at start;
 //! - `api`: the agents API's list, pause and resume calls;
+//! - `context`: what of the running service Buildkite's side touches, handed over by it;
 //! - `watcher`: the background task that follows the verdicts and pauses and resumes.
 //!
 //! The rules of what to do when are `domain::buildkite`'s.
 
 pub mod api;
+pub mod context;
 pub mod settings;
 pub mod watcher;
 

@@ -13,7 +13,8 @@
 
 use super::Buildkite;
 use super::api::{Paused, Resumed};
-use crate::app::AppState;
+use super::context::BuildkiteContext;
+use super::settings::BuildkiteSettings;
 use crate::domain::buildkite::{
     Act, AgentWatch, Pause, PauseEnd, Step, Verdict, exactly, next_step, note, on_admitted,
     on_refused,
@@ -52,10 +53,7 @@ pub struct WatchReport {
 
 /// Runs the watcher until shutdown: a look every tick, by the replica holding the
 /// `buildkite` task for it.
-pub async fn run(state: AppState) {
-    let Some(settings) = state.settings().buildkite.clone() else {
-        return;
-    };
+pub async fn run(cx: BuildkiteContext, settings: BuildkiteSettings) {
     let buildkite = match Buildkite::new(settings) {
         Ok(b) => b,
         Err(e) => {
@@ -73,20 +71,20 @@ pub async fn run(state: AppState) {
         release: true,
     };
     let buildkite = std::sync::Arc::new(buildkite);
-    every_turn(&state, turn, |now| {
-        let (state, buildkite) = (state.clone(), buildkite.clone());
-        async move { watch_once(&state, &buildkite, now).await.map(|_| ()) }
+    every_turn(cx.store(), cx.shutdown(), turn, |now| {
+        let (cx, buildkite) = (cx.clone(), buildkite.clone());
+        async move { watch_once(&cx, &buildkite, now).await.map(|_| ()) }
     })
     .await;
 }
 
 /// One look at every bound agent name at `now`.
 pub async fn watch_once(
-    state: &AppState,
+    cx: &BuildkiteContext,
     buildkite: &Buildkite,
     now: Millis,
 ) -> StoreResult<WatchReport> {
-    let store = state.store();
+    let store = cx.store();
     let seen = store.buildkite_state().await?;
     let mut report = WatchReport::default();
     if seen.bindings.is_empty() && seen.pauses.is_empty() && seen.watches.is_empty() {
@@ -105,18 +103,14 @@ pub async fn watch_once(
         .into_iter()
         .map(|p| (p.name.clone(), p))
         .collect();
-    let s = state.settings();
-    let rules = FetchRules {
-        attestation_max_age_s: s.rules.max_age_s,
-        probe_max_age_s: s.probe_max_age_s,
-    };
+    let rules = cx.rules();
     // Pauses whose timeout passed: Buildkite lifted them by itself.
     let mut live: Vec<Pause> = Vec::new();
     for p in seen.pauses {
         if p.live(now) {
             live.push(p);
         } else {
-            end_pause(state, &p, PauseEnd::Lapsed, now).await?;
+            end_pause(cx, &p, PauseEnd::Lapsed, now).await?;
             report.ended += 1;
         }
     }
@@ -170,7 +164,7 @@ pub async fn watch_once(
             }
             Step::Observe => {
                 if let Verdict::Observed { code, detail } = &verdict {
-                    state.metrics().forge_action(FORGE, "pause", "observed");
+                    cx.metrics().forge_action(FORGE, "pause", "observed");
                     tracing::info!(agent_name = %name, runner_id = %owner, code = %code, detail = %detail, "Buildkite agent not paused: its pool observes; it would be paused");
                     watch.observed_code = Some(code.clone());
                     report.observed += 1;
@@ -178,7 +172,7 @@ pub async fn watch_once(
             }
             Step::Look => {
                 look(
-                    state,
+                    cx,
                     buildkite,
                     &verdict,
                     &of_name,
@@ -211,7 +205,7 @@ fn verdict_on(
 /// Lists the agents of `watch`'s name and pauses them (refused) or resumes leasegate's pauses
 /// on them (admitted, observed or unbound).
 async fn look(
-    state: &AppState,
+    cx: &BuildkiteContext,
     buildkite: &Buildkite,
     verdict: &Verdict,
     live: &[&Pause],
@@ -228,7 +222,7 @@ async fn look(
         Ok(l) => l,
         Err(e) => {
             failed(
-                state,
+                cx,
                 watch,
                 action,
                 format!("listing agents named {name:?}: {e}"),
@@ -276,8 +270,8 @@ async fn look(
                             ended_at: None,
                             end: None,
                         };
-                        state.store().record_buildkite_pause(&pause).await?;
-                        state.metrics().forge_action(FORGE, "pause", "done");
+                        cx.store().record_buildkite_pause(&pause).await?;
+                        cx.metrics().forge_action(FORGE, "pause", "done");
                         tracing::info!(agent_name = %name, agent_id = %id, runner_id = %watch.runner_id, code = %code, detail = %detail, minutes, "Buildkite agent paused");
                         report.paused += 1;
                     }
@@ -287,7 +281,7 @@ async fn look(
                     Ok(Paused::Gone) => {}
                     Err(e) => {
                         let error = format!("pausing agent {id} ({name:?}): {e}");
-                        failed(state, watch, "pause", error, now);
+                        failed(cx, watch, "pause", error, now);
                         report.failed += 1;
                         any_failed = true;
                     }
@@ -295,27 +289,27 @@ async fn look(
             }
             Act::Resume(pause) => match buildkite.api().resume(&pause.agent_id).await {
                 Ok(Resumed::Resumed) => {
-                    end_pause(state, &pause, PauseEnd::Resumed, now).await?;
-                    state.metrics().forge_action(FORGE, "resume", "done");
+                    end_pause(cx, &pause, PauseEnd::Resumed, now).await?;
+                    cx.metrics().forge_action(FORGE, "resume", "done");
                     report.resumed += 1;
                 }
                 Ok(Resumed::NotPaused) => {
-                    end_pause(state, &pause, PauseEnd::Undone, now).await?;
+                    end_pause(cx, &pause, PauseEnd::Undone, now).await?;
                     report.ended += 1;
                 }
                 Ok(Resumed::Gone) => {
-                    end_pause(state, &pause, PauseEnd::Gone, now).await?;
+                    end_pause(cx, &pause, PauseEnd::Gone, now).await?;
                     report.ended += 1;
                 }
                 Err(e) => {
                     let error = format!("resuming agent {} ({name:?}): {e}", pause.agent_id);
-                    failed(state, watch, "resume", error, now);
+                    failed(cx, watch, "resume", error, now);
                     report.failed += 1;
                     any_failed = true;
                 }
             },
             Act::End(pause, end) => {
-                end_pause(state, &pause, end, now).await?;
+                end_pause(cx, &pause, end, now).await?;
                 report.ended += 1;
             }
             Act::LeaveAlone { id, by } => {
@@ -340,21 +334,25 @@ async fn look(
 /// A call failed: logged with the agent, counted, noted on the watch (shown on the runner)
 /// and put off by the back-off.
 fn failed(
-    state: &AppState,
+    cx: &BuildkiteContext,
     watch: &mut AgentWatch,
     action: &'static str,
     error: String,
     now: Millis,
 ) {
     watch.failed(error.clone(), now);
-    state.metrics().forge_action(FORGE, action, "failed");
+    cx.metrics().forge_action(FORGE, action, "failed");
     tracing::warn!(agent_name = %watch.agent_name, runner_id = %watch.runner_id, action, failures = watch.failures, retry_at = %watch.next_try_at.map(Millis::rfc3339).unwrap_or_default(), error = %error, "a Buildkite call failed; trying again after a back-off");
 }
 
 /// Writes down that `pause` ended, and logs it.
-async fn end_pause(state: &AppState, pause: &Pause, end: PauseEnd, now: Millis) -> StoreResult<()> {
-    state
-        .store()
+async fn end_pause(
+    cx: &BuildkiteContext,
+    pause: &Pause,
+    end: PauseEnd,
+    now: Millis,
+) -> StoreResult<()> {
+    cx.store()
         .record_buildkite_pause(&pause.ended(end, now))
         .await?;
     tracing::info!(agent_name = %pause.agent_name, agent_id = %pause.agent_id, runner_id = %pause.runner_id, end = end.as_str(), "Buildkite pause ended");

@@ -13,9 +13,9 @@
 //! A refusal, an unset pool or an outstanding registration makes no call to GitHub.
 
 use super::Github;
+use super::context::GithubContext;
 use super::error::GithubError;
 use super::settings::Secret;
-use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::github::GithubScope;
 use crate::domain::github::registration::{Registration, State, registration_name};
@@ -89,14 +89,14 @@ pub struct Minted {
 /// Judges `attestation` and, for an admitted runner, mints its registration; `client` is the
 /// runner's address, for the audit trail.
 pub async fn mint(
-    state: &AppState,
+    cx: &GithubContext,
     github: &Github,
     attestation: &str,
     client: &str,
     now: Millis,
 ) -> Result<Minted, MintError> {
-    let result = judge_and_mint(state, github, attestation, client, now).await;
-    let metrics = state.metrics();
+    let result = judge_and_mint(cx, github, attestation, client, now).await;
+    let metrics = cx.metrics();
     match &result {
         Ok(m) => match m.would_refuse {
             Some(code) => metrics.github("observed", code),
@@ -114,13 +114,13 @@ pub async fn mint(
 }
 
 async fn judge_and_mint(
-    state: &AppState,
+    cx: &GithubContext,
     github: &Github,
     attestation: &str,
     client: &str,
     now: Millis,
 ) -> Result<Minted, MintError> {
-    let admitted = state
+    let admitted = cx
         .gate()
         .admit(attestation, Purpose::GithubRunner, now)
         .await?;
@@ -150,7 +150,7 @@ async fn judge_and_mint(
         would_refuse: would_refuse.map(str::to_string),
         observed_code: None,
     };
-    let store = state.store();
+    let store = cx.store();
     if let Some(held) = store.reserve_github_registration(&reg).await? {
         return Err(MintError::Outstanding(Box::new(held)));
     }

@@ -13,10 +13,12 @@
 //! - `rest`: the transport, with the headers GitHub asks for;
 //! - `actions`: the runner endpoints (generate-jitconfig, list, delete);
 //! - `error`: what went wrong, as wait-and-retry or tell-an-operator;
+//! - `context`: what of the running service GitHub's side touches, handed over by it;
 //! - `mint`: a runner's request, judged, reserved, minted and recorded;
 //! - `watcher`: the background task that follows and withdraws registrations.
 
 pub mod actions;
+pub mod context;
 pub mod credential;
 pub mod error;
 pub mod mint;

@@ -12,7 +12,7 @@
 
 use super::Github;
 use super::actions::{Deleted, ListedRunner};
-use crate::app::AppState;
+use super::context::GithubContext;
 use crate::domain::audit::Action;
 use crate::domain::fetch::{FetchRules, standing};
 use crate::domain::github::GithubScope;
@@ -43,10 +43,7 @@ pub struct WatchReport {
 
 /// Runs the watcher until shutdown: a look every poll interval, by the replica that holds the
 /// `github` task for it.
-pub async fn run(state: AppState) {
-    let Some(github) = state.github().cloned() else {
-        return;
-    };
+pub async fn run(cx: GithubContext, github: std::sync::Arc<Github>) {
     let poll = github.settings().poll;
     // Held a little under one interval, so that this replica takes it again next tick and
     // another takes over within one interval of this one stopping.
@@ -57,20 +54,20 @@ pub async fn run(state: AppState) {
         hold: poll * 9 / 10,
         release: false,
     };
-    every_turn(&state, turn, |now| {
-        let (state, github) = (state.clone(), github.clone());
-        async move { watch_once(&state, &github, now).await.map(|_| ()) }
+    every_turn(cx.store(), cx.shutdown(), turn, |now| {
+        let (cx, github) = (cx.clone(), github.clone());
+        async move { watch_once(&cx, &github, now).await.map(|_| ()) }
     })
     .await;
 }
 
 /// One look at every outstanding registration at `now`.
 pub async fn watch_once(
-    state: &AppState,
+    cx: &GithubContext,
     github: &Github,
     now: Millis,
 ) -> StoreResult<WatchReport> {
-    let store = state.store();
+    let store = cx.store();
     let outstanding = store.outstanding_github_registrations().await?;
     let mut report = WatchReport::default();
     if outstanding.is_empty() {
@@ -93,11 +90,7 @@ pub async fn watch_once(
     for reg in outstanding {
         by_scope.entry(reg.scope.clone()).or_default().push(reg);
     }
-    let s = state.settings();
-    let rules = FetchRules {
-        attestation_max_age_s: s.rules.max_age_s,
-        probe_max_age_s: s.probe_max_age_s,
-    };
+    let rules = cx.rules();
     for (scope, regs) in by_scope {
         let listed = match github.list_runners(&scope).await {
             Ok(l) => l,
@@ -111,12 +104,12 @@ pub async fn watch_once(
         let by_id: HashMap<i64, &ListedRunner> = listed.iter().map(|r| (r.id, r)).collect();
         for reg in regs {
             if reg.state == State::Minting {
-                settle_reservation(state, reg, &listed, now).await?;
+                settle_reservation(cx, reg, &listed, now).await?;
                 continue;
             }
             let seen = reg.github_runner_id.and_then(|id| by_id.get(&id).copied());
             let verdict = verdict_on(&reg, &runners, &pools, now, rules);
-            let (moved, withdrawn) = step(state, github, reg, seen, &verdict, now).await?;
+            let (moved, withdrawn) = step(cx, github, reg, seen, &verdict, now).await?;
             report.moved += usize::from(moved);
             report.withdrawn += usize::from(withdrawn);
         }
@@ -142,7 +135,7 @@ fn verdict_on(
 /// down the answer. Found in the list, it is adopted (and, nobody holding its JIT config,
 /// withdrawn as unused in time); not found, it is cleared.
 async fn settle_reservation(
-    state: &AppState,
+    cx: &GithubContext,
     reg: Registration,
     listed: &[ListedRunner],
     now: Millis,
@@ -150,7 +143,7 @@ async fn settle_reservation(
     if now.secs_since(reg.minted_at) < MINTING_WINDOW_S {
         return Ok(());
     }
-    let store = state.store();
+    let store = cx.store();
     match listed.iter().find(|r| r.name == reg.name) {
         Some(found) => {
             let mut adopted = reg.clone();
@@ -169,7 +162,7 @@ async fn settle_reservation(
 
 /// One registration's step; whether it moved on, and whether it was withdrawn.
 async fn step(
-    state: &AppState,
+    cx: &GithubContext,
     github: &Github,
     reg: Registration,
     seen: Option<&ListedRunner>,
@@ -194,7 +187,7 @@ async fn step(
     }
     if let Some(observed) = &watched.observed {
         next.observed_code = Some(observed.reason.clone());
-        state.metrics().github("would_delete", &observed.reason);
+        cx.metrics().github("would_delete", &observed.reason);
         tracing::info!(runner_id = %reg.runner_id, github_runner_id = ?reg.github_runner_id, code = %observed.reason, detail = %observed.detail, "GitHub registration kept in an observing pool; it would be withdrawn");
     }
     let mut withdrawn = false;
@@ -208,7 +201,7 @@ async fn step(
                 withdrawn = true;
             }
             Ok(Deleted::Busy) => {
-                state.metrics().github("kept", "busy");
+                cx.metrics().github("kept", "busy");
                 tracing::info!(runner_id = %reg.runner_id, github_runner_id = id, reason = %w.reason, "GitHub registration not withdrawn: it has just taken a job");
             }
             Err(e) => {
@@ -221,7 +214,7 @@ async fn step(
     if next == reg {
         return Ok((false, false));
     }
-    record(state, &reg, &next, watched.withdraw.as_ref(), now).await?;
+    record(cx, &reg, &next, watched.withdraw.as_ref(), now).await?;
     Ok((next.state != reg.state, withdrawn))
 }
 
@@ -234,7 +227,7 @@ fn end(next: &mut Registration, state: State, reason: &str, now: Millis) {
 /// Writes `next` over `prior` with the audit entry of the step it made, and counts and logs
 /// it.
 async fn record(
-    state: &AppState,
+    cx: &GithubContext,
     prior: &Registration,
     next: &Registration,
     withdrawal: Option<&Withdrawal>,
@@ -253,7 +246,7 @@ async fn record(
         _ => None,
     };
     let audit = action.map(|a| next.audit(a, now, "-", why.as_deref()));
-    let written = state
+    let written = cx
         .store()
         .record_github_registration(next, prior.state, audit.as_ref())
         .await?;
@@ -261,7 +254,7 @@ async fn record(
         return Ok(());
     };
     let code = next.end_reason.as_deref().unwrap_or("none");
-    state.metrics().github(step.as_str(), code);
+    cx.metrics().github(step.as_str(), code);
     let (runner_id, id) = (&next.runner_id, next.github_runner_id);
     match step {
         State::Deleted => {

@@ -60,7 +60,7 @@ async fn register(
     };
     let body: GithubRunnerBody = super::json::parse(&body)?;
     let minted = mint(
-        &state,
+        &state.github_context(),
         &github,
         &body.attestation,
         &client.ip.to_string(),
