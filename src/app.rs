@@ -2,6 +2,10 @@
 //! signal. Cheap to clone; every handler gets one. What the service does beside a store call
 //! whichever path made it (counting and logging a grant, a lease call, a revocation) lives
 //! here too, so that the HTTP handlers and the demo's simulated runners show alike.
+//!
+//! The service's parts (the forge gate, GitHub's and Buildkite's sides) are composed here and
+//! never see this state: each is handed what it touches (`gate_state`, `github_context`,
+//! `buildkite_context`), so that the dependency points one way, from the service to its parts.
 
 use crate::domain::attestation::AttestationRules;
 use crate::domain::fetch::FetchRules;
