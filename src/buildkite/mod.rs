@@ -6,7 +6,8 @@
 //! after which Buildkite lifts the pause by itself. A leasegate runner bound to Buildkite agents
 //! by name (`{"kind": "buildkite", "agent_name": …}`) has them paused while the lease's rules
 //! refuse it and resumed when they admit it again; pauses that lapse while the refusal lasts
-//! are made again. Only pauses leasegate made, remembered in the store, are ever resumed.
+//! are made again. Only pauses leasegate made, remembered in the store, are ever resumed. A
+//! stopped leasegate fails open: nothing renews its pauses, and each lapses after its timeout.
 //!
 //! - `settings`: `LEASEGATE_BUILDKITE_*`, read and checked at start;
 //! - `api`: the agents API's list, pause and resume calls;

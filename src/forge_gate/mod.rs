@@ -1,15 +1,21 @@
-//! The forge gate: leasegate in front of a Forgejo/Gitea or a GitLab, gating unmodified
-//! runners on unmodified forges.
+//! The forge gate: leasegate in front of a Forgejo/Gitea, a GitLab or a Woodpecker server,
+//! gating unmodified runners on unmodified forges.
 //!
 //! Every request under the forge's runner API is forwarded to the forge (`upstream.rs`) except
-//! the one call with which a runner asks for work: Forgejo's `FetchTask` (`forgejo.rs`) and
-//! GitLab's `POST /api/v4/jobs/request` (`gitlab.rs`). That call is judged (`decide.rs`: the
+//! the one call with which a runner asks for work: Forgejo's `FetchTask` (`forgejo.rs`),
+//! GitLab's `POST /api/v4/jobs/request` (`gitlab.rs`) and Woodpecker's `Next` (`woodpecker.rs`,
+//! on an HTTP/2 listener of its own, `h2_listener.rs`). That call is judged (`decide.rs`: the
 //! lease's rules over the bound runner's latest attestation) and, for a runner the gate
 //! refuses, answered "no work" by leasegate itself: the forge never sees it, so it claims no
 //! job and counts nothing. Every other call (updates, logs, traces, artifacts) is forwarded
 //! even for a refused runner, so a job already running can finish. Every forge's fetch goes
 //! through one pipeline (`pipeline.rs`); a forge says only who calls and what its "no work"
 //! looks like. The routes read the gate's own state (`state.rs`), not the service's.
+//!
+//! Why answer the fetch rather than pause the runner through the forge's API: the fetch is the
+//! one moment the forge hands out work, so answering it is the only way to be sure a refused
+//! runner gets nothing, and it needs no credential on the forge, no change to it, and nothing
+//! on the runner but the URL it is given.
 //!
 //! What is judged and forwarded is the path in its canonical form (`canonical.rs`), so that
 //! the forge routes exactly what the gate judged; a path without one is refused 400
