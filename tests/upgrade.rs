@@ -18,7 +18,7 @@ const LEASE: &str = "0193a5b0-0000-7000-8000-0000000000b1";
 /// A database at the schema before the newest migration, with a pool, a revoked and a live
 /// runner, a finished job with its lease and events, and the revoked runner's history.
 fn previous_version(path: &std::path::Path) {
-    let migrations: Vec<_> = sqlx::migrate!("migrations/sqlite")
+    let migrations: Vec<_> = leasegate::store::migrations::sqlite()
         .iter()
         .cloned()
         .collect();

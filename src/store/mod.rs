@@ -12,6 +12,7 @@ pub mod engine;
 mod gated;
 mod group_commit;
 pub mod location;
+pub mod migrations;
 mod pg_connect;
 pub mod postgres;
 pub mod retry;

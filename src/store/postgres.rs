@@ -95,7 +95,7 @@ impl PgEngine {
         announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
         let pool = Self::pool(url, settings).await?;
-        sqlx::migrate!("migrations/postgres").run(&pool).await?;
+        super::migrations::postgres().run(&pool).await?;
         let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
         Ok(PgEngine { pool, listener })
     }

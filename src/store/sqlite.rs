@@ -499,7 +499,7 @@ fn migrate(conn: &mut Connection) -> anyhow::Result<()> {
 
 fn apply_migrations(conn: &mut Connection, applied: &[(i64, Vec<u8>, bool)]) -> anyhow::Result<()> {
     use anyhow::Context;
-    for m in sqlx::migrate!("migrations/sqlite").iter() {
+    for m in super::migrations::sqlite().iter() {
         if let Some((_, checksum, success)) = applied.iter().find(|(v, _, _)| *v == m.version) {
             anyhow::ensure!(*success, "migration {} was left half applied", m.version);
             anyhow::ensure!(
