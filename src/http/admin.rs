@@ -5,7 +5,7 @@
 
 use super::auth::{AsOperator, AsViewer};
 use super::json::JsonBody;
-use super::schema::Problem;
+use super::problem::Problem;
 use super::views::{self, PoolStanding};
 use super::views::{
     DriftReport, DriftedRunner, PoolList, PoolView, RegistrationToken, RollHealthView,
@@ -791,9 +791,6 @@ async fn list_runners(
     }))
 }
 
-/// How many of a runner's audit entries its detail shows.
-pub const RUNNER_AUDIT_SHOWN: i64 = 50;
-
 async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<RunnerDetail, ApiError> {
     let runner = state
         .store()
@@ -810,7 +807,7 @@ async fn runner_detail(state: &AppState, id: &RunnerId) -> Result<RunnerDetail, 
         .store()
         .audit_trail(&AuditFilter {
             target: Some(id.to_string()),
-            limit: RUNNER_AUDIT_SHOWN,
+            limit: views::RUNNER_AUDIT_SHOWN,
             ..AuditFilter::default()
         })
         .await?;

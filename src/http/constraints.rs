@@ -163,7 +163,7 @@ pub fn forge_runner() -> Value {
 pub fn forge_runners() -> Value {
     json!({
         "type": "array",
-        "maxItems": super::forge_bindings::MAX_FORGE_RUNNERS,
+        "maxItems": crate::domain::forge::MAX_FORGE_RUNNERS,
         "items": {"$ref": "#/components/schemas/ForgeRunnerSpec"},
         "description": "The forge runners on the runner's machine, at most 64 (repeats count once).",
     })

@@ -3,8 +3,8 @@
 
 use super::auth::ForgeAuth;
 use super::json::JsonBody;
+use super::problem::Problem;
 use super::runners::AttestationBody;
-use super::schema::Problem;
 use super::views;
 use super::views::{GateDecision, JobSummary, JobView};
 use crate::app::AppState;

@@ -1,4 +1,4 @@
-//! Forge runners as the API writes and shows them: `{"kind": "forgejo", "uuid": "…",
+//! Forge runners as the API reads them (`views::forge_runners` shows them): `{"kind": "forgejo", "uuid": "…",
 //! "token_sha256": "…"}` for a Forgejo or Gitea runner (`"gitea"` is accepted as the same;
 //! the token's SHA-256 optional), `{"kind": "gitlab", "token_sha256": "…", "system_id": "…"}`
 //! for a GitLab runner (the machine's `system_id` optional), `{"kind": "buildkite",
@@ -7,11 +7,11 @@
 //! operator replaces them with `PUT /api/v1/admin/runners/{id}/forge-runners`; the agent's
 //! heartbeats may claim them (`forge_runners` in the attestation).
 
-use crate::domain::forge::{ForgeBinding, ForgeKind, ForgeRunner};
+use crate::domain::forge::ForgeRunner;
 use crate::problem::ApiError;
 use serde::Deserialize;
 
-pub use crate::domain::forge::MAX_FORGE_RUNNERS;
+use crate::domain::forge::MAX_FORGE_RUNNERS;
 
 /// One forge runner in a request; its schema is `constraints::forge_runner`.
 #[derive(Deserialize, Clone)]
@@ -73,31 +73,4 @@ pub fn identities(specs: &[ForgeRunnerSpec]) -> Result<Vec<ForgeRunner>, ApiErro
         }
     }
     Ok(out)
-}
-
-/// A binding as views show it.
-pub fn view(b: &ForgeBinding) -> super::views::ForgeRunnerView {
-    let mut v = spec_view(&b.runner());
-    v.last_fetch_at = b.last_fetch_at.map(|m| m.rfc3339());
-    v
-}
-
-/// A forge runner as views show it, never seen fetching.
-pub fn spec_view(r: &ForgeRunner) -> super::views::ForgeRunnerView {
-    let key = Some(r.identity.key.clone());
-    let (uuid, token_sha256, agent_name) = match r.identity.kind {
-        ForgeKind::Forgejo => (key, r.token_sha256.clone(), None),
-        ForgeKind::Gitlab => (None, key, None),
-        ForgeKind::Buildkite => (None, None, key),
-        ForgeKind::Woodpecker => (None, None, None),
-    };
-    super::views::ForgeRunnerView {
-        kind: r.identity.kind.as_str().to_string(),
-        uuid,
-        token_sha256,
-        system_id: r.identity.system_id.clone(),
-        agent_name,
-        agent_id: r.identity.agent_id(),
-        last_fetch_at: None,
-    }
 }

@@ -2,7 +2,7 @@
 //! attestation (`POST /api/v1/github/runners`), judged by the lease's rules; see
 //! `crate::github::mint`. Without a GitHub credential the route answers 404.
 
-use super::schema::Problem;
+use super::problem::Problem;
 use super::views::GithubRegistrationGrant;
 use crate::app::AppState;
 use crate::client::Client;

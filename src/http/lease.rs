@@ -6,7 +6,7 @@
 
 use super::auth::{Credential, LeaseBearer, throttled};
 use super::json::{JsonBody, OptionalJson};
-use super::schema::Problem;
+use super::problem::Problem;
 use super::views;
 use super::views::{LeaseGrant, LeaseView};
 use crate::app::AppState;

@@ -40,6 +40,7 @@ pub fn router(state: AppState) -> Router {
         state,
         Router::new()
             .merge(ops::router(metrics_here))
+            .merge(schema::router())
             .merge(runners::router())
             .merge(lease::router())
             .merge(github::router())

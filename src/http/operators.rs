@@ -7,10 +7,8 @@
 
 use super::auth::{AsAdmin, AsViewer};
 use super::json::JsonBody;
-use super::schema::{
-    AuditPage, CreatedOperatorToken, OperatorTokenList, OperatorTokenView, Problem,
-};
-use super::views;
+use super::problem::Problem;
+use super::views::{self, AuditPage, CreatedOperatorToken, OperatorTokenList, OperatorTokenView};
 use crate::app::AppState;
 use crate::domain::audit::Action;
 use crate::domain::operator::{BOOTSTRAP, Operator, OperatorName, Role};

@@ -1,6 +1,7 @@
-//! Unauthenticated operational endpoints: liveness, readiness, metrics and the OpenAPI document.
+//! Unauthenticated operational endpoints: liveness, readiness and metrics (the OpenAPI
+//! document is `schema`'s).
 
-use super::schema::Problem;
+use super::problem::Problem;
 use crate::app::AppState;
 use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
@@ -15,12 +16,11 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use std::collections::BTreeMap;
 
-/// Liveness, readiness, the OpenAPI document and, when `with_metrics`, `/metrics`.
+/// Liveness, readiness and, when `with_metrics`, `/metrics`.
 pub fn router(with_metrics: bool) -> Router<AppState> {
     let router = Router::new()
         .route("/livez", get(livez))
-        .route("/readyz", get(readyz))
-        .route("/openapi.json", get(openapi_json));
+        .route("/readyz", get(readyz));
     if with_metrics {
         router.merge(metrics_only())
     } else {
@@ -132,15 +132,4 @@ async fn metrics(
         HeaderValue::from_static("application/openmetrics-text; version=1.0.0; charset=utf-8"),
     );
     Ok(response)
-}
-
-/// This document: the API as the code declares it (`schema::ApiDoc`), built once.
-#[utoipa::path(get, path = "/openapi.json", tag = "operations",
-    responses((status = 200, description = "The OpenAPI 3.1 document.", body = Object, content_type = "application/json")))]
-async fn openapi_json() -> Response {
-    (
-        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
-        super::schema::document(),
-    )
-        .into_response()
 }

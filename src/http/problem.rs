@@ -1,9 +1,35 @@
-//! Problems from the framework: what axum answers by itself (unknown route, wrong method, a
-//! body too large, a path that does not parse) becomes a problem like every other error.
+//! The API's problems: `Problem`, the schema of every error in the OpenAPI document, and the
+//! layer that makes what axum answers by itself (unknown route, wrong method, a body too
+//! large, a path that does not parse) a problem like every other error. The error itself,
+//! `ApiError`, is `crate::problem`'s: the forge gate answers with it too.
 
 use crate::problem::{ApiError, PROBLEM_JSON};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+use utoipa::ToSchema;
+
+/// An RFC 9457 problem, the body of every error (`application/problem+json`).
+// It describes what `ApiError` renders and is never constructed.
+#[allow(dead_code)]
+#[derive(Serialize, ToSchema)]
+pub struct Problem {
+    /// `urn:leasegate:problem:<code>`.
+    #[serde(rename = "type")]
+    #[schema(example = "urn:leasegate:problem:probe_failed")]
+    pub kind: String,
+    /// The HTTP reason phrase.
+    #[schema(example = "Conflict")]
+    pub title: String,
+    /// The HTTP status.
+    #[schema(example = 409)]
+    pub status: u16,
+    /// For people; for a probe failure it quotes the container runtime.
+    pub detail: String,
+    /// Stable snake_case code that clients branch on.
+    #[schema(example = "probe_failed")]
+    pub code: String,
+}
 
 /// Turns framework answers (unknown route, wrong method, body too large, a path or query that
 /// does not parse) into problems, so that every error a client sees has the same shape.

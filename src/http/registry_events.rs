@@ -15,7 +15,7 @@
 
 use super::auth::AsOperator;
 use super::json::JsonBody;
-use super::schema::Problem;
+use super::problem::Problem;
 use super::views::PoolsResolving;
 use crate::app::AppState;
 use crate::domain::audit::Action;

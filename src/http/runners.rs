@@ -3,7 +3,7 @@
 use super::auth::{Credential, throttled};
 use super::forge_bindings::{ForgeRunnerSpec, identities};
 use super::json::JsonBody;
-use super::schema::Problem;
+use super::problem::Problem;
 use super::views::{ExpectedImage, Heartbeat, Registered};
 use crate::app::AppState;
 use crate::client::Client;

@@ -2,102 +2,44 @@
 //!
 //! Handlers carry `#[utoipa::path]` (tag, credential, body, answers and the problems special
 //! to them); request bodies derive `ToSchema` where they are defined, and so do the answers,
-//! in `views` (and here, for problems, operators' tokens and the audit trail): each struct is
-//! both what a handler sends and its schema. `constraints` adds what utoipa cannot say.
+//! in `views` (and `problem::Problem`, the problems): each struct is both what a handler sends
+//! and its schema. `constraints` adds what utoipa cannot say.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
+//!
+//! Only the document is here: it names every handler, so nothing of the API imports it.
 
-// `Problem` describes what `problem::ApiError` renders; it is never constructed.
-#![allow(dead_code)]
-
-use serde::Serialize;
+use axum::Router;
+use axum::http::HeaderValue;
+use axum::http::header::CONTENT_TYPE;
+use axum::response::{IntoResponse, Response as HttpResponse};
+use axum::routing::get;
 use std::sync::OnceLock;
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{
     ContentBuilder, OpenApi as OpenApiDoc, Ref, RefOr, Response, ResponseBuilder,
 };
-use utoipa::{Modify, OpenApi, ToSchema};
+use utoipa::{Modify, OpenApi};
 
+use super::problem::Problem;
 use super::{admin, forge, github, lease, operators, ops, page, registry_events, runners};
+use crate::app::AppState;
 
-/// An RFC 9457 problem, the body of every error (`application/problem+json`).
-#[derive(Serialize, ToSchema)]
-pub struct Problem {
-    /// `urn:leasegate:problem:<code>`.
-    #[serde(rename = "type")]
-    #[schema(example = "urn:leasegate:problem:probe_failed")]
-    pub kind: String,
-    /// The HTTP reason phrase.
-    #[schema(example = "Conflict")]
-    pub title: String,
-    /// The HTTP status.
-    #[schema(example = 409)]
-    pub status: u16,
-    /// For people; for a probe failure it quotes the container runtime.
-    pub detail: String,
-    /// Stable snake_case code that clients branch on.
-    #[schema(example = "probe_failed")]
-    pub code: String,
+/// `GET /openapi.json`.
+pub fn router() -> Router<AppState> {
+    Router::new().route("/openapi.json", get(openapi_json))
 }
 
-/// One change by an operator.
-#[derive(Serialize, ToSchema)]
-pub struct AuditEntry {
-    /// The entry's place in the trail: pass it as `cursor` for the entries before it.
-    pub seq: i64,
-    pub at: String,
-    /// The operator's name (`bootstrap` for the configured admin token).
-    pub actor: String,
-    /// `runner_cordon`, `runner_uncordon`, `runner_revoke`, `runner_forge_runners`,
-    /// `pool_put`, `pool_patch`, `pool_delete`, `pool_resolve`, `registration_token_create`,
-    /// `operator_token_create`, `operator_token_revoke`, `page_login`, `page_logout`; and the
-    /// steps of GitHub registrations, whose actor is `leasegate`: `github_runner_minted`,
-    /// `github_runner_online`, `github_runner_busy`, `github_runner_done`,
-    /// `github_runner_deleted`.
-    pub action: String,
-    /// `runner`, `pool` or `operator`.
-    pub target_kind: String,
-    /// The runner id, pool name or operator name acted on.
-    pub target: String,
-    #[schema(required = true)]
-    pub detail: Option<String>,
-    /// The client's address.
-    pub client: String,
-}
-
-/// `200` to `GET /api/v1/admin/audit`.
-#[derive(Serialize, ToSchema)]
-pub struct AuditPage {
-    pub entries: Vec<AuditEntry>,
-    /// Pass as `cursor` for the next (older) page; `null` on the last.
-    #[schema(required = true)]
-    pub next_cursor: Option<String>,
-}
-
-/// An operator's token as listed (the token itself is shown once, when created).
-#[derive(Serialize, ToSchema)]
-pub struct OperatorTokenView {
-    pub name: String,
-    /// `viewer`, `operator` or `admin`.
-    pub role: String,
-    pub created_at: String,
-    pub created_by: String,
-}
-
-/// `201` to `POST /api/v1/admin/tokens`: the token, shown this once.
-#[derive(Serialize, ToSchema)]
-pub struct CreatedOperatorToken {
-    #[serde(flatten)]
-    pub operator: OperatorTokenView,
-    /// The bearer token (`lgo_…`): only its hash is kept.
-    pub token: String,
-}
-
-/// `200` to `GET /api/v1/admin/tokens`.
-#[derive(Serialize, ToSchema)]
-pub struct OperatorTokenList {
-    pub tokens: Vec<OperatorTokenView>,
+/// This document: the API as the code declares it (`schema::ApiDoc`), built once.
+#[utoipa::path(get, path = "/openapi.json", tag = "operations",
+    responses((status = 200, description = "The OpenAPI 3.1 document.", body = Object, content_type = "application/json")))]
+async fn openapi_json() -> HttpResponse {
+    (
+        [(CONTENT_TYPE, HeaderValue::from_static("application/json"))],
+        document(),
+    )
+        .into_response()
 }
 
 #[derive(OpenApi)]
@@ -110,7 +52,7 @@ pub struct OperatorTokenList {
         ops::livez,
         ops::readyz,
         ops::metrics,
-        ops::openapi_json,
+        openapi_json,
         runners::register,
         runners::heartbeat,
         lease::lease,

@@ -8,11 +8,12 @@
 pub mod fleet;
 pub mod pieces;
 pub mod session;
+pub mod status;
 pub mod timeline;
 pub mod views;
 
 use super::auth::{Caller, Credential, credential_failed, throttle_wait};
-use super::schema::Problem;
+use super::problem::Problem;
 use crate::app::AppState;
 use crate::client::Client;
 use crate::domain::audit::Action;
@@ -540,7 +541,7 @@ async fn runner_page(
     let audit = store
         .audit_trail(&AuditFilter {
             target: Some(id.to_string()),
-            limit: crate::http::admin::RUNNER_AUDIT_SHOWN,
+            limit: crate::http::views::RUNNER_AUDIT_SHOWN,
             ..AuditFilter::default()
         })
         .await?;

@@ -6,7 +6,7 @@
 //! Only numbers and the service's own status names go into the picture, so it is written as
 //! text here and placed in the page unescaped; a bar's `<title>` says what it holds on hover.
 
-use super::views::status_class;
+use super::status::status_class;
 use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
 use crate::domain::timeline::{PoolSample, buckets};

@@ -1,6 +1,7 @@
 //! What the page shows, computed from domain values: one plain struct per thing on screen, so
 //! templates only lay out and never decide.
 
+use super::status::status_class;
 use crate::domain::digest::ImageDigest;
 use crate::domain::disk::{DiskFigure, human_bytes};
 use crate::domain::fleet::PoolTally;
@@ -146,24 +147,6 @@ pub fn buildkite_lines(
         });
     }
     out
-}
-
-/// The CSS class of a status: its colour. The word is always shown beside it.
-pub fn status_class(status: RunnerStatus) -> &'static str {
-    match status {
-        RunnerStatus::Healthy => "ok",
-        RunnerStatus::ProbeFailed
-        | RunnerStatus::Drifted
-        | RunnerStatus::ImageUnreported
-        | RunnerStatus::PoolImageUnresolved
-        | RunnerStatus::Quarantined
-        | RunnerStatus::Ejected => "bad",
-        RunnerStatus::ProbeStale
-        | RunnerStatus::Stale
-        | RunnerStatus::Cordoned
-        | RunnerStatus::Unknown => "warn",
-        RunnerStatus::Revoked => "off",
-    }
 }
 
 /// "12 s ago", "3 min ago", "2 h ago", "4 d ago".
