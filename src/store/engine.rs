@@ -18,7 +18,7 @@
 //! store applies them in this process once the transaction has committed (`gated.rs`). So the
 //! list of what to forget is written where the change happens, once.
 
-use super::sql::replay::SpillIndex;
+use super::spills::SpillIndex;
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool_name::PoolName;

@@ -8,53 +8,33 @@
 //!   wake-ups (`Held::apply`), the same list other replicas apply from PostgreSQL's `NOTIFY`;
 //! - a write the database aborted for a conflict is run again (`retry`).
 
-use super::engine::{Change, Db, Engine, Work, WorkFuture};
+use super::engine::{Db, Engine, Work, WorkFuture};
 use super::group_commit::GroupCommit;
+use super::held::Held;
 use super::retry::retrying;
 use super::signal::JobSignal;
-use super::sql::{self, round::RoundItem, round::RoundOutcome};
-use super::verdict_cache::{GateRunner, VerdictCache};
+use super::sql;
+use super::verdict_cache::GateRunner;
 use super::*;
-use crate::domain::audit::Entry;
+use crate::domain::audit::{Entry, Recorded};
 use crate::domain::ejection::{Effect, JobEnd};
+use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
+use crate::domain::github::registration::{
+    Registration as GithubRegistration, State as GithubState,
+};
+use crate::domain::ids::{JobId, LeaseId, RegistrationId, RunnerId};
+use crate::domain::image_set::ResolutionOutcome;
+use crate::domain::job::{Job, JobEvent};
 use crate::domain::lease::{Lease, LeaseCall};
+use crate::domain::operator::{Operator, OperatorName};
+use crate::domain::pool::{Pool, PoolSpec};
+use crate::domain::pool_name::PoolName;
+use crate::domain::retention::Horizons;
+use crate::domain::runner::{Runner, RunnerSummary, StatusRules};
+use crate::domain::time::Millis;
+use async_trait::async_trait;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-
-/// What this process holds in memory of the database: the gate's cached inputs and the long
-/// polls' wake-ups. Cheap to clone; the engine's listener (PostgreSQL) holds one too.
-#[derive(Clone)]
-pub struct Held {
-    pub cache: VerdictCache,
-    pub signal: JobSignal,
-}
-
-impl Held {
-    pub fn new(signal: JobSignal) -> Self {
-        Held {
-            cache: VerdictCache::default(),
-            signal,
-        }
-    }
-
-    /// Applies what a committed write changed (here or on another replica).
-    pub fn apply(&self, change: &Change) {
-        match change {
-            Change::Runner(id) => self.cache.forget_runner(id),
-            Change::Pool(name) => self.cache.forget_pool(name),
-            Change::JobQueued(pool) => self.signal.notify_one(pool.as_str()),
-            Change::JobsReturned(pool) => self.signal.notify(pool.as_str()),
-            // The engine's own (SQLite's spill index), applied by it.
-            Change::Spilled { .. } => {}
-        }
-    }
-
-    /// Changes may have been missed (another replica's, while the listener reconnected):
-    /// forget every cached input and wake every waiter.
-    pub fn lost(&self) {
-        self.cache.forget_all();
-        self.signal.notify_all();
-    }
-}
 
 /// A statement function of `sql/` with its arguments: work an engine can run (and run again).
 type Step<D, A, T> = for<'a> fn(&'a mut D, &'a A) -> WorkFuture<'a, T>;
@@ -412,7 +392,7 @@ where
         audit: &Entry,
     ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
         self.audited((id.clone(), now), audit, some, |db, (id, now)| {
-            Box::pin(sql::runners::revoke(db, id, *now))
+            Box::pin(sql::leases::revoke(db, id, *now))
         })
         .await
     }

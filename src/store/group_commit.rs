@@ -9,9 +9,10 @@
 //! one lane, they never lock the same runner.
 
 use super::engine::{Engine, work};
-use super::gated::Held;
+use super::held::Held;
 use super::retry::retrying;
-use super::sql::round::{self, RoundItem, RoundOutcome};
+use super::sql::round;
+use super::vocabulary::{RoundItem, RoundOutcome};
 use super::{StoreError, StoreResult};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};

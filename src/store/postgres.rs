@@ -346,7 +346,7 @@ impl Db for PgDb {
         self.discard = true;
     }
 
-    fn spill_index(&self) -> Option<&super::sql::replay::SpillIndex> {
+    fn spill_index(&self) -> Option<&super::spills::SpillIndex> {
         None
     }
 }

@@ -20,7 +20,8 @@
 //! versions (which ran them through sqlx) go on from where they were.
 
 use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
-use super::sql::replay::{self, SpillIndex};
+use super::spills::SpillIndex;
+use super::sql::replay;
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;

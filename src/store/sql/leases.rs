@@ -6,13 +6,13 @@
 //! never touch a job that moved on. Rows are locked in the one order, runner then job then
 //! lease (`ARCHITECTURE.md`, Invariants): a call checks its token before it locks anything.
 
-use super::{ejection, rows};
+use super::{ejection, rows, runners};
 use crate::domain::ejection::Effect;
 use crate::domain::ids::{JobId, LeaseId, RunnerId};
 use crate::domain::job::{EventKind, Job, JobState};
 use crate::domain::lease::{self, EndCause, Lease, LeaseCall, LeaseState, Snapshot, Transition};
 use crate::domain::pool_name::PoolName;
-use crate::domain::runner::StatusRules;
+use crate::domain::runner::{Runner, StatusRules};
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Statement, Tail, fetch_optional};
 use crate::store::{
@@ -315,6 +315,45 @@ pub async fn cancel<D: Db>(
     };
     add_event(db, id, now, event).await?;
     Ok(Ok(job(db, id, Tail::None).await?))
+}
+
+/// Revokes the runner (the first time counts), ends its live leases as an expiry would, and
+/// frees its forge runners. The update locks the runner's row first: no round claims for it
+/// after, and the leases are then locked in the one order (job, lease).
+pub async fn revoke<D: Db>(
+    db: &mut D,
+    id: &RunnerId,
+    now: Millis,
+) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
+    db.execute(
+        Statement::new("UPDATE runners SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2")
+            .bind(now.0)
+            .bind(id.as_str()),
+    )
+    .await?;
+    let live = db
+        .fetch(
+            Statement::new(
+                "SELECT id, job_id FROM leases WHERE runner_id = $1 AND state IN ('leased', \
+                    'running')",
+            )
+            .bind(id.as_str()),
+        )
+        .await?;
+    let mut ended = Vec::new();
+    for row in &live {
+        let lease_id = LeaseId(row.text("id")?);
+        let job_id = JobId(row.text("job_id")?);
+        if let Some(e) =
+            end_live(db, &job_id, &lease_id, EndCause::RunnerRevoked, now, false).await?
+        {
+            ended.push(e);
+        }
+    }
+    db.execute(Statement::new("DELETE FROM forge_runners WHERE runner_id = $1").bind(id.as_str()))
+        .await?;
+    db.changed(Change::Runner(id.clone())).await?;
+    Ok(runners::get(db, id).await?.map(|r| (r, ended)))
 }
 
 /// Ends up to `SWEEP_BATCH` overdue leases at `now`; what became of each job, and whether

@@ -23,10 +23,9 @@ use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use crate::store::engine::{Change, Db, Param, Statement, fetch_optional};
+use crate::store::spills::SpillIndex;
 use sha2::{Digest, Sha256};
-use std::collections::{HashMap, HashSet, VecDeque};
-use std::hash::{Hash, Hasher};
-use std::sync::Mutex;
+use std::collections::HashSet;
 
 /// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a
 /// heartbeat every 15 s and a long poll every 30 s leave about 9 in a window of 90 s.
@@ -75,72 +74,6 @@ impl RecentJtis {
         self.0.sort();
         let over = self.0.len().saturating_sub(IN_ROW);
         self.0.drain(..over).collect()
-    }
-}
-
-/// The spilled jtis of a database this process alone writes (SQLite), in memory: what the
-/// spill table holds, as 64-bit hashes of (runner, key), with when each may be forgotten.
-#[derive(Default)]
-pub struct SpillIndex {
-    inner: Mutex<Spills>,
-}
-
-#[derive(Default)]
-struct Spills {
-    until: HashMap<u64, Millis>,
-    /// In the order remembered, for `purge`: an entry behind a longer-lived one waits for it,
-    /// which only keeps an expired jti (that rule 4 refuses anyway) a little longer.
-    order: VecDeque<(Millis, u64)>,
-}
-
-fn slot(runner: &RunnerId, key: &str) -> u64 {
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    (runner.as_str(), key).hash(&mut h);
-    h.finish()
-}
-
-impl SpillIndex {
-    pub fn remember(&self, runner: &RunnerId, key: &str, until: Millis) {
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let slot = slot(runner, key);
-        let kept = s.until.entry(slot).or_insert(until);
-        *kept = (*kept).max(until);
-        s.order.push_back((until, slot));
-    }
-
-    /// Whether the runner spilled `key`.
-    pub fn contains(&self, runner: &RunnerId, key: &str) -> bool {
-        let s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        s.until.contains_key(&slot(runner, key))
-    }
-
-    /// Forgets what expired before `now`; how many.
-    pub fn purge(&self, now: Millis) -> u64 {
-        let mut s = self.inner.lock().unwrap_or_else(|e| e.into_inner());
-        let mut purged = 0;
-        while let Some(&(until, slot)) = s.order.front() {
-            if until >= now {
-                break;
-            }
-            s.order.pop_front();
-            if s.until.get(&slot).is_some_and(|&u| u < now) {
-                s.until.remove(&slot);
-                purged += 1;
-            }
-        }
-        purged
-    }
-
-    pub fn len(&self) -> usize {
-        self.inner
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .until
-            .len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
     }
 }
 

@@ -21,14 +21,13 @@ use super::replay::{self, RecentJtis, jti_key};
 use super::rows;
 use super::{chunks, param_list, queue, write_rows};
 use crate::domain::ids::RunnerId;
-use crate::domain::job::Job;
 use crate::domain::lease::Lease;
 use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Param, Row, Statement, Tail};
 use crate::store::{
-    ATTESTATION_HISTORY, AttestationRecord, Claim, REFUSAL_HISTORY, STATUS_CHANGE_HISTORY,
-    StoreError, StoreResult,
+    ATTESTATION_HISTORY, AttestationRecord, Claim, REFUSAL_HISTORY, Rejection, RoundItem,
+    RoundOutcome, STATUS_CHANGE_HISTORY, StoreError, StoreResult,
 };
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
 
@@ -37,30 +36,6 @@ pub const SAMPLE_INTERVAL_S: i64 = 300;
 
 /// How often an open refusal entry's count and last time are written to the ring.
 pub const REFUSAL_SYNC_S: i64 = 60;
-
-/// One request's share of a round: an attestation to accept and record, a claim, or both (a
-/// lease: the claim happens only when the attestation is accepted).
-#[derive(Clone, Debug, Default)]
-pub struct RoundItem {
-    pub attestation: Option<AttestationRecord>,
-    pub claim: Option<Claim>,
-}
-
-/// Rules 5 and 6, decided inside the round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    Replayed,
-    Revoked,
-}
-
-/// What a round did for one item.
-#[derive(Clone, Debug, Default)]
-pub struct RoundOutcome {
-    /// `None` when the item carried no attestation.
-    pub attestation: Option<Result<(), Rejection>>,
-    /// The lease and job granted to the item's claim, if any.
-    pub granted: Option<(Lease, Job)>,
-}
 
 pub type RoundResult = Result<Vec<RoundOutcome>, StoreError>;
 

@@ -1,16 +1,14 @@
 //! Runners: registration with a single-use token, the runner record and its forge runners,
-//! cordon and revocation, and what the runner views read.
+//! cordon, and what the runner views read (a revocation ends leases: `leases::revoke`).
 
-use super::leases;
 use super::rows;
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
 use crate::domain::ids::RunnerId;
-use crate::domain::lease::EndCause;
 use crate::domain::pool_name::PoolName;
 use crate::domain::runner::{Runner, RunnerSummary};
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Row, Statement, fetch_optional};
-use crate::store::{BindError, EndedLease, NewRunner, RegisterError, StoreResult};
+use crate::store::{BindError, NewRunner, RegisterError, StoreResult};
 use std::collections::BTreeMap;
 use std::sync::LazyLock;
 
@@ -465,45 +463,6 @@ pub async fn set_cordoned<D: Db>(
     .await?;
     db.changed(Change::Runner(id.clone())).await?;
     get(db, id).await
-}
-
-/// Revokes the runner (the first time counts), ends its live leases as an expiry would, and
-/// frees its forge runners. The update locks the runner's row first: no round claims for it
-/// after, and the leases are then locked in the one order (job, lease).
-pub async fn revoke<D: Db>(
-    db: &mut D,
-    id: &RunnerId,
-    now: Millis,
-) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
-    db.execute(
-        Statement::new("UPDATE runners SET revoked_at = COALESCE(revoked_at, $1) WHERE id = $2")
-            .bind(now.0)
-            .bind(id.as_str()),
-    )
-    .await?;
-    let live = db
-        .fetch(
-            Statement::new(
-                "SELECT id, job_id FROM leases WHERE runner_id = $1 AND state IN ('leased', \
-                    'running')",
-            )
-            .bind(id.as_str()),
-        )
-        .await?;
-    let mut ended = Vec::new();
-    for row in &live {
-        let lease_id = crate::domain::ids::LeaseId(row.text("id")?);
-        let job_id = crate::domain::ids::JobId(row.text("job_id")?);
-        if let Some(e) =
-            leases::end_live(db, &job_id, &lease_id, EndCause::RunnerRevoked, now, false).await?
-        {
-            ended.push(e);
-        }
-    }
-    db.execute(Statement::new("DELETE FROM forge_runners WHERE runner_id = $1").bind(id.as_str()))
-        .await?;
-    db.changed(Change::Runner(id.clone())).await?;
-    Ok(get(db, id).await?.map(|r| (r, ended)))
 }
 
 /// Notes the runner's last attestation refused under rules 3–4, with why.
