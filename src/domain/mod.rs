@@ -48,6 +48,7 @@ pub mod lease;
 pub mod operator;
 pub mod pool;
 pub mod pool_name;
+pub mod record;
 pub mod retention;
 pub mod roll;
 pub mod runner;

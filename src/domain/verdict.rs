@@ -53,6 +53,16 @@ pub struct GateState {
     pub ejection: Option<Ejection>,
 }
 
+impl GateState {
+    /// Whether `probe` lifts the quarantine: a passing probe checked after it was set. The
+    /// verdict stops refusing on it and the round that records the probe clears it
+    /// (`domain::record`), by this one rule.
+    pub fn quarantine_lifted_by(&self, probe: &Probe) -> bool {
+        self.quarantined_at
+            .is_some_and(|at| probe.ok && at < probe.checked_at)
+    }
+}
+
 /// Why a runner may not lease now. Each maps to one stable `code`.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Refusal {
@@ -211,9 +221,7 @@ pub fn judge(
         images::judge(&attested_images, &pool.images, pool.undescribed_images, now)
             .map_err(Refusal::ImageNotAccepted)?;
     }
-    if let Some(at) = gate.quarantined_at
-        && probe.checked_at <= at
-    {
+    if gate.quarantined_at.is_some() && !gate.quarantine_lifted_by(probe) {
         return Err(Refusal::Quarantined);
     }
     if let Some(e) = gate.ejection
@@ -489,6 +497,7 @@ mod tests {
             ejection: None,
         };
         assert_eq!(code(judge(&a, after, &p, NOW, 300)), "ok");
+        assert!(!before.quarantine_lifted_by(&a.probe) && after.quarantine_lifted_by(&a.probe));
     }
 
     #[test]

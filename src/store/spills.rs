@@ -75,3 +75,31 @@ impl SpillIndex {
         self.len() == 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_index_in_memory_finds_each_runners_own_spills_until_they_expire() {
+        let index = SpillIndex::default();
+        let (r1, r2) = (RunnerId("r1".into()), RunnerId("r2".into()));
+        index.remember(&r1, "k1", Millis(100));
+        index.remember(&r1, "k2", Millis(300));
+        index.remember(&r2, "k3", Millis(200));
+        let found = |r: &RunnerId, keys: &[&str]| -> Vec<String> {
+            keys.iter()
+                .filter(|k| index.contains(r, k))
+                .map(|k| k.to_string())
+                .collect()
+        };
+        assert_eq!(found(&r1, &["k1", "k2", "k3"]), vec!["k1", "k2"]);
+        assert_eq!(found(&r2, &["k1", "k3"]), vec!["k3"]);
+        assert_eq!(index.purge(Millis(150)), 1);
+        assert_eq!(found(&r1, &["k1", "k2"]), vec!["k2"]);
+        // k3 (200) waits behind k2 (300): still found, as an expired jti is refused anyway.
+        assert_eq!(index.purge(Millis(250)), 0);
+        assert_eq!(index.purge(Millis(301)), 2);
+        assert!(index.is_empty());
+    }
+}

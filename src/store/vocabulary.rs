@@ -12,15 +12,12 @@ use crate::domain::job::Job;
 use crate::domain::lease::{Lease, LeaseCallError};
 use crate::domain::operator::Operator;
 use crate::domain::pool_name::PoolName;
-use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
-use crate::domain::verdict::AttestedState;
 use std::collections::BTreeMap;
 
-/// How many attestations and refusals are kept per runner (rings), and status changes.
-pub const ATTESTATION_HISTORY: i64 = 20;
-pub const REFUSAL_HISTORY: i64 = 50;
-pub const STATUS_CHANGE_HISTORY: i64 = 100;
+pub use crate::domain::record::{
+    ATTESTATION_HISTORY, AttestationRecord, REFUSAL_HISTORY, Rejection, STATUS_CHANGE_HISTORY,
+};
 
 /// A failure of the database itself, never of the caller.
 #[derive(Clone, Debug, thiserror::Error)]
@@ -123,22 +120,6 @@ pub enum BindError {
     Revoked,
     #[error(transparent)]
     Store(#[from] StoreError),
-}
-
-/// An attestation that passed rules 1–4, with the verdict it earned, to be recorded.
-#[derive(Clone, Debug)]
-pub struct AttestationRecord {
-    pub runner_id: RunnerId,
-    pub jti: String,
-    /// Until when the jti must be remembered.
-    pub replay_until: Millis,
-    pub received_at: Millis,
-    pub state: AttestedState,
-    pub agent: Option<serde_json::Value>,
-    /// The status this attestation gives the runner (for history and status changes).
-    pub status: RunnerStatus,
-    /// The refusal to record, for a lease or gate check refused under rules 7–13.
-    pub refusal: Option<(String, String)>,
 }
 
 /// What a claim needs: who claims, from which pool, and the new lease's identity.
@@ -360,13 +341,6 @@ pub struct EndedLease {
 pub struct RoundItem {
     pub attestation: Option<AttestationRecord>,
     pub claim: Option<Claim>,
-}
-
-/// Rules 5 and 6, decided inside the round.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Rejection {
-    Replayed,
-    Revoked,
 }
 
 /// What a round did for one item.

@@ -2,9 +2,10 @@
 //! refusals (each a run of one code, with its count), leases and GitHub registrations; and a
 //! refusal the forge gate records on a runner outside any round.
 
-use super::round::{RefusalRun, upsert_refusals};
+use super::round::upsert_refusals;
 use super::rows;
 use crate::domain::ids::RunnerId;
+use crate::domain::record::RefusalRun;
 use crate::domain::time::Millis;
 use crate::store::engine::{Db, Statement, Tail, fetch_optional};
 use crate::store::{RunnerHistory, StoreResult};

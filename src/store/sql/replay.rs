@@ -20,62 +20,12 @@
 //! one in 2⁶⁴ per remembered one, far below anything else that can refuse an attestation.
 
 use crate::domain::ids::RunnerId;
+pub use crate::domain::record::{IN_ROW, RecentJtis, jti_key};
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use crate::store::engine::{Change, Db, Param, Statement, fetch_optional};
 use crate::store::spills::SpillIndex;
-use sha2::{Digest, Sha256};
 use std::collections::HashSet;
-
-/// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a
-/// heartbeat every 15 s and a long poll every 30 s leave about 9 in a window of 90 s.
-pub const IN_ROW: usize = 12;
-
-/// What a jti is remembered as.
-pub fn jti_key(jti: &str) -> String {
-    hex::encode(&Sha256::digest(jti.as_bytes())[..8])
-}
-
-/// A runner's remembered jtis, oldest expiry first.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct RecentJtis(Vec<(Millis, String)>);
-
-impl RecentJtis {
-    /// The stored form, read; entries that do not parse are dropped (they can only be stale).
-    pub fn parse(stored: &str) -> Self {
-        let mut entries: Vec<(Millis, String)> = stored
-            .split_ascii_whitespace()
-            .filter_map(|e| {
-                let (exp, key) = e.split_once(':')?;
-                Some((Millis(exp.parse().ok()?), key.to_string()))
-            })
-            .collect();
-        entries.sort();
-        RecentJtis(entries)
-    }
-
-    pub fn format(&self) -> String {
-        let parts: Vec<String> = self.0.iter().map(|(e, k)| format!("{}:{k}", e.0)).collect();
-        parts.join(" ")
-    }
-
-    pub fn contains(&self, key: &str) -> bool {
-        self.0.iter().any(|(_, k)| k == key)
-    }
-
-    /// Forgets what expired before `now`.
-    pub fn prune(&mut self, now: Millis) {
-        self.0.retain(|(exp, _)| *exp >= now);
-    }
-
-    /// Remembers `key` until `until`; the entries that no longer fit, to spill.
-    pub fn remember(&mut self, key: String, until: Millis) -> Vec<(Millis, String)> {
-        self.0.push((until, key));
-        self.0.sort();
-        let over = self.0.len().saturating_sub(IN_ROW);
-        self.0.drain(..over).collect()
-    }
-}
 
 /// Which of the asked (runner, key) pairs were spilled: one lookup for a whole round. A key is
 /// a jti's key or, for what was remembered before keys were, the jti itself.
@@ -200,53 +150,4 @@ pub async fn purge<D: Db>(db: &mut D, now: Millis) -> StoreResult<u64> {
     }
     db.execute(Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(now.0))
         .await
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_row_keeps_recent_jtis_and_spills_the_oldest_past_its_room() {
-        let mut recent = RecentJtis::default();
-        let mut spilled = Vec::new();
-        for i in 0..(IN_ROW as i64 + 3) {
-            spilled.extend(recent.remember(jti_key(&format!("j{i}")), Millis(1_000 + i)));
-        }
-        assert_eq!(spilled.len(), 3);
-        assert_eq!(spilled[0], (Millis(1_000), jti_key("j0")));
-        assert!(recent.contains(&jti_key("j5")) && !recent.contains(&jti_key("j0")));
-        let again = RecentJtis::parse(&recent.format());
-        assert_eq!(again, recent);
-        recent.prune(Millis(1_010));
-        assert!(!recent.contains(&jti_key("j9")) && recent.contains(&jti_key("j10")));
-        assert_eq!(
-            RecentJtis::parse("garbage 12:abc"),
-            RecentJtis(vec![(Millis(12), "abc".into())])
-        );
-        assert_eq!(jti_key("x").len(), 16);
-    }
-
-    #[test]
-    fn the_index_in_memory_finds_each_runners_own_spills_until_they_expire() {
-        let index = SpillIndex::default();
-        let (r1, r2) = (RunnerId("r1".into()), RunnerId("r2".into()));
-        index.remember(&r1, "k1", Millis(100));
-        index.remember(&r1, "k2", Millis(300));
-        index.remember(&r2, "k3", Millis(200));
-        let found = |r: &RunnerId, keys: &[&str]| -> Vec<String> {
-            keys.iter()
-                .filter(|k| index.contains(r, k))
-                .map(|k| k.to_string())
-                .collect()
-        };
-        assert_eq!(found(&r1, &["k1", "k2", "k3"]), vec!["k1", "k2"]);
-        assert_eq!(found(&r2, &["k1", "k3"]), vec!["k3"]);
-        assert_eq!(index.purge(Millis(150)), 1);
-        assert_eq!(found(&r1, &["k1", "k2"]), vec!["k2"]);
-        // k3 (200) waits behind k2 (300): still found, as an expired jti is refused anyway.
-        assert_eq!(index.purge(Millis(250)), 0);
-        assert_eq!(index.purge(Millis(301)), 2);
-        assert!(index.is_empty());
-    }
 }
