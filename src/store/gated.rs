@@ -17,6 +17,7 @@ use super::sql;
 use super::verdict_cache::GateRunner;
 use super::*;
 use crate::domain::audit::{Entry, Recorded};
+use crate::domain::buildkite::{AgentWatch, Pause};
 use crate::domain::ejection::{Effect, JobEnd};
 use crate::domain::forge::{ForgeBinding, ForgeIdentity, ForgeRunner};
 use crate::domain::github::registration::{
@@ -32,6 +33,7 @@ use crate::domain::pool_name::PoolName;
 use crate::domain::retention::Horizons;
 use crate::domain::runner::{Runner, RunnerSummary, StatusRules};
 use crate::domain::time::Millis;
+use crate::domain::timeline::PoolSample;
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -177,18 +179,216 @@ where
     {
         self.engine.read(step(args, f)).await
     }
+
+    /// `write` of a call that may refuse on its own (`Ok(Err(_))`, committed or discarded)
+    /// beside the database's failure.
+    async fn write_or<A, T, Refusal>(
+        &self,
+        args: A,
+        f: Step<E::Db, A, Result<T, Refusal>>,
+    ) -> Result<T, Refusal>
+    where
+        A: Clone + Send + Sync + 'static,
+        T: Send + 'static,
+        Refusal: From<StoreError> + Send + 'static,
+    {
+        self.write(args, f).await?
+    }
+
+    /// `audited`, for a call that may refuse on its own.
+    async fn audited_or<A, T, Refusal>(
+        &self,
+        args: A,
+        audit: &Entry,
+        done: fn(&Result<T, Refusal>) -> bool,
+        f: Step<E::Db, A, Result<T, Refusal>>,
+    ) -> Result<T, Refusal>
+    where
+        A: Clone + Send + Sync + 'static,
+        T: Send + 'static,
+        Refusal: From<StoreError> + Send + 'static,
+    {
+        self.audited(args, audit, done, f).await?
+    }
 }
 
-/// A write's own refusal (`Ok(Err(_))`, committed or discarded) or the database's failure.
-fn flatten<T, E: From<StoreError>>(r: StoreResult<Result<T, E>>) -> Result<T, E> {
-    r?
+/// The `Store` over `GatedStore`. Most calls are one statement function of `sql/`, listed
+/// below in one line each: `how fn name(args) [audit: done] -> answer = |db| statement;`.
+/// Each argument is copied (`to_owned`) so that the work owns it (an engine may run it on a
+/// thread of its own, and a retry runs it again), then lent back to the statement; `how` is
+/// `read`, `write`, `audited` (with the audit entry, recorded when `done` says the write
+/// changed something) or their `_or` forms (a refusal of the call's own beside the
+/// database's failure). What is more than that is written out in the braces after them.
+macro_rules! gated_store {
+    (
+        $(
+            $how:ident fn $name:ident($($arg:ident: $ty:ty),*) $([$audit:ident: $done:expr])?
+                -> $answer:ty = |$db:ident| $statement:expr;
+        )*
+        { $($by_hand:tt)* }
+    ) => {
+        #[async_trait]
+        impl<E: Engine> Store for GatedStore<E>
+        where
+            E::Db: 'static,
+        {
+            $(
+                async fn $name(&self, $($arg: $ty,)* $($audit: &Entry)?) -> $answer {
+                    self.$how(
+                        ($($arg.to_owned(),)*),
+                        $($audit, $done,)?
+                        |$db, ($($arg,)*)| Box::pin($statement),
+                    )
+                    .await
+                }
+            )*
+            $($by_hand)*
+        }
+    };
 }
 
-#[async_trait]
-impl<E: Engine> Store for GatedStore<E>
-where
-    E::Db: 'static,
-{
+gated_store! {
+    audited fn put_pool(name: &PoolName, spec: PoolSpec, now: Millis) [audit: always]
+        -> StoreResult<(Pool, bool)> = |db| sql::pools::put(db, name, spec.clone(), *now);
+    audited fn replace_pool(name: &PoolName, spec: PoolSpec, base: &Pool, now: Millis)
+        [audit: some] -> StoreResult<Option<Pool>>
+        = |db| sql::pools::replace(db, name, spec.clone(), base, *now);
+    audited_or fn delete_pool(name: &PoolName) [audit: ok] -> Result<(), PoolDeleteError>
+        = |db| sql::pools::delete(db, name);
+    read fn get_pool(name: &PoolName) -> StoreResult<Option<Pool>>
+        = |db| sql::pools::get(db, name);
+    read fn list_pools() -> StoreResult<Vec<Pool>> = |db| sql::pools::list(db);
+    write fn claim_resolution(name: &PoolName, now: Millis, until: Millis)
+        -> StoreResult<Option<Pool>>
+        = |db| sql::pools::claim_resolution(db, name, *now, *until);
+    write fn record_resolution(
+        name: &PoolName,
+        image_ref: &str,
+        outcome: &ResolutionOutcome,
+        now: Millis
+    ) -> StoreResult<Option<Pool>>
+        = |db| sql::pools::record_resolution(db, name, image_ref, outcome, *now);
+    write fn record_image_resolutions(
+        name: &PoolName,
+        outcomes: &[(String, ResolutionOutcome)],
+        now: Millis
+    ) -> StoreResult<Option<Pool>>
+        = |db| sql::pools::record_image_resolutions(db, name, outcomes, *now);
+    read fn queue_depths() -> StoreResult<BTreeMap<PoolName, QueueDepth>>
+        = |db| sql::jobs::queue_depths(db);
+
+    audited fn create_registration_token(
+        pool: &PoolName,
+        token_hash: &str,
+        expires_at: Millis,
+        now: Millis
+    ) [audit: yes] -> StoreResult<bool>
+        = |db| sql::runners::create_registration_token(db, pool, token_hash, *expires_at, *now);
+    write_or fn register_runner(token_hash: &str, runner: NewRunner, now: Millis)
+        -> Result<Runner, RegisterError> = |db| sql::runners::register(db, token_hash, runner, *now);
+    read fn get_runner(id: &RunnerId) -> StoreResult<Option<Runner>>
+        = |db| sql::runners::get(db, id);
+    read fn runners_by_id(ids: &[RunnerId]) -> StoreResult<Vec<Runner>>
+        = |db| sql::runners::by_ids(db, ids);
+    read fn runner_history(id: &RunnerId) -> StoreResult<RunnerHistory>
+        = |db| sql::history::of(db, id);
+    read fn refusal_counts_since(since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>>
+        = |db| sql::history::refusal_counts_since(db, *since);
+    audited fn set_cordoned(id: &RunnerId, cordoned: bool) [audit: some]
+        -> StoreResult<Option<Runner>> = |db| sql::runners::set_cordoned(db, id, *cordoned);
+    audited fn revoke_runner(id: &RunnerId, now: Millis) [audit: some]
+        -> StoreResult<Option<(Runner, Vec<EndedLease>)>> = |db| sql::leases::revoke(db, id, *now);
+    read fn jti_seen(runner: &RunnerId, jti: &str, now: Millis) -> StoreResult<bool>
+        = |db| sql::replay::seen(db, runner, jti, *now);
+
+    write_or fn enqueue_job(job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError>
+        = |db| sql::jobs::enqueue(db, job, *now);
+    read fn job_by_idempotency_key(key: &str) -> StoreResult<Option<Job>>
+        = |db| sql::jobs::by_idempotency_key(db, key);
+    read fn get_job(id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>>
+        = |db| sql::jobs::get(db, id);
+    write_or fn cancel_job(id: &JobId, now: Millis) -> Result<Option<Job>, CancelError>
+        = |db| sql::leases::cancel(db, id, *now);
+    write_or fn lease_call(
+        lease_id: &LeaseId,
+        token_hash: &str,
+        call: &LeaseCall,
+        now: Millis,
+        rules: StatusRules
+    ) -> Result<LeaseCallDone, LeaseCallFailure>
+        = |db| sql::leases::call(db, lease_id, token_hash, call, *now, *rules);
+
+    write fn forge_job_ended(
+        key: &str,
+        runner: &RunnerId,
+        end: JobEnd,
+        now: Millis,
+        rules: StatusRules
+    ) -> StoreResult<Option<(PoolName, Effect)>>
+        = |db| sql::ejection::forge_job_ended(db, key, runner, *end, *now, *rules);
+    write fn forge_job_taken(key: &str, runner: &RunnerId, now: Millis) -> StoreResult<()>
+        = |db| sql::ejection::forge_job_taken(db, key, runner, *now);
+    read fn forge_job_runner(key: &str) -> StoreResult<Option<RunnerId>>
+        = |db| sql::ejection::forge_job_runner(db, key);
+    audited_or fn set_forge_runners(runner: &RunnerId, wanted: &[ForgeRunner], now: Millis)
+        [audit: ok_some] -> Result<Option<Runner>, BindError>
+        = |db| sql::runners::set_forge_runners(db, runner, wanted, *now);
+    audited fn follow_forge_runners(runner: &RunnerId, claimed: &[ForgeRunner], now: Millis)
+        [audit: followed] -> StoreResult<Option<Followed>>
+        = |db| sql::runners::follow_forge_runners(db, runner, claimed, *now);
+    read fn forge_runner(identity: &ForgeIdentity)
+        -> StoreResult<Option<(RunnerId, ForgeBinding)>>
+        = |db| sql::runners::forge_runner(db, identity);
+    write fn note_forge_fetch(identity: &ForgeIdentity, now: Millis) -> StoreResult<()>
+        = |db| sql::runners::note_forge_fetch(db, identity, *now);
+    write fn record_rejection(runner: &RunnerId, code: &str, detail: &str, now: Millis)
+        -> StoreResult<()> = |db| sql::runners::note_rejection(db, runner, code, detail, *now);
+
+    write fn reserve_github_registration(reg: &GithubRegistration)
+        -> StoreResult<Option<GithubRegistration>> = |db| sql::github::reserve(db, reg);
+    write fn rename_github_registration(id: &RegistrationId, name: &str) -> StoreResult<()>
+        = |db| sql::github::rename(db, id, name);
+    write fn release_github_registration(id: &RegistrationId) -> StoreResult<()>
+        = |db| sql::github::release(db, id);
+    read fn outstanding_github_registrations() -> StoreResult<Vec<GithubRegistration>>
+        = |db| sql::github::outstanding(db);
+
+    read fn buildkite_state() -> StoreResult<BuildkiteState> = |db| sql::buildkite::state(db);
+    write fn record_buildkite_pause(pause: &Pause) -> StoreResult<()>
+        = |db| sql::buildkite::record_pause(db, pause);
+    write fn record_buildkite_watch(watch: &AgentWatch) -> StoreResult<()>
+        = |db| sql::buildkite::record_watch(db, watch);
+    write fn forget_buildkite_watch(agent_name: &str) -> StoreResult<()>
+        = |db| sql::buildkite::forget_watch(db, agent_name);
+
+    write fn record_refusal(runner: &RunnerId, code: &str, detail: &str, now: Millis)
+        -> StoreResult<()> = |db| sql::history::record_refusal(db, runner, code, detail, *now);
+
+    audited fn create_page_session(session: &PageSession) [audit: always] -> StoreResult<()>
+        = |db| sql::sessions::create(db, session);
+    read fn page_session(token_hash: &str, now: Millis) -> StoreResult<Option<PageSession>>
+        = |db| sql::sessions::get(db, token_hash, *now);
+    read fn list_operator_tokens() -> StoreResult<Vec<OperatorToken>>
+        = |db| sql::operators::list(db);
+    audited fn delete_operator_token(name: &OperatorName) [audit: yes] -> StoreResult<bool>
+        = |db| sql::operators::delete(db, name);
+    read fn operator_by_token(token_hash: &str) -> StoreResult<Option<Operator>>
+        = |db| sql::operators::by_hash(db, token_hash);
+
+    read fn audit_trail(filter: &AuditFilter) -> StoreResult<Vec<Recorded>>
+        = |db| sql::audit::list(db, filter);
+    write fn claim_task(task: &str, now: Millis, until: Millis) -> StoreResult<bool>
+        = |db| sql::retention::claim(db, task, *now, *until);
+    write fn release_task(task: &str, until: Millis, now: Millis) -> StoreResult<()>
+        = |db| sql::retention::release(db, task, *until, *now);
+    write fn record_pool_samples(samples: &[PoolSample]) -> StoreResult<()>
+        = |db| sql::samples::record(db, samples);
+    read fn pool_samples(since: Millis) -> StoreResult<Vec<PoolSample>>
+        = |db| sql::samples::since(db, *since);
+
+    // The calls that are more than that, written out:
+    {
+
     fn engine(&self) -> &'static str {
         self.engine.name()
     }
@@ -201,148 +401,6 @@ where
         self.engine.ping().await
     }
 
-    async fn put_pool(
-        &self,
-        name: &PoolName,
-        spec: PoolSpec,
-        now: Millis,
-        audit: &Entry,
-    ) -> StoreResult<(Pool, bool)> {
-        self.audited(
-            (name.clone(), spec, now),
-            audit,
-            always,
-            |db, (name, spec, now)| Box::pin(sql::pools::put(db, name, spec.clone(), *now)),
-        )
-        .await
-    }
-
-    async fn replace_pool(
-        &self,
-        name: &PoolName,
-        spec: PoolSpec,
-        base: &Pool,
-        now: Millis,
-        audit: &Entry,
-    ) -> StoreResult<Option<Pool>> {
-        self.audited(
-            (name.clone(), spec, base.clone(), now),
-            audit,
-            some,
-            |db, (name, spec, base, now)| {
-                Box::pin(sql::pools::replace(db, name, spec.clone(), base, *now))
-            },
-        )
-        .await
-    }
-
-    async fn delete_pool(&self, name: &PoolName, audit: &Entry) -> Result<(), PoolDeleteError> {
-        flatten(
-            self.audited(name.clone(), audit, ok, |db, name| {
-                Box::pin(sql::pools::delete(db, name))
-            })
-            .await,
-        )
-    }
-
-    async fn get_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {
-        self.read(name.clone(), |db, name| Box::pin(sql::pools::get(db, name)))
-            .await
-    }
-
-    async fn list_pools(&self) -> StoreResult<Vec<Pool>> {
-        self.read((), |db, ()| Box::pin(sql::pools::list(db))).await
-    }
-
-    async fn claim_resolution(
-        &self,
-        name: &PoolName,
-        now: Millis,
-        until: Millis,
-    ) -> StoreResult<Option<Pool>> {
-        self.write((name.clone(), now, until), |db, (name, now, until)| {
-            Box::pin(sql::pools::claim_resolution(db, name, *now, *until))
-        })
-        .await
-    }
-
-    async fn record_resolution(
-        &self,
-        name: &PoolName,
-        image_ref: &str,
-        outcome: &ResolutionOutcome,
-        now: Millis,
-    ) -> StoreResult<Option<Pool>> {
-        let args = (name.clone(), image_ref.to_string(), outcome.clone(), now);
-        self.write(args, |db, (name, image_ref, outcome, now)| {
-            Box::pin(sql::pools::record_resolution(
-                db, name, image_ref, outcome, *now,
-            ))
-        })
-        .await
-    }
-
-    async fn record_image_resolutions(
-        &self,
-        name: &PoolName,
-        outcomes: &[(String, ResolutionOutcome)],
-        now: Millis,
-    ) -> StoreResult<Option<Pool>> {
-        let args = (name.clone(), outcomes.to_vec(), now);
-        self.write(args, |db, (name, outcomes, now)| {
-            Box::pin(sql::pools::record_image_resolutions(
-                db, name, outcomes, *now,
-            ))
-        })
-        .await
-    }
-
-    async fn queue_depths(&self) -> StoreResult<BTreeMap<PoolName, QueueDepth>> {
-        self.read((), |db, ()| Box::pin(sql::jobs::queue_depths(db)))
-            .await
-    }
-
-    async fn create_registration_token(
-        &self,
-        pool: &PoolName,
-        token_hash: &str,
-        expires_at: Millis,
-        now: Millis,
-        audit: &Entry,
-    ) -> StoreResult<bool> {
-        let args = (pool.clone(), token_hash.to_string(), expires_at, now);
-        self.audited(args, audit, yes, |db, (pool, hash, expires_at, now)| {
-            Box::pin(sql::runners::create_registration_token(
-                db,
-                pool,
-                hash,
-                *expires_at,
-                *now,
-            ))
-        })
-        .await
-    }
-
-    async fn register_runner(
-        &self,
-        token_hash: &str,
-        runner: NewRunner,
-        now: Millis,
-    ) -> Result<Runner, RegisterError> {
-        let args = (token_hash.to_string(), runner, now);
-        flatten(
-            self.write(args, |db, (hash, runner, now)| {
-                Box::pin(sql::runners::register(db, hash, runner, *now))
-            })
-            .await,
-        )
-    }
-
-    async fn get_runner(&self, id: &RunnerId) -> StoreResult<Option<Runner>> {
-        self.read(id.clone(), |db, id| Box::pin(sql::runners::get(db, id)))
-            .await
-    }
-
     async fn runner_summaries(
         &self,
         pool: Option<&PoolName>,
@@ -351,57 +409,6 @@ where
         self.read((pool.cloned(), with_search), |db, (pool, with_search)| {
             Box::pin(sql::runners::summaries(db, pool.as_ref(), *with_search))
         })
-        .await
-    }
-
-    async fn runners_by_id(&self, ids: &[RunnerId]) -> StoreResult<Vec<Runner>> {
-        self.read(ids.to_vec(), |db, ids| {
-            Box::pin(sql::runners::by_ids(db, ids))
-        })
-        .await
-    }
-
-    async fn runner_history(&self, id: &RunnerId) -> StoreResult<RunnerHistory> {
-        self.read(id.clone(), |db, id| Box::pin(sql::history::of(db, id)))
-            .await
-    }
-
-    async fn refusal_counts_since(&self, since: Millis) -> StoreResult<BTreeMap<RunnerId, i64>> {
-        self.read(since, |db, since| {
-            Box::pin(sql::history::refusal_counts_since(db, *since))
-        })
-        .await
-    }
-
-    async fn set_cordoned(
-        &self,
-        id: &RunnerId,
-        cordoned: bool,
-        audit: &Entry,
-    ) -> StoreResult<Option<Runner>> {
-        self.audited((id.clone(), cordoned), audit, some, |db, (id, cordoned)| {
-            Box::pin(sql::runners::set_cordoned(db, id, *cordoned))
-        })
-        .await
-    }
-
-    async fn revoke_runner(
-        &self,
-        id: &RunnerId,
-        now: Millis,
-        audit: &Entry,
-    ) -> StoreResult<Option<(Runner, Vec<EndedLease>)>> {
-        self.audited((id.clone(), now), audit, some, |db, (id, now)| {
-            Box::pin(sql::leases::revoke(db, id, *now))
-        })
-        .await
-    }
-
-    async fn jti_seen(&self, runner: &RunnerId, jti: &str, now: Millis) -> StoreResult<bool> {
-        self.read(
-            (runner.clone(), jti.to_string(), now),
-            |db, (runner, jti, now)| Box::pin(sql::replay::seen(db, runner, jti, *now)),
-        )
         .await
     }
 
@@ -434,97 +441,12 @@ where
         Ok(pool)
     }
 
-    async fn enqueue_job(&self, job: NewJob, now: Millis) -> Result<(Job, bool), EnqueueError> {
-        flatten(
-            self.write((job, now), |db, (job, now)| {
-                Box::pin(sql::jobs::enqueue(db, job, *now))
-            })
-            .await,
-        )
-    }
-
-    async fn job_by_idempotency_key(&self, key: &str) -> StoreResult<Option<Job>> {
-        self.read(key.to_string(), |db, key| {
-            Box::pin(sql::jobs::by_idempotency_key(db, key))
-        })
-        .await
-    }
-
-    async fn get_job(&self, id: &JobId) -> StoreResult<Option<(Job, Vec<JobEvent>)>> {
-        self.read(id.clone(), |db, id| Box::pin(sql::jobs::get(db, id)))
-            .await
-    }
-
-    async fn cancel_job(&self, id: &JobId, now: Millis) -> Result<Option<Job>, CancelError> {
-        flatten(
-            self.write((id.clone(), now), |db, (id, now)| {
-                Box::pin(sql::leases::cancel(db, id, *now))
-            })
-            .await,
-        )
-    }
-
     async fn claim_job(&self, claim: &Claim) -> StoreResult<Option<(Lease, Job)>> {
         let item = RoundItem {
             attestation: None,
             claim: Some(claim.clone()),
         };
         Ok(self.rounds.submit(item).await?.granted)
-    }
-
-    async fn lease_call(
-        &self,
-        lease_id: &LeaseId,
-        token_hash: &str,
-        call: &LeaseCall,
-        now: Millis,
-        rules: StatusRules,
-    ) -> Result<LeaseCallDone, LeaseCallFailure> {
-        let args = (
-            lease_id.clone(),
-            token_hash.to_string(),
-            call.clone(),
-            now,
-            rules,
-        );
-        flatten(
-            self.write(args, |db, (lease_id, hash, call, now, rules)| {
-                Box::pin(sql::leases::call(db, lease_id, hash, call, *now, *rules))
-            })
-            .await,
-        )
-    }
-
-    async fn forge_job_ended(
-        &self,
-        key: &str,
-        runner: &RunnerId,
-        end: JobEnd,
-        now: Millis,
-        rules: StatusRules,
-    ) -> StoreResult<Option<(PoolName, Effect)>> {
-        let args = (key.to_string(), runner.clone(), end, now, rules);
-        self.write(args, |db, (key, runner, end, now, rules)| {
-            Box::pin(sql::ejection::forge_job_ended(
-                db, key, runner, *end, *now, *rules,
-            ))
-        })
-        .await
-    }
-
-    async fn forge_job_taken(&self, key: &str, runner: &RunnerId, now: Millis) -> StoreResult<()> {
-        let args = (key.to_string(), runner.clone(), now);
-        self.write(args, |db, (key, runner, now)| {
-            Box::pin(sql::ejection::forge_job_taken(db, key, runner, *now))
-        })
-        .await
-    }
-
-    async fn forge_job_runner(&self, key: &str) -> StoreResult<Option<RunnerId>> {
-        self.read(key.to_string(), |db, key| {
-            Box::pin(sql::ejection::forge_job_runner(db, key))
-        })
-        .await
     }
 
     async fn reinstate_runner(&self, id: &RunnerId, audit: &Entry) -> StoreResult<Option<Runner>> {
@@ -537,93 +459,6 @@ where
             )
             .await?;
         Ok(done.map(|(_, runner)| runner))
-    }
-
-    async fn set_forge_runners(
-        &self,
-        runner: &RunnerId,
-        wanted: &[ForgeRunner],
-        now: Millis,
-        audit: &Entry,
-    ) -> Result<Option<Runner>, BindError> {
-        let args = (runner.clone(), wanted.to_vec(), now);
-        flatten(
-            self.audited(args, audit, ok_some, |db, (runner, identities, now)| {
-                Box::pin(sql::runners::set_forge_runners(
-                    db, runner, identities, *now,
-                ))
-            })
-            .await,
-        )
-    }
-
-    async fn follow_forge_runners(
-        &self,
-        runner: &RunnerId,
-        claimed: &[ForgeRunner],
-        now: Millis,
-        audit: &Entry,
-    ) -> StoreResult<Option<Followed>> {
-        let args = (runner.clone(), claimed.to_vec(), now);
-        self.audited(args, audit, followed, |db, (runner, claimed, now)| {
-            Box::pin(sql::runners::follow_forge_runners(
-                db, runner, claimed, *now,
-            ))
-        })
-        .await
-    }
-
-    async fn forge_runner(
-        &self,
-        identity: &ForgeIdentity,
-    ) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
-        self.read(identity.clone(), |db, identity| {
-            Box::pin(sql::runners::forge_runner(db, identity))
-        })
-        .await
-    }
-
-    async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()> {
-        self.write((identity.clone(), now), |db, (identity, now)| {
-            Box::pin(sql::runners::note_forge_fetch(db, identity, *now))
-        })
-        .await
-    }
-
-    async fn record_rejection(
-        &self,
-        runner: &RunnerId,
-        code: &str,
-        detail: &str,
-        now: Millis,
-    ) -> StoreResult<()> {
-        let args = (runner.clone(), code.to_string(), detail.to_string(), now);
-        self.write(args, |db, (runner, code, detail, now)| {
-            Box::pin(sql::runners::note_rejection(db, runner, code, detail, *now))
-        })
-        .await
-    }
-
-    async fn reserve_github_registration(
-        &self,
-        reg: &GithubRegistration,
-    ) -> StoreResult<Option<GithubRegistration>> {
-        self.write(reg.clone(), |db, reg| {
-            Box::pin(sql::github::reserve(db, reg))
-        })
-        .await
-    }
-
-    async fn rename_github_registration(&self, id: &RegistrationId, name: &str) -> StoreResult<()> {
-        self.write((id.clone(), name.to_string()), |db, (id, name)| {
-            Box::pin(sql::github::rename(db, id, name))
-        })
-        .await
-    }
-
-    async fn release_github_registration(&self, id: &RegistrationId) -> StoreResult<()> {
-        self.write(id.clone(), |db, id| Box::pin(sql::github::release(db, id)))
-            .await
     }
 
     async fn record_github_registration(
@@ -639,75 +474,6 @@ where
             Some(audit) => self.audited(args, audit, yes, step).await,
             None => self.write(args, step).await,
         }
-    }
-
-    async fn outstanding_github_registrations(&self) -> StoreResult<Vec<GithubRegistration>> {
-        self.read((), |db, ()| Box::pin(sql::github::outstanding(db)))
-            .await
-    }
-
-    async fn buildkite_state(&self) -> StoreResult<BuildkiteState> {
-        self.read((), |db, ()| Box::pin(sql::buildkite::state(db)))
-            .await
-    }
-
-    async fn record_buildkite_pause(
-        &self,
-        pause: &crate::domain::buildkite::Pause,
-    ) -> StoreResult<()> {
-        self.write(pause.clone(), |db, pause| {
-            Box::pin(sql::buildkite::record_pause(db, pause))
-        })
-        .await
-    }
-
-    async fn record_buildkite_watch(
-        &self,
-        watch: &crate::domain::buildkite::AgentWatch,
-    ) -> StoreResult<()> {
-        self.write(watch.clone(), |db, watch| {
-            Box::pin(sql::buildkite::record_watch(db, watch))
-        })
-        .await
-    }
-
-    async fn forget_buildkite_watch(&self, agent_name: &str) -> StoreResult<()> {
-        self.write(agent_name.to_string(), |db, name| {
-            Box::pin(sql::buildkite::forget_watch(db, name))
-        })
-        .await
-    }
-
-    async fn record_refusal(
-        &self,
-        runner: &RunnerId,
-        code: &str,
-        detail: &str,
-        now: Millis,
-    ) -> StoreResult<()> {
-        let args = (runner.clone(), code.to_string(), detail.to_string(), now);
-        self.write(args, |db, (runner, code, detail, now)| {
-            Box::pin(sql::history::record_refusal(db, runner, code, detail, *now))
-        })
-        .await
-    }
-
-    async fn create_page_session(&self, session: &PageSession, audit: &Entry) -> StoreResult<()> {
-        self.audited(session.clone(), audit, always, |db, session| {
-            Box::pin(sql::sessions::create(db, session))
-        })
-        .await
-    }
-
-    async fn page_session(
-        &self,
-        token_hash: &str,
-        now: Millis,
-    ) -> StoreResult<Option<PageSession>> {
-        self.read((token_hash.to_string(), now), |db, (hash, now)| {
-            Box::pin(sql::sessions::get(db, hash, *now))
-        })
-        .await
     }
 
     async fn end_page_session(&self, token_hash: &str, audit: &Entry) -> StoreResult<()> {
@@ -733,77 +499,14 @@ where
             audit.actor.clone(),
             audit.at,
         );
-        flatten(
-            self.audited(args, audit, ok, |db, (operator, hash, by, now)| {
-                Box::pin(sql::operators::create(db, operator, hash, by, *now))
-            })
-            .await,
-        )
-    }
-
-    async fn list_operator_tokens(&self) -> StoreResult<Vec<OperatorToken>> {
-        self.read((), |db, ()| Box::pin(sql::operators::list(db)))
-            .await
-    }
-
-    async fn delete_operator_token(&self, name: &OperatorName, audit: &Entry) -> StoreResult<bool> {
-        self.audited(
-            name.clone(),
-            audit,
-            |deleted| *deleted,
-            |db, name| Box::pin(sql::operators::delete(db, name)),
-        )
-        .await
-    }
-
-    async fn operator_by_token(&self, token_hash: &str) -> StoreResult<Option<Operator>> {
-        self.read(token_hash.to_string(), |db, hash| {
-            Box::pin(sql::operators::by_hash(db, hash))
+        self.audited_or(args, audit, ok, |db, (operator, hash, by, now)| {
+            Box::pin(sql::operators::create(db, operator, hash, by, *now))
         })
         .await
     }
 
     async fn record_audit(&self, entry: &Entry) -> StoreResult<()> {
         self.audited((), entry, always, |_, ()| Box::pin(async { Ok(()) }))
-            .await
-    }
-
-    async fn audit_trail(&self, filter: &AuditFilter) -> StoreResult<Vec<Recorded>> {
-        self.read(filter.clone(), |db, filter| {
-            Box::pin(sql::audit::list(db, filter))
-        })
-        .await
-    }
-
-    async fn claim_task(&self, task: &str, now: Millis, until: Millis) -> StoreResult<bool> {
-        self.write((task.to_string(), now, until), |db, (task, now, until)| {
-            Box::pin(sql::retention::claim(db, task, *now, *until))
-        })
-        .await
-    }
-
-    async fn release_task(&self, task: &str, until: Millis, now: Millis) -> StoreResult<()> {
-        self.write((task.to_string(), until, now), |db, (task, until, now)| {
-            Box::pin(sql::retention::release(db, task, *until, *now))
-        })
-        .await
-    }
-
-    async fn record_pool_samples(
-        &self,
-        samples: &[crate::domain::timeline::PoolSample],
-    ) -> StoreResult<()> {
-        self.write(samples.to_vec(), |db, samples| {
-            Box::pin(sql::samples::record(db, samples))
-        })
-        .await
-    }
-
-    async fn pool_samples(
-        &self,
-        since: Millis,
-    ) -> StoreResult<Vec<crate::domain::timeline::PoolSample>> {
-        self.read(since, |db, since| Box::pin(sql::samples::since(db, *since)))
             .await
     }
 
@@ -859,4 +562,5 @@ where
             .await?;
         Ok(report)
     }
+}
 }
