@@ -16,11 +16,12 @@
 //!    they make), [`job`] and [`lease`] (their states); [`github`] and [`buildkite`] (what
 //!    leasegate keeps of each forge's API).
 //! 3. The pool, which holds the settings of the concepts below it: [`pool`].
-//! 4. The rules that combine them: [`verdict`] (may this runner lease now?), then [`runner`]
-//!    (its record and its status observed from the verdict), then what reads runners and
-//!    their statuses: [`fetch`] (may a forge runner fetch now?), [`ejection_load`] (a pool's
-//!    load for an ejection), [`fleet`], [`roll`], [`timeline`], and [`retention`] (how long
-//!    history is kept, the timeline's samples among it).
+//! 4. The rules that combine them: [`verdict`] (may this runner lease now?) and above it
+//!    [`record`] (what an accepted attestation writes: a write round's bookkeeping), then
+//!    [`runner`] (its record and its status observed from the verdict), then what reads
+//!    runners and their statuses: [`fetch`] (may a forge runner fetch now?),
+//!    [`ejection_load`] (a pool's load for an ejection), [`fleet`], [`roll`], [`timeline`], and
+//!    [`retention`] (how long history is kept, the timeline's samples among it).
 //!
 //! A type that a lower module and a higher one both need lives in the lower one (or in a small
 //! module of its own, as `pool_name` and `status`); a function that judges across concepts

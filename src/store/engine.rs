@@ -15,8 +15,15 @@
 //! inputs (a runner, a pool), the long polls' wake-ups (a job queued or returned), and SQLite's
 //! in-memory index of spilled jtis. PostgreSQL
 //! announces each inside the transaction (`NOTIFY`, delivered on commit to every replica); the
-//! store applies them in this process once the transaction has committed (`gated.rs`). So the
+//! store applies them in this process once the transaction has committed (`held.rs`). So the
 //! list of what to forget is written where the change happens, once.
+//!
+//! Why plain functions over this small interface rather than functions generic over
+//! `sqlx::Database`: those would repeat on every function bounds such as `for<'c> &'c mut
+//! DB::Connection: Executor<'c, Database = DB>`, and `Encode`, `Decode` and `Type` for every
+//! value, and SQLite would still pay sqlx's hop to its worker thread for every statement. Here
+//! the values are integers and text, the two types both schemas use, and fixing a query fixes
+//! it for both engines.
 
 use super::spills::SpillIndex;
 use super::{StoreError, StoreResult};

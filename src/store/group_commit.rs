@@ -7,6 +7,9 @@
 //! Several lanes may write rounds at once: one on SQLite, which has one writer anyway; two on
 //! PostgreSQL, where their claims skip each other's locked jobs and, since each runner keeps to
 //! one lane, they never lock the same runner.
+//!
+//! A failed round wrote nothing; its requests are written again one by one, so that a failure
+//! that belongs to one request stays with it and the others go through.
 
 use super::engine::{Engine, work};
 use super::held::Held;

@@ -9,6 +9,10 @@
 //! polls' wake-ups on `leasegate_jobs`. A notification can be lost while a listener reconnects,
 //! so a lost connection forgets every cached input and wakes every waiter, and waiters also
 //! re-check on a timer: a lost notification only delays a waiter, never strands it.
+//!
+//! Every connection carries a `statement_timeout` and a `lock_timeout`, so a stuck database is
+//! answered 503 `unavailable` rather than left as hung requests. TLS is sqlx's over rustls (the
+//! Mozilla roots built in, plus `sslrootcert=`), as `sslmode` in the URL asks.
 
 use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
 use super::{StoreError, StoreResult};

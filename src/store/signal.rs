@@ -10,6 +10,12 @@
 //! between its failed claim and its wait still wakes it. Writes say when they queue jobs
 //! (`engine::Change`); the store applies that here once they commit, and other PostgreSQL
 //! replicas from the `NOTIFY` the write sent.
+//!
+//! Waiters also claim again without a wake-up every `recheck_interval` (each engine's
+//! `RECHECK_INTERVAL`), so a lost notification, or a wake-up taken by a waiter that was
+//! cordoned while it waited, delays a job by at most that and never strands it. A long poll's
+//! attestation is judged once, at its start; every claim it makes re-checks revocation and
+//! cordon in its round, under the runner's row lock.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

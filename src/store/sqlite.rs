@@ -7,6 +7,11 @@
 //! runs. Reads run on a few threads of their own with read-only connections, which WAL lets
 //! run beside the writer. The connections' settings are made once, in `connection`.
 //!
+//! One driver for every read and write of the file. sqlx's SQLite driver hops to its worker
+//! thread for each statement, which made a round of many statements cost a hop apiece
+//! (`docs/BENCHMARKS.md`, "What was built"), and two drivers on one file would be two sets of
+//! settings and connections to keep in step.
+//!
 //! The statements are the store's (`sql/`), written with `$n` placeholders; SQLite reads them
 //! as `?n` (which binds by number, where `$n` would bind by first appearance). `sync=NORMAL`
 //! survives a crash of the process; `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` survives power loss

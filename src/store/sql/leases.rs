@@ -4,7 +4,16 @@
 //! The rules come from `domain::lease`; here they are only executed, each write fenced by the
 //! lease's prior state and the job's lease, so that a late call from an expired lease can
 //! never touch a job that moved on. Rows are locked in the one order, runner then job then
-//! lease (`ARCHITECTURE.md`, Invariants): a call checks its token before it locks anything.
+//! lease (`ARCHITECTURE.md`, `src/store/`): a call checks its token before it locks anything.
+//!
+//! Who locks what, in that order (pool before runner where a pool is locked at all): a lease
+//! call locks the job, then the lease; one that ends the job (`complete`, `abandon`) locks its
+//! runner first, and for a failure, which may eject the runner, the pool before that
+//! (`ejection::lock_for`). A cancel locks the job, then ends its lease. The sweep takes each
+//! overdue lease's job with `SKIP LOCKED`, then the lease; a revocation locks its runner, then
+//! each live lease's job and lease; a round locks its runners in id order and then only skips
+//! locked jobs. So no two transactions wait on each other in a circle: before this order, a
+//! forge's cancel racing a runner's call was a deadlock and a 500 (`tests/races.rs`).
 
 use super::{ejection, rows, runners};
 use crate::domain::ejection::Effect;

@@ -8,6 +8,12 @@
 //! index can serve it: ordered by `seq`, PostgreSQL took the primary key whenever its
 //! statistics said most jobs were queued (a deep queue, or one filled since the last analyze),
 //! and then stepped over every finished job on each claim.
+//!
+//! At most one live lease per job: a claim moves a job only `WHERE … state = 'queued'`, and the
+//! unique partial index `leases_one_live_per_job` fails the insert of a second live lease,
+//! rolling the claim back, rather than hand one job to two runners. A job its runner abandoned
+//! is held from that runner for a while (`domain::lease::ABANDON_HOLD_S`): a claim for it looks
+//! `HELD_LOOKAHEAD` jobs further, and `assign` gives each claim the oldest job open to it.
 
 use super::{values_list, write_rows};
 use crate::domain::job::{EventKind, Job};
