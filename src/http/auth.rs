@@ -8,6 +8,9 @@
 //! it asks (a viewer's write, the forge token on an admin route) is 403 `forbidden`; anything
 //! else is 401 `unauthorized`, and counts against the client in the throttle (`crate::throttle`):
 //! a client past its allowance is answered 429 before its credential is looked at.
+//!
+//! Each is an extractor of the request's parts, which axum runs before the one extractor that
+//! reads the body (`JsonBody`), so a request with a bad credential never has its body parsed.
 
 use crate::app::AppState;
 use crate::client::Client;
