@@ -73,12 +73,17 @@ const ROUTES: &[(&str, &str)] = &[
 /// The (method, path) of every `.route("path", get(..).post(..))` in the router's sources, so
 /// that `ROUTES` cannot drift from them either.
 fn routes_in_sources() -> BTreeSet<(String, String)> {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http");
-    let mut files = vec![dir.join("page/mod.rs")];
-    for entry in std::fs::read_dir(&dir).unwrap() {
-        let path = entry.unwrap().path();
-        if path.extension().is_some_and(|e| e == "rs") {
-            files.push(path);
+    // Every source file under `src/http/`, however deep: a router may be in any of them.
+    let mut files = Vec::new();
+    let mut dirs = vec![std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/http")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.extension().is_some_and(|e| e == "rs") {
+                files.push(path);
+            }
         }
     }
     let mut routes = BTreeSet::new();

@@ -226,9 +226,9 @@ fn merge_patch_of(schema: &Value) -> Value {
     patch
 }
 
-/// The body of `PUT /api/v1/admin/pools/{name}` (`admin::PoolBody`), with `PoolSpec::validate`'s
-/// rules: a `registry` pool needs a reference to resolve, and a `manual` pool that enforces
-/// needs at least one image id.
+/// The body of `PUT /api/v1/admin/pools/{name}` (`admin::pool_body::PoolBody`), with
+/// `PoolSpec::validate`'s rules: a `registry` pool needs a reference to resolve, and a `manual`
+/// pool that enforces needs at least one image id.
 pub fn pool_body() -> Value {
     let ids = json!({"type": "array", "items": {"type": "string", "pattern": IMAGE_ID_PATTERN}});
     json!({
@@ -316,7 +316,8 @@ pub fn disk_warning() -> Value {
     })
 }
 
-/// A pool's `ejection` object (`admin::EjectionBody`, `domain::ejection::EjectionPolicy`).
+/// A pool's `ejection` object (`admin::pool_body::EjectionBody`,
+/// `domain::ejection::EjectionPolicy`).
 pub fn ejection_policy() -> Value {
     use crate::domain::ejection::{MAX_BASE_S, MAX_CONSECUTIVE_FAILURES};
     json!({
@@ -341,7 +342,8 @@ fn github_name() -> &'static str {
     r"(?:[A-Za-z0-9_-][A-Za-z0-9_.-]{0,99}|\.[A-Za-z0-9_-][A-Za-z0-9_.-]{0,98}|\.\.[A-Za-z0-9_.-]{1,98})"
 }
 
-/// A pool's `github` object (`admin::GithubBody`, `domain::github::GithubPool::new`).
+/// A pool's `github` object (`admin::pool_body::GithubBody`,
+/// `domain::github::GithubPool::new`).
 pub fn github_pool() -> Value {
     let name = github_name();
     let plain = format!("[^,{CONTROLS}{FORMATS}]");
