@@ -261,10 +261,7 @@ fn ttl_seconds(ttl: Option<serde_json::Number>, default: i64) -> Result<i64, Api
     params(("id" = String, Path, description = "The lease id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Started: an attempt is used, job `leased → running`.", body = LeaseView),
-        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`lease_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn start(
     State(state): State<AppState>,
@@ -282,10 +279,7 @@ async fn start(
     request_body(content = Option<TtlBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Extended: `expires_at = now + ttl_s`.", body = LeaseView),
-        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn extend(
     State(state): State<AppState>,
@@ -326,10 +320,7 @@ fn clean_message(m: Option<String>) -> Option<String> {
     request_body = CompleteBody,
     responses(
         (status = 200, description = "Completed.", body = LeaseView),
-        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`lease_not_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn complete(
     State(state): State<AppState>,
@@ -365,10 +356,7 @@ struct AbandonBody {
     request_body(content = Option<AbandonBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 200, description = "Abandoned: the job returns to the queue without using an attempt.", body = LeaseView),
-        (status = 401, description = "`lease_token_invalid`: a missing or wrong token, or an unknown lease.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`runner_revoked`: the lease's runner was revoked.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`lease_started`, `lease_finished`, `job_cancelled`.", body = Problem, content_type = "application/problem+json"),
-        (status = 410, description = "`lease_expired`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn abandon(
     State(state): State<AppState>,

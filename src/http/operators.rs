@@ -72,7 +72,6 @@ struct TokenBody {
         (status = 201, description = "The named token, shown this once.", body = CreatedOperatorToken),
         (status = 400, description = "`bad_request`: a bad name or role.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`token_name_taken`: an operator of that name exists.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn create_token(
@@ -109,7 +108,6 @@ async fn create_token(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Every named token, by name (never the tokens themselves).", body = OperatorTokenList),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn list_tokens(
@@ -129,7 +127,6 @@ async fn list_tokens(
         (status = 204, description = "Revoked: refused from now on by every replica, and its page sessions ended."),
         (status = 400, description = "`bad_request`: not a valid operator name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no token of that name.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn delete_token(
@@ -207,7 +204,6 @@ fn plain(field: &str, value: Option<String>) -> Result<Option<String>, ApiError>
     responses(
         (status = 200, description = "Operators' changes, newest first, one page.", body = AuditPage),
         (status = 400, description = "`bad_request`: a bad instant, limit or cursor.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn audit_trail(

@@ -98,7 +98,6 @@ fn pushed_tags(envelope: &Envelope) -> Vec<TagPush<'_>> {
         description = "Accepted whatever the content type."),
     responses(
         (status = 202, description = "The registry pools whose tag was pushed, being resolved in the background.", body = PoolsResolving),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn registry_events(

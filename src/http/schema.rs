@@ -5,7 +5,8 @@
 //! in `views` (and `problem::Problem`, the problems): each struct is both what a handler sends
 //! and its schema. `constraints` adds what utoipa cannot say.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
-//! Conventions) are added to each operation by `CommonProblems`. `tests/openapi.rs` checks the
+//! Conventions) are added to each operation by `CommonProblems`, and those its credential
+//! brings (a 401 per scheme, a lease's own refusals) by `CredentialProblems`. `tests/openapi.rs` checks the
 //! document against the router and real answers against its schemas.
 //!
 //! Only the document is here: it names every handler, so nothing of the API imports it.
@@ -97,7 +98,7 @@ async fn openapi_json() -> HttpResponse {
         page::assets::js,
     ),
     components(schemas(Problem)),
-    modifiers(&SecuritySchemes, &CommonProblems, &OptionalBodies),
+    modifiers(&SecuritySchemes, &CredentialProblems, &CommonProblems, &OptionalBodies),
     tags(
         (name = "runners", description = "Registration, the signed heartbeat, and GitHub registrations."),
         (name = "leasing", description = "The gated lease and the lease-scoped calls."),
@@ -135,6 +136,67 @@ impl Modify for SecuritySchemes {
                 ),
             );
         }
+    }
+}
+
+/// The problems a credential brings, added to every API operation from its security
+/// requirement rather than written on each handler: the 401 of each scheme it names and, for
+/// a lease token, the lease's own refusals. A handler that describes one of these statuses
+/// keeps its own words (the 403s of the admin API differ by the role a call needs).
+struct CredentialProblems;
+
+impl Modify for CredentialProblems {
+    fn modify(&self, openapi: &mut OpenApiDoc) {
+        for (path, item) in openapi.paths.paths.iter_mut() {
+            // The page answers a missing session with a redirect, not a problem.
+            if !path.starts_with("/api/") {
+                continue;
+            }
+            let operations = [
+                &mut item.get,
+                &mut item.put,
+                &mut item.post,
+                &mut item.delete,
+                &mut item.patch,
+            ];
+            for op in operations.into_iter().flatten() {
+                // `SecurityRequirement` keeps its schemes to itself; its JSON names them.
+                let requirements =
+                    serde_json::to_value(&op.security).expect("security requirements serialize");
+                let schemes: Vec<String> = requirements
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|r| r.as_object())
+                    .flat_map(|r| r.keys().cloned())
+                    .collect();
+                for scheme in schemes {
+                    for (status, description) in credential_problems(&scheme) {
+                        op.responses
+                            .responses
+                            .entry(status.to_string())
+                            .or_insert_with(|| RefOr::T(problem_response(description)));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a call with the scheme's credential may be refused with, because of the credential.
+fn credential_problems(scheme: &str) -> &'static [(&'static str, &'static str)] {
+    match scheme {
+        "admin_token" => &[("401", "`unauthorized`: no valid admin token.")],
+        "forge_token" => &[("401", "`unauthorized`: no valid forge token.")],
+        "lease_token" => &[
+            (
+                "401",
+                "`lease_token_invalid`: a missing or wrong token, or an unknown lease.",
+            ),
+            ("403", "`runner_revoked`: the lease's runner was revoked."),
+            ("410", "`lease_expired`."),
+        ],
+        _ => &[],
     }
 }
 

@@ -17,7 +17,6 @@ use axum::extract::State;
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Drifted and skipped runners, and each pool's roll health.", body = DriftReport),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn drift(

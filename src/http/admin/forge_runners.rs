@@ -30,7 +30,6 @@ pub(super) struct ForgeRunnersBody {
         (status = 200, description = "Replaced; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`forge_runner_taken`: one of them is bound to another runner (nothing changed); `runner_revoked`.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn put_forge_runners(

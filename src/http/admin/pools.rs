@@ -91,7 +91,6 @@ fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Milli
         (status = 200, description = "Replaced.", body = PoolView),
         (status = 400, description = "`bad_request`: a bad name, digest, reference or number, or a bad `github` object.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn put_pool(
@@ -130,7 +129,6 @@ const PATCH_ATTEMPTS: usize = 32;
         (status = 400, description = "`bad_request`: a bad name, or the patched body is one a `PUT` refuses (a bad digest, reference or number; not an object).", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: the patched pool would be a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`unavailable`: the pool kept changing under the patch, or the database did not answer.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -186,7 +184,6 @@ pub(super) async fn patch_pool(
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`pool_in_use`: the pool has live (unrevoked) runners or unfinished jobs; nothing changed.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn delete_pool(
@@ -207,7 +204,6 @@ pub(super) async fn delete_pool(
         (status = 200, description = "The pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn get_pool(
@@ -228,7 +224,6 @@ pub(super) async fn get_pool(
     security(("admin_token" = [])),
     responses(
         (status = 200, description = "Every pool.", body = PoolList),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn list_pools(

@@ -33,7 +33,6 @@ pub(super) struct TokenBody {
         (status = 201, description = "A single-use registration token.", body = RegistrationToken),
         (status = 400, description = "`bad_request`: a bad pool name or `ttl_s`.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn create_registration_token(

@@ -26,7 +26,6 @@ use axum::http::StatusCode;
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`pool_not_registry` (a `manual` pool) or `pool_changed` (its `image_ref` changed meanwhile).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`pool_resolution_failed`: the pool keeps its image set.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn resolve(

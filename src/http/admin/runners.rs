@@ -53,7 +53,6 @@ pub const RUNNER_PAGE_MAX: i64 = 1000;
     responses(
         (status = 200, description = "The runners, by pool then name, a page at a time.", body = RunnerList),
         (status = 400, description = "`bad_request`: not a valid pool name, status, limit or cursor.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn list_runners(
@@ -157,7 +156,6 @@ pub(super) async fn runner_detail(
     responses(
         (status = 200, description = "The runner and its history.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn get_runner(
@@ -201,7 +199,6 @@ async fn set_cordon(
     responses(
         (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn cordon(
@@ -218,7 +215,6 @@ pub(super) async fn cordon(
     responses(
         (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn uncordon(
@@ -235,7 +231,6 @@ pub(super) async fn uncordon(
     responses(
         (status = 200, description = "Out of ejection at once (and no longer marked `would_eject`), its failures in a row forgotten; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn reinstate(
@@ -260,7 +255,6 @@ pub(super) async fn reinstate(
     responses(
         (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 401, description = "`unauthorized`: no valid admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn revoke(
