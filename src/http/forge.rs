@@ -59,7 +59,6 @@ struct EnqueueBody {
         (status = 201, description = "Enqueued.", body = JobSummary),
         (status = 200, description = "The job of this `idempotency_key`, enqueued before.", body = JobSummary),
         (status = 400, description = "`bad_request`: a bad `max_attempts` or `idempotency_key`, or a malformed body.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`unknown_pool`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn enqueue(
@@ -123,7 +122,6 @@ fn new_job(body: EnqueueBody) -> Result<NewJob, (ApiError, Option<String>)> {
     params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The job and its story.", body = JobView),
-        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such job.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn read(
@@ -144,7 +142,6 @@ async fn read(
     params(("id" = String, Path, description = "The job id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cancelled; the job view.", body = JobView),
-        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such job.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`job_finished`: already succeeded, failed or cancelled.", body = Problem, content_type = "application/problem+json"),
     ))]
@@ -176,7 +173,6 @@ async fn cancel(
     responses(
         (status = 200, description = "The lease's judgement without a lease: `allow` or `refuse` (rules 1-13).", body = GateDecision),
         (status = 400, description = "`bad_request`: a malformed body or a bad digest.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the admin token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn gate_check(
     _: ForgeAuth,

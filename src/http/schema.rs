@@ -6,8 +6,9 @@
 //! and its schema. `constraints` adds what utoipa cannot say.
 //! `ApiDoc` lists every handler; the problems that any API endpoint may answer (PROTOCOL.md,
 //! Conventions) are added to each operation by `CommonProblems`, and those its credential
-//! brings (a 401 per scheme, a lease's own refusals) by `CredentialProblems`. `tests/openapi.rs` checks the
-//! document against the router and real answers against its schemas.
+//! brings (a 401 per scheme, the forge's 403, a lease's own refusals) by `CredentialProblems`.
+//! `tests/openapi.rs` checks the document against the router and real answers against its
+//! schemas.
 //!
 //! Only the document is here: it names every handler, so nothing of the API imports it.
 
@@ -140,9 +141,10 @@ impl Modify for SecuritySchemes {
 }
 
 /// The problems a credential brings, added to every API operation from its security
-/// requirement rather than written on each handler: the 401 of each scheme it names and, for
-/// a lease token, the lease's own refusals. A handler that describes one of these statuses
-/// keeps its own words (the 403s of the admin API differ by the role a call needs).
+/// requirement rather than written on each handler: the 401 of each scheme it names, the 403
+/// of an admin token on a forge call and, for a lease token, the lease's own refusals. A
+/// handler that describes one of these statuses keeps its own words (the 403s of the admin API
+/// differ by the role a call needs).
 struct CredentialProblems;
 
 impl Modify for CredentialProblems {
@@ -187,7 +189,10 @@ impl Modify for CredentialProblems {
 fn credential_problems(scheme: &str) -> &'static [(&'static str, &'static str)] {
     match scheme {
         "admin_token" => &[("401", "`unauthorized`: no valid admin token.")],
-        "forge_token" => &[("401", "`unauthorized`: no valid forge token.")],
+        "forge_token" => &[
+            ("401", "`unauthorized`: no valid forge token."),
+            ("403", "`forbidden`: the admin token."),
+        ],
         "lease_token" => &[
             (
                 "401",
