@@ -21,6 +21,7 @@
 //!   their runner is refused, resumed when it is admitted.
 //! - [`server`], [`sweeper`], [`retention`], [`timeline`]: starting, stopping, housekeeping,
 //!   pruning, and sampling pools for the page's timelines.
+//! - [`commands`]: each command of the binary run to its end on a runtime of its own.
 //! - [`startup`], [`usage`], [`logging`]: what a start checks before it writes anything, and
 //!   errors that name a setting as the user set it (variable or flag).
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
@@ -32,6 +33,7 @@ pub mod app;
 pub mod bench;
 pub mod buildkite;
 pub mod client;
+pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod domain;

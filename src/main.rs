@@ -62,8 +62,7 @@ fn clap_error(cmd: &clap::Command, e: clap::Error, args: &[OsString]) -> ExitCod
     }
 }
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     let cmd = Cli::command();
     let matches = match cmd.clone().try_get_matches_from(&args) {
@@ -108,11 +107,13 @@ async fn main() -> ExitCode {
             "set in the environment, but no setting of leasegate: ignored"
         );
     }
+    // Each command runs on a runtime the library builds (`commands`), so that this crate
+    // compiles none of the service's futures again.
     let result = match cli.command {
-        Command::Serve(args) => leasegate::server::serve(args).await,
-        Command::Demo(args) => leasegate::demo::run(args).await,
-        Command::Bench(args) => leasegate::bench::run(args).await.map(|_| ()),
-        Command::Runner(args) => return leasegate::agent::commands::run(args).await.into(),
+        Command::Serve(args) => leasegate::commands::serve(args),
+        Command::Demo(args) => leasegate::commands::demo(args),
+        Command::Bench(args) => leasegate::commands::bench(args),
+        Command::Runner(args) => return leasegate::commands::runner(args).into(),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
