@@ -36,6 +36,7 @@ mod images_forge_gate;
 mod lease_flow;
 mod metrics;
 mod migration_parity;
+mod module_graph;
 mod openapi;
 mod operators;
 mod outage_sqlite;
