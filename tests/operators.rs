@@ -100,6 +100,88 @@ async fn page(app: &TestApp, path: &str, cookie: &str) -> (StatusCode, String) {
     (r.status(), r.text().await.unwrap())
 }
 
+/// Every call of the API under the admin token names in the OpenAPI document the role it needs
+/// (`read`, `write` or `admin`, its security requirement's scope), with the 403 that role's
+/// refusal answers; and a viewer's and an operator's token are refused exactly where that
+/// role says.
+async fn the_role_each_call_documents_is_the_role_it_needs(engine: common::Engine) {
+    let Some(app) = common::spawn_app_on_with(engine, |_| {}).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "r1").await;
+    let viewer = named_token(&app, "dash", "viewer").await;
+    let operator = named_token(&app, "olga", "operator").await;
+    let doc: Value = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut calls = Vec::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let Some(security) = op["security"].as_array() else {
+                continue;
+            };
+            let Some(scopes) = security.iter().find_map(|s| s.get("admin_token")) else {
+                continue;
+            };
+            if !path.starts_with("/api/") {
+                continue;
+            }
+            let role = match scopes.as_array().unwrap().as_slice() {
+                [role] => role.as_str().unwrap().to_string(),
+                other => panic!("{method} {path}: admin_token scopes {other:?}, not one role"),
+            };
+            let refusal = op["responses"]["403"]["description"].as_str().unwrap();
+            let words = match role.as_str() {
+                "read" => "the forge token.",
+                "write" => "the forge token, or a viewer's token.",
+                "admin" => "the forge token, or a token whose role is not `admin`.",
+                other => panic!("{method} {path}: no such role {other}"),
+            };
+            assert!(refusal.ends_with(words), "{method} {path}: {refusal}");
+            calls.push((method.to_uppercase(), path.clone(), role));
+        }
+    }
+    assert!(calls.len() >= 20, "only {} calls name a role", calls.len());
+    // Reads first, then writes, then what only an admin may do: a deleted pool or a revoked
+    // runner is then gone only for the calls after it, which answer 404, never 403.
+    calls.sort_by_key(|(method, _, role)| (role != "read", method == "DELETE"));
+    for (method, path, role) in calls {
+        let path = path
+            .replace(
+                "{name}",
+                if path.contains("/tokens/") {
+                    "dash"
+                } else {
+                    "linux"
+                },
+            )
+            .replace("{id}", &runner.id);
+        let m: reqwest::Method = method.parse().unwrap();
+        for (who, token, refused) in [
+            ("viewer", &viewer, role != "read"),
+            ("operator", &operator, role == "admin"),
+        ] {
+            if method == "DELETE" && !refused {
+                continue;
+            }
+            let r = send(&app, m.clone(), &path, token, Some(json!({}))).await;
+            assert_eq!(
+                r.status() == StatusCode::FORBIDDEN,
+                refused,
+                "{who} {method} {path} ({role}): {}",
+                r.status()
+            );
+        }
+    }
+}
+
 fn csrf_of(html: &str) -> String {
     let marker = r#"name="csrf" value=""#;
     let start = html.find(marker).expect("a form with a CSRF token") + marker.len();
@@ -108,6 +190,7 @@ fn csrf_of(html: &str) -> String {
 
 each_engine!(
     a_viewer_reads_everything_and_changes_nothing,
+    the_role_each_call_documents_is_the_role_it_needs,
     every_change_is_in_the_audit_trail_with_its_author,
     tokens_are_named_once_and_refused_at_once_when_revoked,
     a_revoked_runners_name_can_be_registered_again,

@@ -66,13 +66,12 @@ struct TokenBody {
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/tokens", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["admin"])),
     request_body = TokenBody,
     responses(
         (status = 201, description = "The named token, shown this once.", body = CreatedOperatorToken),
         (status = 400, description = "`bad_request`: a bad name or role.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`token_name_taken`: an operator of that name exists.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn create_token(
     caller: AsAdmin,
@@ -105,10 +104,9 @@ async fn create_token(
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/tokens", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["admin"])),
     responses(
         (status = 200, description = "Every named token, by name (never the tokens themselves).", body = OperatorTokenList),
-        (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn list_tokens(
     _: AsAdmin,
@@ -121,13 +119,12 @@ async fn list_tokens(
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/tokens/{name}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["admin"])),
     params(("name" = String, Path, description = "The operator's name: 1-63 characters of `a-z 0-9 . _ - @`, starting with a letter or digit; not `bootstrap`.", pattern = "^[a-z0-9][a-z0-9._@-]{0,62}$")),
     responses(
         (status = 204, description = "Revoked: refused from now on by every replica, and its page sessions ended."),
         (status = 400, description = "`bad_request`: not a valid operator name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no token of that name.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a token whose role is not `admin`.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn delete_token(
     caller: AsAdmin,
@@ -199,12 +196,11 @@ fn plain(field: &str, value: Option<String>) -> Result<Option<String>, ApiError>
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/audit", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     params(AuditQuery),
     responses(
         (status = 200, description = "Operators' changes, newest first, one page.", body = AuditPage),
         (status = 400, description = "`bad_request`: a bad instant, limit or cursor.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn audit_trail(
     _: AsViewer,

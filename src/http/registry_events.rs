@@ -93,12 +93,11 @@ fn pushed_tags(envelope: &Envelope) -> Vec<TagPush<'_>> {
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/registry-events", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     request_body(content = Envelope, content_type = "application/vnd.docker.distribution.events.v1+json",
         description = "Accepted whatever the content type."),
     responses(
         (status = 202, description = "The registry pools whose tag was pushed, being resolved in the background.", body = PoolsResolving),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token.", body = Problem, content_type = "application/problem+json"),
     ))]
 async fn registry_events(
     caller: AsOperator,

@@ -162,18 +162,24 @@ impl Modify for CredentialProblems {
                 &mut item.patch,
             ];
             for op in operations.into_iter().flatten() {
-                // `SecurityRequirement` keeps its schemes to itself; its JSON names them.
+                // `SecurityRequirement` keeps its schemes to itself; its JSON names them,
+                // each with its scopes (for the admin token, the role the call needs).
                 let requirements =
                     serde_json::to_value(&op.security).expect("security requirements serialize");
-                let schemes: Vec<String> = requirements
+                let schemes: Vec<(String, Vec<String>)> = requirements
                     .as_array()
                     .into_iter()
                     .flatten()
                     .filter_map(|r| r.as_object())
-                    .flat_map(|r| r.keys().cloned())
+                    .flat_map(|r| r.iter())
+                    .map(|(scheme, scopes)| {
+                        let scopes = scopes.as_array().into_iter().flatten();
+                        let scopes = scopes.filter_map(|s| s.as_str().map(String::from));
+                        (scheme.clone(), scopes.collect())
+                    })
                     .collect();
-                for scheme in schemes {
-                    for (status, description) in credential_problems(&scheme) {
+                for (scheme, scopes) in schemes {
+                    for (status, description) in credential_problems(&scheme, &scopes) {
                         op.responses
                             .responses
                             .entry(status.to_string())
@@ -186,14 +192,31 @@ impl Modify for CredentialProblems {
 }
 
 /// What a call with the scheme's credential may be refused with, because of the credential.
-fn credential_problems(scheme: &str) -> &'static [(&'static str, &'static str)] {
-    match scheme {
-        "admin_token" => &[("401", "`unauthorized`: no valid admin token.")],
-        "forge_token" => &[
+fn credential_problems(scheme: &str, scopes: &[String]) -> &'static [(&'static str, &'static str)] {
+    const NO_ADMIN_TOKEN: (&str, &str) = ("401", "`unauthorized`: no valid admin token.");
+    let role = scopes.first().map(String::as_str);
+    match (scheme, role) {
+        ("admin_token", Some("read")) => {
+            &[NO_ADMIN_TOKEN, ("403", "`forbidden`: the forge token.")]
+        }
+        ("admin_token", Some("write")) => &[
+            NO_ADMIN_TOKEN,
+            ("403", "`forbidden`: the forge token, or a viewer's token."),
+        ],
+        ("admin_token", Some("admin")) => &[
+            NO_ADMIN_TOKEN,
+            (
+                "403",
+                "`forbidden`: the forge token, or a token whose role is not `admin`.",
+            ),
+        ],
+        // The page's calls: a session or the token, refused in words of their own.
+        ("admin_token", _) => &[NO_ADMIN_TOKEN],
+        ("forge_token", _) => &[
             ("401", "`unauthorized`: no valid forge token."),
             ("403", "`forbidden`: the admin token."),
         ],
-        "lease_token" => &[
+        ("lease_token", _) => &[
             (
                 "401",
                 "`lease_token_invalid`: a missing or wrong token, or an unknown lease.",

@@ -14,10 +14,9 @@ use axum::Json;
 use axum::extract::State;
 
 #[utoipa::path(get, path = "/api/v1/admin/drift", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     responses(
         (status = 200, description = "Drifted and skipped runners, and each pool's roll health.", body = DriftReport),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn drift(
     _: AsViewer,

@@ -23,14 +23,13 @@ pub(super) struct ForgeRunnersBody {
 }
 
 #[utoipa::path(put, path = "/api/v1/admin/runners/{id}/forge-runners", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     request_body = ForgeRunnersBody,
     responses(
         (status = 200, description = "Replaced; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`forge_runner_taken`: one of them is bound to another runner (nothing changed); `runner_revoked`.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn put_forge_runners(
     caller: AsOperator,

@@ -83,7 +83,7 @@ fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Milli
 }
 
 #[utoipa::path(put, path = "/api/v1/admin/pools/{name}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body = PoolBody,
     responses(
@@ -91,7 +91,6 @@ fn standing(state: &AppState, runners: &[RunnerSummary], pool: &Pool, now: Milli
         (status = 200, description = "Replaced.", body = PoolView),
         (status = 400, description = "`bad_request`: a bad name, digest, reference or number, or a bad `github` object.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn put_pool(
     caller: AsOperator,
@@ -120,7 +119,7 @@ pub(super) async fn put_pool(
 const PATCH_ATTEMPTS: usize = 32;
 
 #[utoipa::path(patch, path = "/api/v1/admin/pools/{name}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body(description = "A JSON merge patch (RFC 7396) of the pool's `PUT` body: a member sets that field, `null` returns it to its default, a field not named keeps the pool's value.",
         content((PoolPatch = "application/merge-patch+json"), (PoolPatch = "application/json"))),
@@ -129,7 +128,6 @@ const PATCH_ATTEMPTS: usize = 32;
         (status = 400, description = "`bad_request`: a bad name, or the patched body is one a `PUT` refuses (a bad digest, reference or number; not an object).", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 422, description = "`pool_image_unresolved`: the patched pool would be a `manual` pool with `enforce` and no image ids.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
         (status = 503, description = "`unavailable`: the pool kept changing under the patch, or the database did not answer.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn patch_pool(
@@ -177,14 +175,13 @@ pub(super) async fn patch_pool(
 }
 
 #[utoipa::path(delete, path = "/api/v1/admin/pools/{name}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 204, description = "Deleted, with its revoked runners, their history, its finished jobs and its registration tokens."),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`pool_in_use`: the pool has live (unrevoked) runners or unfinished jobs; nothing changed.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn delete_pool(
     caller: AsOperator,
@@ -198,13 +195,12 @@ pub(super) async fn delete_pool(
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/pools/{name}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "The pool.", body = PoolView),
         (status = 400, description = "`bad_request`: not a valid pool name.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn get_pool(
     _: AsViewer,
@@ -221,10 +217,9 @@ pub(super) async fn get_pool(
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/pools", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     responses(
         (status = 200, description = "Every pool.", body = PoolList),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn list_pools(
     _: AsViewer,

@@ -26,14 +26,13 @@ pub(super) struct TokenBody {
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/registration-tokens", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     request_body(content = Option<TokenBody>, description = "Optional: an empty body counts as `{}`."),
     responses(
         (status = 201, description = "A single-use registration token.", body = RegistrationToken),
         (status = 400, description = "`bad_request`: a bad pool name or `ttl_s`.", body = Problem, content_type = "application/problem+json"),
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn create_registration_token(
     caller: AsOperator,

@@ -18,7 +18,7 @@ use axum::http::StatusCode;
 /// `POST /api/v1/admin/pools/{name}/resolve`: one attempt now; 200 with the pool when it is
 /// over, 502 `pool_resolution_failed` (the set unchanged) when it failed.
 #[utoipa::path(post, path = "/api/v1/admin/pools/{name}/resolve", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("name" = String, Path, description = "The pool name: 1-63 characters of `a-z 0-9 . _ -`, starting with a letter or digit.", pattern = "^[a-z0-9][a-z0-9._-]{0,62}$")),
     responses(
         (status = 200, description = "Resolved; the pool.", body = PoolView),
@@ -26,7 +26,6 @@ use axum::http::StatusCode;
         (status = 404, description = "`not_found`: no such pool.", body = Problem, content_type = "application/problem+json"),
         (status = 409, description = "`pool_not_registry` (a `manual` pool) or `pool_changed` (its `image_ref` changed meanwhile).", body = Problem, content_type = "application/problem+json"),
         (status = 502, description = "`pool_resolution_failed`: the pool keeps its image set.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn resolve(
     caller: AsOperator,

@@ -48,12 +48,11 @@ pub(super) struct RunnerFilter {
 pub const RUNNER_PAGE_DEFAULT: i64 = 500;
 pub const RUNNER_PAGE_MAX: i64 = 1000;
 #[utoipa::path(get, path = "/api/v1/admin/runners", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     params(RunnerFilter),
     responses(
         (status = 200, description = "The runners, by pool then name, a page at a time.", body = RunnerList),
         (status = 400, description = "`bad_request`: not a valid pool name, status, limit or cursor.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn list_runners(
     _: AsViewer,
@@ -151,12 +150,11 @@ pub(super) async fn runner_detail(
 }
 
 #[utoipa::path(get, path = "/api/v1/admin/runners/{id}", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["read"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "The runner and its history.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn get_runner(
     _: AsViewer,
@@ -194,12 +192,11 @@ async fn set_cordon(
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/cordon", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Cordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn cordon(
     caller: AsOperator,
@@ -210,12 +207,11 @@ pub(super) async fn cordon(
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/uncordon", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Uncordoned; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn uncordon(
     caller: AsOperator,
@@ -226,12 +222,11 @@ pub(super) async fn uncordon(
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/reinstate", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Out of ejection at once (and no longer marked `would_eject`), its failures in a row forgotten; the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn reinstate(
     caller: AsOperator,
@@ -250,12 +245,11 @@ pub(super) async fn reinstate(
 }
 
 #[utoipa::path(post, path = "/api/v1/admin/runners/{id}/revoke", tag = "admin",
-    security(("admin_token" = [])),
+    security(("admin_token" = ["write"])),
     params(("id" = String, Path, description = "The runner id: no control characters.", pattern = "^[^\\u0000-\\u001f\\u007f-\\u009f]+$")),
     responses(
         (status = 200, description = "Revoked (its live leases end); the runner detail.", body = RunnerDetail),
         (status = 404, description = "`not_found`: no such runner.", body = Problem, content_type = "application/problem+json"),
-        (status = 403, description = "`forbidden`: the forge token, or a viewer's token on a write.", body = Problem, content_type = "application/problem+json"),
     ))]
 pub(super) async fn revoke(
     caller: AsOperator,
