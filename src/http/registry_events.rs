@@ -15,7 +15,6 @@
 
 use super::auth::AsOperator;
 use super::json::JsonBody;
-use super::problem::Problem;
 use super::views::PoolsResolving;
 use crate::app::AppState;
 use crate::domain::audit::Action;

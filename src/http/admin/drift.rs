@@ -7,7 +7,6 @@ use crate::domain::roll::roll_health;
 use crate::domain::runner::{DriftEntry, drift_entry};
 use crate::domain::time::Millis;
 use crate::http::auth::AsViewer;
-use crate::http::problem::Problem;
 use crate::http::views::{DriftReport, DriftedRunner, RollHealthView, SkippedRunner};
 use crate::problem::ApiError;
 use axum::Json;
