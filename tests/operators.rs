@@ -112,15 +112,7 @@ async fn the_role_each_call_documents_is_the_role_it_needs(engine: common::Engin
     let runner = app.register("linux", "r1").await;
     let viewer = named_token(&app, "dash", "viewer").await;
     let operator = named_token(&app, "olga", "operator").await;
-    let doc: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = openapi(&app).await;
     let mut calls = Vec::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for (method, op) in item.as_object().unwrap() {
@@ -153,16 +145,7 @@ async fn the_role_each_call_documents_is_the_role_it_needs(engine: common::Engin
     // runner is then gone only for the calls after it, which answer 404, never 403.
     calls.sort_by_key(|(method, _, role)| (role != "read", method == "DELETE"));
     for (method, path, role) in calls {
-        let path = path
-            .replace(
-                "{name}",
-                if path.contains("/tokens/") {
-                    "dash"
-                } else {
-                    "linux"
-                },
-            )
-            .replace("{id}", &runner.id);
+        let path = concrete(&path, &runner.id);
         let m: reqwest::Method = method.parse().unwrap();
         for (who, token, refused) in [
             ("viewer", &viewer, role != "read"),
@@ -180,6 +163,27 @@ async fn the_role_each_call_documents_is_the_role_it_needs(engine: common::Engin
             );
         }
     }
+}
+
+async fn openapi(app: &TestApp) -> Value {
+    let r = app
+        .client
+        .get(app.url("/openapi.json"))
+        .send()
+        .await
+        .unwrap();
+    r.json().await.unwrap()
+}
+
+/// A documented path with its parameters filled: the pool `linux`, the token `dash`, the
+/// runner `runner_id`.
+fn concrete(path: &str, runner_id: &str) -> String {
+    let name = if path.contains("/tokens/") {
+        "dash"
+    } else {
+        "linux"
+    };
+    path.replace("{name}", name).replace("{id}", runner_id)
 }
 
 fn csrf_of(html: &str) -> String {
@@ -208,31 +212,14 @@ async fn a_viewer_reads_everything_and_changes_nothing(engine: common::Engine) {
     let before = audit(&app, "").await;
 
     // Every write route the OpenAPI document lists under the admin API is refused.
-    let doc: Value = app
-        .client
-        .get(app.url("/openapi.json"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = openapi(&app).await;
     let mut tried = 0;
     for (path, item) in doc["paths"].as_object().unwrap() {
         if !path.starts_with("/api/v1/admin") {
             continue;
         }
         for method in item.as_object().unwrap().keys() {
-            let path = path
-                .replace(
-                    "{name}",
-                    if path.contains("/tokens/") {
-                        "dash"
-                    } else {
-                        "linux"
-                    },
-                )
-                .replace("{id}", &runner.id);
+            let path = concrete(path, &runner.id);
             let m: reqwest::Method = method.to_uppercase().parse().unwrap();
             let r = send(&app, m.clone(), &path, &viewer, Some(json!({}))).await;
             if m == reqwest::Method::GET {
