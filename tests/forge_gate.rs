@@ -16,20 +16,20 @@ use reqwest::StatusCode;
 use serde_json::{Value, json};
 use std::time::{Duration, Instant};
 
-const GITLAB_TOKEN: &str = "glrt-test-runner-token";
+pub(crate) const GITLAB_TOKEN: &str = "glrt-test-runner-token";
 
 /// The service on `engine` in front of the test forges (`forges::gated`), with `adjust` on top.
-async fn gated(engine: Engine, adjust: impl FnOnce(&mut ServeArgs)) -> Option<Gated> {
+pub(crate) async fn gated(engine: Engine, adjust: impl FnOnce(&mut ServeArgs)) -> Option<Gated> {
     forges::gated(engine, GITLAB_TOKEN, 2, adjust).await
 }
 
-fn sha256_hex(s: &str) -> String {
+pub(crate) fn sha256_hex(s: &str) -> String {
     use sha2::{Digest, Sha256};
     hex::encode(Sha256::digest(s.as_bytes()))
 }
 
 /// A leasegate runner in pool `linux` on the same machine as the forge runners, bound to them.
-async fn bound_runner(app: &TestApp) -> TestRunner {
+pub(crate) async fn bound_runner(app: &TestApp) -> TestRunner {
     app.pool("linux", &[IMAGE_A]).await;
     let token = app.registration_token("linux").await;
     let key = leasegate::agent::keys::RunnerKey::generate();
@@ -50,20 +50,25 @@ async fn bound_runner(app: &TestApp) -> TestRunner {
     }
 }
 
-async fn heartbeat_healthy(app: &TestApp, runner: &TestRunner) {
+pub(crate) async fn heartbeat_healthy(app: &TestApp, runner: &TestRunner) {
     assert_eq!(
         app.heartbeat(&runner.healthy()).await.status(),
         StatusCode::OK
     );
 }
 
-async fn heartbeat_broken(app: &TestApp, runner: &TestRunner) {
+pub(crate) async fn heartbeat_broken(app: &TestApp, runner: &TestRunner) {
     let broken = runner.failing("default OCI runtime \"crun\" not found: invalid argument");
     assert_eq!(app.heartbeat(&broken).await.status(), StatusCode::OK);
 }
 
 /// A runner's `FetchTask`, in protobuf (as the runners send it) or JSON.
-async fn fetch_task(app: &TestApp, uuid: &str, token: &str, json: bool) -> reqwest::Response {
+pub(crate) async fn fetch_task(
+    app: &TestApp,
+    uuid: &str,
+    token: &str,
+    json: bool,
+) -> reqwest::Response {
     let req = app
         .client
         .post(app.url(FETCH_TASK))
@@ -95,7 +100,7 @@ async fn request_job(app: &TestApp, token: &str, last_update: Option<&str>) -> r
         .unwrap()
 }
 
-fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(r: &'a reqwest::Response, name: &str) -> Option<&'a str> {
     r.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
@@ -720,7 +725,7 @@ async fn a_200_mb_upload_and_a_55_s_held_request_pass_through() {
 }
 
 /// `count` copies of `chunk`, as a body stream.
-fn futures_stream(
+pub(crate) fn futures_stream(
     chunk: Vec<u8>,
     count: usize,
 ) -> impl futures_util::Stream<Item = Result<Vec<u8>, std::io::Error>> + Send + 'static {

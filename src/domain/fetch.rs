@@ -31,6 +31,16 @@ pub enum FetchRefusal {
 }
 
 impl FetchRefusal {
+    /// Whether the refusal is of an attestation or a probe that is too old, which a newer
+    /// attestation with the same facts would not meet.
+    pub fn is_by_age(&self) -> bool {
+        matches!(
+            self,
+            FetchRefusal::NoFreshAttestation { age_s: Some(_), .. }
+                | FetchRefusal::Refused(Refusal::ProbeStale { .. })
+        )
+    }
+
     pub fn code(&self) -> &'static str {
         match self {
             FetchRefusal::UnknownRunner => "unknown_runner",

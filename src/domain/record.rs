@@ -254,11 +254,14 @@ pub struct RunnerUpdate<'a> {
 }
 
 impl RunnerUpdate<'_> {
-    /// Whether the round lifted a quarantine or an ejection the row held `before`: what the
-    /// gate holds of the runner is then out of date.
-    pub fn lifts(&self, before: &RunnerRow) -> bool {
+    /// Whether what the gate holds of the runner, as the row was `before`, is out of date: the
+    /// round lifted a quarantine or an ejection, or the latest attestation's facts or status
+    /// changed (what the forge gate judges). An attestation that only repeats the previous
+    /// one's facts, later, changes nothing the gate would judge otherwise but its age.
+    pub fn changes_gate(&self, before: &RunnerRow) -> bool {
         (before.quarantined_at.is_some() && self.row.quarantined_at.is_none())
             || self.releases(before)
+            || self.row.latest != before.latest
     }
 
     /// Whether the round ended the ejection the row held `before`: the runner may claim in
@@ -660,19 +663,33 @@ mod tests {
     }
 
     #[test]
-    fn an_update_says_what_it_lifted_and_whether_it_ended_the_ejection() {
-        let mut held = row(Some("ejected"), Some(100));
+    fn an_update_says_whether_the_gate_judges_otherwise_and_whether_it_ended_the_ejection() {
+        let failing = [record("r1", "a", 90, false, true)];
+        let mut held = plan_of(
+            &BTreeMap::from([(RunnerId("r1".into()), row(None, None))]),
+            &failing,
+        )
+        .updates[0]
+            .row
+            .clone();
+        held.quarantined_at = Some(Millis(100));
         held.ejected_until = Some(Millis(120));
         let rows = BTreeMap::from([(RunnerId("r1".into()), held.clone())]);
         // Checked after the quarantine, but received before the ejection ends.
-        let early = [record("r1", "a", 110, true, false)];
+        let early = [record("r1", "b", 110, true, false)];
         let plan = plan_of(&rows, &early);
-        assert!(plan.updates[0].lifts(&held) && !plan.updates[0].releases(&held));
-        let late = [record("r1", "b", 150, true, false)];
+        assert!(plan.updates[0].changes_gate(&held) && !plan.updates[0].releases(&held));
+        let late = [record("r1", "c", 150, true, false)];
         let plan = plan_of(&rows, &late);
-        assert!(plan.updates[0].lifts(&held) && plan.updates[0].releases(&held));
-        let failing = [record("r1", "c", 150, false, true)];
-        let plan = plan_of(&rows, &failing);
-        assert!(!plan.updates[0].lifts(&held));
+        assert!(plan.updates[0].changes_gate(&held) && plan.updates[0].releases(&held));
+        // The same failing facts again, later: only their age changed.
+        let again = [record("r1", "d", 150, false, true)];
+        let plan = plan_of(&rows, &again);
+        assert!(!plan.updates[0].changes_gate(&held));
+        // Facts that changed (another probe error) are judged anew.
+        let mut other = record("r1", "e", 150, false, true);
+        other.state.probe.error = Some("podman not found".into());
+        let plan = plan_of(&rows, std::slice::from_ref(&other));
+        assert!(plan.updates[0].changes_gate(&held));
     }
 }

@@ -12,6 +12,12 @@
 //! A Forgejo binding holding the runner's token's SHA-256 judges only a fetch presenting that
 //! token: any other fetch naming its uuid is forwarded untouched, leaving nothing behind (no
 //! header, no last fetch, no refusal), so that knowing a runner's uuid tells nothing of it.
+//!
+//! The binding, the runner and its pool are read as the lease's gate reads the runner and its
+//! pool: from the store's cache (`gate_forge_runner`, `gate_runner`, `gate_pool`), which every
+//! change to them invalidates and every attestation this process accepts updates. A refusal
+//! for an attestation or probe too old is the one verdict the cache can get wrong (another
+//! replica's heartbeat with the same facts is not announced), so it is read again first.
 
 use super::GateState;
 use crate::domain::fetch::{FetchRefusal, judge_fetch};
@@ -210,7 +216,7 @@ pub async fn judge(
         return Ok(unbound());
     };
     let store = gate.store();
-    let Some((runner_id, binding)) = store.forge_runner(identity).await? else {
+    let Some((runner_id, binding)) = store.gate_forge_runner(identity).await? else {
         return Ok(unbound());
     };
     if !binding.owns_fetch(token) {
@@ -220,23 +226,33 @@ pub async fn judge(
         });
     }
     if binding.fetch_worth_noting(now) {
-        store.note_forge_fetch(&binding.identity, now).await?;
+        store
+            .note_forge_fetch(identity, &binding.identity, now)
+            .await?;
     }
-    // The latest attestation must be read as it is now: a heartbeat may just have come.
-    let Some(runner) = store.get_runner(&runner_id).await? else {
+    let Some(runner) = store.gate_runner(&runner_id).await? else {
         return Ok(unbound());
     };
-    let Some(pool) = store.gate_pool(&runner.pool).await? else {
+    let Some(pool) = store.gate_pool(&runner.record.pool).await? else {
         return Ok(unbound());
     };
-    let verdict = match judge_fetch(&runner, &pool, now, gate.rules()) {
+    let mut judged = judge_fetch(&runner.record, &pool, now, gate.rules());
+    if judged.as_ref().is_err_and(FetchRefusal::is_by_age) {
+        // Another replica may have recorded a newer attestation with the same facts, which it
+        // does not announce (`store::verdict_cache`): too old is confirmed against the database.
+        let Some(runner) = store.gate_runner_now(&runner_id).await? else {
+            return Ok(unbound());
+        };
+        judged = judge_fetch(&runner.record, &pool, now, gate.rules());
+    }
+    let verdict = match judged {
         Ok(()) => Verdict::Forward,
         Err(r) if pool.gate_mode == GateMode::Observe => Verdict::Observe(r),
         Err(r) => Verdict::Refuse(r),
     };
     Ok(Judged {
         verdict,
-        subject: Some((runner.id, pool.name)),
+        subject: Some((runner_id, pool.name)),
     })
 }
 

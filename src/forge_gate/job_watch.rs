@@ -136,7 +136,7 @@ async fn read_report(
 async fn forgejo_runner(gate: &GateState, headers: HeaderMap) -> Option<RunnerId> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let identity = ForgeIdentity::forgejo(header("x-runner-uuid")?).ok()?;
-    match gate.store().forge_runner(&identity).await {
+    match gate.store().gate_forge_runner(&identity).await {
         Ok(Some((runner, binding))) if binding.owns_fetch(header("x-runner-token")) => Some(runner),
         Ok(_) => None,
         Err(e) => {

@@ -229,8 +229,11 @@ fn type_error(column: &str, expected: &str, got: &Value) -> StoreError {
 /// What a write changed that other parts of the service (and other replicas) hold in memory.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Change {
-    /// A runner's gate inputs: cordon, quarantine, revocation, key, forge runners.
+    /// A runner's gate inputs: cordon, quarantine, revocation, key, forge runners, and its
+    /// latest attestation's facts or status.
     Runner(RunnerId),
+    /// Which forge runners are bound to which runners (the forge gate's first read).
+    ForgeRunners,
     /// A pool's accepted images, policy or mode.
     Pool(PoolName),
     /// One job joined the pool's queue: wake one waiter.

@@ -336,11 +336,6 @@ gated_store! {
     audited fn follow_forge_runners(runner: &RunnerId, claimed: &[ForgeRunner], now: Millis)
         [audit: followed] -> StoreResult<Option<Followed>>
         = |db| sql::runners::follow_forge_runners(db, runner, claimed, *now);
-    read fn forge_runner(identity: &ForgeIdentity)
-        -> StoreResult<Option<(RunnerId, ForgeBinding)>>
-        = |db| sql::runners::forge_runner(db, identity);
-    write fn note_forge_fetch(identity: &ForgeIdentity, now: Millis) -> StoreResult<()>
-        = |db| sql::runners::note_forge_fetch(db, identity, *now);
     write fn record_rejection(runner: &RunnerId, code: &str, detail: &str, now: Millis)
         -> StoreResult<()> = |db| sql::runners::note_rejection(db, runner, code, detail, *now);
 
@@ -420,6 +415,10 @@ gated_store! {
         if let Some(runner) = self.held.cache.runner(id) {
             return Ok(Some(runner));
         }
+        self.gate_runner_now(id).await
+    }
+
+    async fn gate_runner_now(&self, id: &RunnerId) -> StoreResult<Option<GateRunner>> {
         let generation = self.held.cache.generation();
         let Some(runner) = self.get_runner(id).await? else {
             return Ok(None);
@@ -427,6 +426,37 @@ gated_store! {
         let runner = GateRunner::new(runner);
         self.held.cache.keep_runner(generation, &runner);
         Ok(Some(runner))
+    }
+
+    async fn gate_forge_runner(
+        &self,
+        identity: &ForgeIdentity,
+    ) -> StoreResult<Option<(RunnerId, ForgeBinding)>> {
+        if let Some(bound) = self.held.cache.binding(identity) {
+            return Ok(bound);
+        }
+        let generation = self.held.cache.generation();
+        let bound = self
+            .read(identity.clone(), |db, identity| {
+                Box::pin(sql::runners::forge_runner(db, identity))
+            })
+            .await?;
+        self.held.cache.keep_binding(generation, identity, &bound);
+        Ok(bound)
+    }
+
+    async fn note_forge_fetch(
+        &self,
+        fetched: &ForgeIdentity,
+        binding: &ForgeIdentity,
+        now: Millis,
+    ) -> StoreResult<()> {
+        self.write((binding.clone(), now), |db, (binding, now)| {
+            Box::pin(sql::runners::note_forge_fetch(db, binding, *now))
+        })
+        .await?;
+        self.held.cache.noted_fetch(fetched, now);
+        Ok(())
     }
 
     async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>> {

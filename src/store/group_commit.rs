@@ -85,12 +85,14 @@ fn lane_of(item: &RoundItem, lanes: usize) -> usize {
     (hasher.finish() % lanes as u64) as usize
 }
 
-/// `items` as one round in one transaction; what it changed applied to `held` after.
+/// `items` as one round in one transaction; what it changed applied to `held` after, and the
+/// attestations it accepted written through to the cache.
 async fn write<E: Engine>(
     engine: &E,
     held: &Held,
     items: Arc<Vec<RoundItem>>,
 ) -> StoreResult<Vec<RoundOutcome>> {
+    let written = items.clone();
     let (outcomes, changes) = engine
         .write(work(move |db| {
             Box::pin(async move { round::write(db, &items).await })
@@ -98,6 +100,12 @@ async fn write<E: Engine>(
         .await?;
     for change in &changes {
         held.apply(change);
+    }
+    for (item, outcome) in written.iter().zip(&outcomes) {
+        if let (Some(record), Some(Ok(()))) = (&item.attestation, &outcome.attestation) {
+            held.cache
+                .attested(&record.runner_id, record.received_at, &record.state);
+        }
     }
     Ok(outcomes)
 }

@@ -29,6 +29,7 @@ impl Held {
         match change {
             Change::Runner(id) => self.cache.forget_runner(id),
             Change::Pool(name) => self.cache.forget_pool(name),
+            Change::ForgeRunners => self.cache.forget_bindings(),
             Change::JobQueued(pool) => self.signal.notify_one(pool.as_str()),
             Change::JobsReturned(pool) => self.signal.notify(pool.as_str()),
             // The engine's own (SQLite's spill index), applied by it.

@@ -36,6 +36,9 @@ const CHANGES: &str = "leasegate_changes";
 /// bare pool name wakes one (an enqueue).
 const WAKE_ALL: &str = "all:";
 
+/// The payload of `Change::ForgeRunners` on `CHANGES`.
+const FORGE_RUNNERS: &str = "forge_runners";
+
 /// How often a long poll re-checks for work even without a notification: the bound on a delay
 /// should a notification be lost, and, with 10,000 waiting, 2,000 claims a second of load.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
@@ -361,6 +364,7 @@ fn announcement(change: &Change) -> Option<(&'static str, String)> {
     Some(match change {
         Change::Runner(id) => (CHANGES, format!("runner:{id}")),
         Change::Pool(name) => (CHANGES, format!("pool:{name}")),
+        Change::ForgeRunners => (CHANGES, FORGE_RUNNERS.to_string()),
         Change::JobQueued(pool) => (JOBS, pool.to_string()),
         Change::JobsReturned(pool) => (JOBS, format!("{WAKE_ALL}{pool}")),
         Change::Spilled { .. } => return None,
@@ -374,6 +378,9 @@ fn announced(channel: &str, payload: &str) -> Option<Change> {
             Some(pool) => Change::JobsReturned(PoolName::from_trusted(pool.to_string())),
             None => Change::JobQueued(PoolName::from_trusted(payload.to_string())),
         });
+    }
+    if payload == FORGE_RUNNERS {
+        return Some(Change::ForgeRunners);
     }
     if let Some(id) = payload.strip_prefix("runner:") {
         return Some(Change::Runner(RunnerId(id.to_string())));
@@ -431,6 +438,7 @@ mod tests {
         for change in [
             Change::Runner(RunnerId("r1".into())),
             Change::Pool(PoolName::parse("linux").unwrap()),
+            Change::ForgeRunners,
             Change::JobQueued(PoolName::parse("linux").unwrap()),
             Change::JobsReturned(PoolName::parse("linux").unwrap()),
         ] {

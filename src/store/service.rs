@@ -160,6 +160,10 @@ pub trait Store: Send + Sync + 'static {
     /// May come from a cache kept true by invalidation; views use `get_runner`.
     async fn gate_runner(&self, id: &RunnerId) -> StoreResult<Option<GateRunner>>;
 
+    /// `gate_runner` read from the database, and kept: for a verdict the cache may hold an
+    /// older attestation for (one recorded by another replica, with the same facts).
+    async fn gate_runner_now(&self, id: &RunnerId) -> StoreResult<Option<GateRunner>>;
+
     /// The pool as the gate judges with it (from the same cache).
     async fn gate_pool(&self, name: &PoolName) -> StoreResult<Option<Pool>>;
 
@@ -226,13 +230,20 @@ pub trait Store: Send + Sync + 'static {
         audit: &Entry,
     ) -> StoreResult<Option<Followed>>;
     /// The binding that judges a fetch from `identity` (a GitLab fetch's `system_id`'s binding,
-    /// else the token's alone), and its runner.
-    async fn forge_runner(
+    /// else the token's alone), and its runner, as the forge gate judges with it (from the
+    /// same cache as `gate_runner`).
+    async fn gate_forge_runner(
         &self,
         identity: &ForgeIdentity,
     ) -> StoreResult<Option<(RunnerId, ForgeBinding)>>;
-    /// Notes that the binding `identity` names exactly asked for work at `now`.
-    async fn note_forge_fetch(&self, identity: &ForgeIdentity, now: Millis) -> StoreResult<()>;
+    /// Notes that `binding` (exactly: as `gate_forge_runner` answered it for a fetch from
+    /// `fetched`) asked for work at `now`.
+    async fn note_forge_fetch(
+        &self,
+        fetched: &ForgeIdentity,
+        binding: &ForgeIdentity,
+        now: Millis,
+    ) -> StoreResult<()>;
     /// Notes on the runner an attestation its key signed that rules 3–4 refused (`code`, why).
     async fn record_rejection(
         &self,

@@ -1,5 +1,7 @@
-//! The gate's inputs kept in memory: each runner's key, pool, cordon, quarantine and
-//! revocation, and each pool's expected images.
+//! The gate's inputs kept in memory: each runner's key, pool, cordon, quarantine, revocation
+//! and latest attestation, each pool's expected images, and which runner each forge runner is
+//! bound to. The lease path reads the runner and its pool; the forge gate the binding, the
+//! runner and its pool, in that order.
 //!
 //! A runner's key is kept decoded beside its record (`GateRunner`): decompressing the point
 //! is a good part of a verification's cost, and the key can only change with the record, so
@@ -16,13 +18,28 @@
 //! value back: every invalidation bumps a generation, and a value read under an older
 //! generation is not kept.
 //!
+//! A runner's latest attestation changes with every heartbeat, too often to be a change every
+//! replica forgets: a round writes the attestations it accepted through to this process's
+//! entries once committed (`attested`), and says a runner changed, for every replica, only
+//! when its attestation's facts or status did (`sql::round`). Another replica's entry may thus
+//! hold an older attestation with the same facts, which can only be judged too old: the forge
+//! gate confirms such a refusal against the database (`forge_gate::decide`).
+//!
+//! A binding (or its absence, for a forge runner bound to none) is dropped, every one, by any
+//! change of the bindings (`Change::ForgeRunners`): they change when an operator or an agent
+//! binds, or a runner is revoked, rarely. Absences are kept only while few entries are held, so
+//! that fetches naming random uuids cannot fill memory.
+//!
 //! What a stale entry could do is bounded: a claim re-reads the runner's revocation and cordon
 //! under its row lock, so no job goes to a revoked or cordoned runner whatever the cache says.
 
+use crate::domain::forge::{ForgeBinding, ForgeIdentity};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool::Pool;
 use crate::domain::pool_name::PoolName;
-use crate::domain::runner::Runner;
+use crate::domain::runner::{LatestAttestation, Runner};
+use crate::domain::time::Millis;
+use crate::domain::verdict::AttestedState;
 use crate::verifier::RunnerKey;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -32,6 +49,12 @@ use std::time::{Duration, Instant};
 /// How long an entry may live without an invalidation: the bound on staleness should a
 /// cross-replica notification be lost.
 pub const TTL: Duration = Duration::from_secs(30);
+
+/// The most bindings held before an absence is no longer kept.
+pub const MAX_BINDINGS: usize = 50_000;
+
+/// What a forge runner's identity is bound to: its runner and the binding, or nothing.
+pub type Bound = Option<(RunnerId, ForgeBinding)>;
 
 /// A runner as the gate judges it: its record and its key, decoded from the record.
 #[derive(Clone, Debug)]
@@ -59,6 +82,8 @@ struct Inner {
     generation: AtomicU64,
     runners: RwLock<HashMap<RunnerId, (GateRunner, Instant)>>,
     pools: RwLock<HashMap<PoolName, (Pool, Instant)>>,
+    /// By the identity a fetch named (a GitLab fetch's `system_id` included).
+    bindings: RwLock<HashMap<ForgeIdentity, (Bound, Instant)>>,
 }
 
 impl VerdictCache {
@@ -81,7 +106,20 @@ impl VerdictCache {
             .map(|(p, _)| p.clone())
     }
 
-    /// Keeps `runner`, read under `generation`, unless something was invalidated since.
+    /// What the forge runner `identity` is bound to: `None` when not held.
+    pub fn binding(&self, identity: &ForgeIdentity) -> Option<Bound> {
+        let map = self
+            .inner
+            .bindings
+            .read()
+            .unwrap_or_else(|e| e.into_inner());
+        map.get(identity)
+            .filter(|(_, at)| at.elapsed() < TTL)
+            .map(|(b, _)| b.clone())
+    }
+
+    /// Keeps `runner`, read under `generation`, unless something was invalidated since (or an
+    /// attestation newer than its latest was written through meanwhile).
     pub fn keep_runner(&self, generation: u64, runner: &GateRunner) {
         let mut map = self
             .inner
@@ -89,9 +127,38 @@ impl VerdictCache {
             .write()
             .unwrap_or_else(|e| e.into_inner());
         // Checked under the write lock: invalidations take it too, after bumping.
-        if self.generation() == generation {
+        if self.generation() != generation {
+            return;
+        }
+        let newer_held = map
+            .get(&runner.record.id)
+            .is_some_and(|(held, _)| received_at(&held.record) > received_at(&runner.record));
+        if !newer_held {
             map.insert(runner.record.id.clone(), (runner.clone(), Instant::now()));
         }
+    }
+
+    /// Writes an attestation accepted (and committed) for runner `id` through to its entry, if
+    /// held and not already newer. Not an invalidation: the facts the entry was judged on are
+    /// the same or, if not, the round also said the runner changed.
+    pub fn attested(&self, id: &RunnerId, received: Millis, state: &AttestedState) {
+        let mut map = self
+            .inner
+            .runners
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        let Some((held, _)) = map.get_mut(id) else {
+            return;
+        };
+        if received_at(&held.record) >= Some(received) {
+            return;
+        }
+        let mut record = Runner::clone(&held.record);
+        record.latest = Some(LatestAttestation {
+            received_at: received,
+            state: state.clone(),
+        });
+        held.record = Arc::new(record);
     }
 
     pub fn keep_pool(&self, generation: u64, pool: &Pool) {
@@ -99,6 +166,41 @@ impl VerdictCache {
         if self.generation() == generation {
             map.insert(pool.name.clone(), (pool.clone(), Instant::now()));
         }
+    }
+
+    /// Keeps what `identity` is bound to, read under `generation`.
+    pub fn keep_binding(&self, generation: u64, identity: &ForgeIdentity, bound: &Bound) {
+        let mut map = self
+            .inner
+            .bindings
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if self.generation() != generation || (bound.is_none() && map.len() >= MAX_BINDINGS) {
+            return;
+        }
+        map.insert(identity.clone(), (bound.clone(), Instant::now()));
+    }
+
+    /// Notes on the entry of the forge runner that fetched as `identity` that its binding's
+    /// fetch was written down at `at`.
+    pub fn noted_fetch(&self, identity: &ForgeIdentity, at: Millis) {
+        let mut map = self
+            .inner
+            .bindings
+            .write()
+            .unwrap_or_else(|e| e.into_inner());
+        if let Some((Some((_, binding)), _)) = map.get_mut(identity) {
+            binding.last_fetch_at = binding.last_fetch_at.max(Some(at));
+        }
+    }
+
+    pub fn forget_bindings(&self) {
+        self.bump();
+        self.inner
+            .bindings
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     pub fn forget_runner(&self, id: &RunnerId) {
@@ -130,6 +232,11 @@ impl VerdictCache {
             .write()
             .unwrap_or_else(|e| e.into_inner())
             .clear();
+        self.inner
+            .bindings
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
     }
 
     fn bump(&self) {
@@ -137,12 +244,15 @@ impl VerdictCache {
     }
 }
 
+fn received_at(runner: &Runner) -> Option<Millis> {
+    runner.latest.as_ref().map(|l| l.received_at)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::domain::image_set::ImageSource;
     use crate::domain::pool::{ImagePolicy, PoolSpec};
-    use crate::domain::time::Millis;
     use crate::domain::verdict::GateState;
 
     fn runner(id: &str) -> Runner {
@@ -239,5 +349,99 @@ mod tests {
         assert_eq!(kept.key, RunnerKey::parse(&x(2)));
         assert_ne!(kept.key, RunnerKey::parse(&x(1)));
         assert_eq!(RunnerKey::parse(&kept.record.public_key_x), kept.key);
+    }
+
+    fn state(at: i64) -> AttestedState {
+        AttestedState {
+            probe: crate::domain::attestation::Probe {
+                ok: true,
+                runtime: "podman".into(),
+                runtime_version: None,
+                checked_at: Millis(at),
+                error: None,
+                exit_code: None,
+                disk: Vec::new(),
+            },
+            image: Default::default(),
+            images: Vec::new(),
+        }
+    }
+
+    fn latest_of(cache: &VerdictCache, id: &RunnerId) -> Option<Millis> {
+        received_at(&cache.runner(id).unwrap().record)
+    }
+
+    #[test]
+    fn an_accepted_attestation_is_written_through_and_an_older_one_never_put_back() {
+        let cache = VerdictCache::default();
+        let id = RunnerId("r1".into());
+        // Not held: nothing to write through (the next read gets it from the database).
+        cache.attested(&id, Millis(10), &state(10));
+        assert!(cache.runner(&id).is_none());
+        let generation = cache.generation();
+        cache.keep_runner(generation, &GateRunner::new(runner("r1")));
+        cache.attested(&id, Millis(10), &state(10));
+        assert_eq!(latest_of(&cache, &id), Some(Millis(10)));
+        assert_eq!(
+            cache
+                .runner(&id)
+                .unwrap()
+                .record
+                .latest
+                .as_ref()
+                .unwrap()
+                .state,
+            state(10)
+        );
+        // Out of order: the newer stays.
+        cache.attested(&id, Millis(5), &state(5));
+        assert_eq!(latest_of(&cache, &id), Some(Millis(10)));
+        // A read that began before the write-through, kept after it, does not undo it.
+        cache.keep_runner(generation, &GateRunner::new(runner("r1")));
+        assert_eq!(latest_of(&cache, &id), Some(Millis(10)));
+        // Writing through is no invalidation: reads in flight are still kept.
+        assert_eq!(cache.generation(), generation);
+    }
+
+    #[test]
+    fn bindings_and_absences_are_kept_until_any_binding_changes() {
+        let cache = VerdictCache::default();
+        let identity = |n: u32| ForgeIdentity {
+            kind: crate::domain::forge::ForgeKind::Forgejo,
+            key: format!("uuid-{n}"),
+            system_id: None,
+        };
+        let bound: Bound = Some((
+            RunnerId("r1".into()),
+            ForgeBinding {
+                identity: identity(1),
+                token_sha256: None,
+                last_fetch_at: None,
+            },
+        ));
+        cache.keep_binding(cache.generation(), &identity(1), &bound);
+        cache.keep_binding(cache.generation(), &identity(2), &None);
+        assert_eq!(cache.binding(&identity(1)), Some(bound.clone()));
+        assert_eq!(cache.binding(&identity(2)), Some(None));
+        assert_eq!(cache.binding(&identity(3)), None);
+        // The fetch noted is remembered on the entry, so it is not noted again at once.
+        cache.noted_fetch(&identity(1), Millis(7));
+        let (_, binding) = cache.binding(&identity(1)).unwrap().unwrap();
+        assert_eq!(binding.last_fetch_at, Some(Millis(7)));
+        // Any change of the bindings drops them all, and what was read before it.
+        let before = cache.generation();
+        cache.forget_bindings();
+        assert_eq!(cache.binding(&identity(1)), None);
+        assert_eq!(cache.binding(&identity(2)), None);
+        cache.keep_binding(before, &identity(1), &bound);
+        assert_eq!(cache.binding(&identity(1)), None);
+        // Absences stop being kept once many entries are held; bindings are still kept.
+        for n in 0..MAX_BINDINGS as u32 {
+            cache.keep_binding(cache.generation(), &identity(10 + n), &None);
+        }
+        cache.keep_binding(cache.generation(), &identity(2), &None);
+        assert_eq!(cache.binding(&identity(2)), None);
+        cache.keep_binding(cache.generation(), &identity(1), &bound);
+        assert_eq!(cache.binding(&identity(1)), Some(bound));
     }
 }

@@ -8,8 +8,8 @@
 //! version. `FakeGitlab` answers `POST /api/v4/jobs/request` with `201` and a job or `204` and
 //! `X-GitLab-Last-Update`, holding a request that names the current `last_update` as GitLab's
 //! long poll does. Both serve the other calls a runner makes (updates, logs, traces,
-//! artifacts): a streamed upload is counted and hashed, a download is gzipped, and `/slow/{s}`
-//! answers after `s` seconds.
+//! artifacts): a streamed upload is counted and hashed, a download is gzipped, `/blob/{n}`
+//! streams `n` bytes of `blob_byte`, and `/slow/{s}` answers after `s` seconds.
 //!
 //! Both route like the most lenient forge there is (`lenient`): they decode the path (again and
 //! again, as a proxy and a forge each might), read a backslash as a slash, drop empty and dot
@@ -349,12 +349,13 @@ async fn record(
     next.run(Request::from_parts(parts, body)).await
 }
 
-/// The artifact-like routes both forges have: a streamed upload, a gzipped download, a slow
-/// answer, and an echo.
+/// The artifact-like routes both forges have: a streamed upload, a gzipped download, a
+/// streamed blob, a slow answer, and an echo.
 fn common_routes(prefix: &str) -> Router<TestForge> {
     Router::new()
         .route(&format!("{prefix}/upload"), post(upload))
         .route(&format!("{prefix}/download"), any(download))
+        .route(&format!("{prefix}/blob/{{bytes}}"), any(blob))
         .route(&format!("{prefix}/slow/{{secs}}"), any(slow))
         .route(&format!("{prefix}/{{*rest}}"), any(echo))
 }
@@ -390,6 +391,22 @@ async fn download() -> Response {
     h.insert("content-type", "application/octet-stream".parse().unwrap());
     h.insert("x-forge-own", "kept".parse().unwrap());
     r
+}
+
+/// The byte at `offset` of every blob: a pattern that shows a byte lost, doubled or moved.
+pub fn blob_byte(offset: usize) -> u8 {
+    (offset % 251) as u8
+}
+
+/// `bytes` bytes of `blob_byte`, streamed in frames of 1 MiB.
+async fn blob(Path(bytes): Path<usize>) -> Response {
+    const FRAME: usize = 1 << 20;
+    let frames = (0..bytes.div_ceil(FRAME)).map(move |i| {
+        let start = i * FRAME;
+        let data: Vec<u8> = (start..bytes.min(start + FRAME)).map(blob_byte).collect();
+        Ok::<_, std::io::Error>(Bytes::from(data))
+    });
+    Body::from_stream(futures_util::stream::iter(frames)).into_response()
 }
 
 async fn slow(Path(secs): Path<u64>) -> Response {

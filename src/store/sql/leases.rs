@@ -362,6 +362,7 @@ pub async fn revoke<D: Db>(
     db.execute(Statement::new("DELETE FROM forge_runners WHERE runner_id = $1").bind(id.as_str()))
         .await?;
     db.changed(Change::Runner(id.clone())).await?;
+    db.changed(Change::ForgeRunners).await?;
     Ok(runners::get(db, id).await?.map(|r| (r, ended)))
 }
 

@@ -286,5 +286,6 @@ pub async fn delete<D: Db>(
         db.execute(Statement::new(sql).bind(name.as_str())).await?;
     }
     db.changed(Change::Pool(name.clone())).await?;
+    db.changed(Change::ForgeRunners).await?;
     Ok(Ok(()))
 }

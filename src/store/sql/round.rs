@@ -409,8 +409,13 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         })
         .collect();
     update_runners(db, &plan.updates).await?;
+    // Every accepted attestation reaches this process's cache once committed
+    // (`group_commit`); what the gate judges differently reaches every replica's.
     for u in &plan.updates {
-        if rows.get(u.runner_id).is_some_and(|before| u.lifts(before)) {
+        if rows
+            .get(u.runner_id)
+            .is_some_and(|before| u.changes_gate(before))
+        {
             db.changed(Change::Runner(u.runner_id.clone())).await?;
         }
     }

@@ -216,6 +216,9 @@ pub async fn register<D: Db>(
         db.discard();
         return Ok(Err(RegisterError::ForgeRunnerTaken(taken)));
     }
+    if !runner.forge_runners.is_empty() {
+        db.changed(Change::ForgeRunners).await?;
+    }
     match get(db, &runner.id).await? {
         Some(stored) => Ok(Ok(stored)),
         None => Err(crate::store::StoreError::Internal(
@@ -345,6 +348,7 @@ pub async fn set_forge_runners<D: Db>(
         return Ok(Err(BindError::Taken(taken)));
     }
     db.changed(Change::Runner(runner.clone())).await?;
+    db.changed(Change::ForgeRunners).await?;
     Ok(Ok(get(db, runner).await?))
 }
 
@@ -388,6 +392,7 @@ pub async fn follow_forge_runners<D: Db>(
     }
     if changed {
         db.changed(Change::Runner(runner.clone())).await?;
+        db.changed(Change::ForgeRunners).await?;
     }
     Ok(Some(Followed {
         changed,
