@@ -1,5 +1,6 @@
-//! A short run of `leasegate bench`: it works end to end and reports sane figures. Never a
-//! timing threshold: the numbers live in docs/BENCHMARKS.md.
+//! A short run of `leasegate bench`: it works end to end and reports sane figures, the forge
+//! gate's phase and the goals included. Never a timing threshold: the numbers live in
+//! docs/BENCHMARKS.md.
 
 use clap::Parser;
 use leasegate::bench::BenchArgs;
@@ -12,7 +13,7 @@ struct Bench {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_short_bench_run_reports_every_phase_and_the_limits() {
+async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("bench.json");
     let Bench { mut args } = Bench::parse_from([
@@ -28,6 +29,8 @@ async fn a_short_bench_run_reports_every_phase_and_the_limits() {
         "1500",
         "--concurrency",
         "4",
+        "--forge-body-mb",
+        "2",
         "--json",
         json.to_str().unwrap(),
     ]);
@@ -35,7 +38,19 @@ async fn a_short_bench_run_reports_every_phase_and_the_limits() {
     let report = leasegate::bench::run(args).await.expect("the bench runs");
 
     let names: Vec<&str> = report.ops.iter().map(|o| o.op.as_str()).collect();
-    assert_eq!(names, ["grants", "cycles", "heartbeats", "refusals"]);
+    assert_eq!(
+        names,
+        [
+            "grants",
+            "cycles",
+            "heartbeats",
+            "refusals",
+            "readyz",
+            "forge-refused",
+            "forge-forwarded",
+            "forge-direct"
+        ]
+    );
     for op in &report.ops {
         assert!(op.ok > 0, "{op:?}");
         assert!(
@@ -46,16 +61,79 @@ async fn a_short_bench_run_reports_every_phase_and_the_limits() {
     for op in report
         .ops
         .iter()
-        .filter(|o| o.op == "heartbeats" || o.op == "refusals")
+        .filter(|o| o.op != "grants" && o.op != "cycles")
     {
         assert_eq!(op.errors, 0, "{op:?}");
     }
+    // SQLite's writes are counted for every attestation phase, and a heartbeat writes something.
+    for op in report.ops.iter().take(4) {
+        assert!(op.bytes_written_per_op.is_some(), "{op:?}");
+    }
+    assert!(report.ops[2].bytes_written_per_op.unwrap() > 0.0);
+
+    let forge = report.forge.as_ref().expect("the forge phase's report");
+    let op = |name: &str| report.ops.iter().find(|o| o.op == name).unwrap();
+    assert_eq!(
+        forge.upstream_fetches_while_refused, 0,
+        "a refused fetch never reaches the forge"
+    );
+    // Every forwarded fetch reached the forge (and one more may have been cut off by the
+    // phase's end after the forge answered).
+    let forwarded = op("forge-forwarded").ok;
+    assert!(
+        (forwarded..=forwarded + 1).contains(&forge.upstream_fetches_while_forwarded),
+        "{forwarded} forwarded, the forge got {}",
+        forge.upstream_fetches_while_forwarded
+    );
+    assert_eq!(forge.body_bytes, 2_000_000);
+    for rate in [
+        forge.upload_gate_mb_per_s,
+        forge.upload_direct_mb_per_s,
+        forge.download_gate_mb_per_s,
+        forge.download_direct_mb_per_s,
+    ] {
+        assert!(rate.is_finite() && rate > 0.0, "{forge:?}");
+    }
+    assert_eq!(
+        forge.forwarded_p50_added_ms,
+        op("forge-forwarded").p50_ms - op("forge-direct").p50_ms
+    );
+
     assert!(report.limits.verifications_per_second_per_core > 100.0);
     assert!(report.limits.raw_claims_per_second.unwrap() > 10.0);
-    assert!(report.ratios.grants_vs_raw_claims.unwrap() > 0.0);
-    assert!(report.ratios.heartbeats_vs_verifications.unwrap() > 0.0);
+    assert_eq!(report.limits.pgbench_claims_per_second, None, "SQLite");
+
+    // Every goal of SQLite's run and of the forge gate, each measured, the long polls' only
+    // when they ran.
+    let goals: Vec<&str> = report.goals.iter().map(|g| g.name).collect();
+    assert_eq!(
+        goals,
+        [
+            "sqlite_heartbeats_vs_verifications",
+            "sqlite_refusals_vs_verifications",
+            "sqlite_grants_vs_raw_claims",
+            "sqlite_written_per_heartbeat",
+            "sqlite_written_per_refusal",
+            "forge_refused_vs_readyz",
+            "forge_forwarded_p50_added",
+            "forge_upload_vs_direct",
+            "forge_download_vs_direct",
+        ]
+    );
+    for g in &report.goals {
+        let m = g.measured.unwrap_or_else(|| panic!("{g:?} not measured"));
+        assert!(m.is_finite(), "{g:?}");
+        assert!(g.met.is_some(), "{g:?}");
+        if g.unit == "x" {
+            assert!(m > 0.0, "{g:?}");
+        }
+    }
+
     let written: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&json).unwrap()).unwrap();
     assert_eq!(written["engine"], "sqlite");
-    assert_eq!(written["ops"].as_array().unwrap().len(), 4);
+    assert_eq!(written["ops"].as_array().unwrap().len(), 8);
+    assert_eq!(written["goals"].as_array().unwrap().len(), 9);
+    assert!(written["goals"][0]["goal"].as_f64().unwrap() > 0.0);
+    assert!(written["forge"]["upload_gate_mb_per_s"].as_f64().unwrap() > 0.0);
 }

@@ -9,7 +9,7 @@
 use crate::common;
 
 use common::*;
-use leasegate::store::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
+use leasegate::store::CLAIM_BATCH_SQL;
 use sqlx::Connection;
 
 /// A connection of its own to the app's SQLite file.
@@ -22,14 +22,13 @@ fn sqlite(url: &str) -> rusqlite::Connection {
     rusqlite::Connection::open(path).unwrap()
 }
 
-/// The single claim (the raw baseline's) and a round's claim of 64 jobs at once.
+/// A single claim's choice (the raw baseline's) and a round's of 64 jobs at once.
 fn candidates_for(pool: &str) -> [String; 2] {
-    [
-        CLAIM_CANDIDATE_SQL.replace("$3", &format!("'{pool}'")),
+    ["1", "64"].map(|n| {
         CLAIM_BATCH_SQL
             .replace("$1", &format!("'{pool}'"))
-            .replace("$2", "64"),
-    ]
+            .replace("$2", n)
+    })
 }
 
 #[tokio::test]

@@ -21,7 +21,7 @@ fresh
   --jobs 40000 --phases grants --quiet --json target/p99-max.json >/dev/null
 max=$(python3 -c 'import json;print(next(o["per_second"] for o in json.load(open("target/p99-max.json"))["ops"] if o["op"]=="grants"))')
 psql "$db" -q -f bench/pgbench/setup.sql
-pgmax=$(pgbench -n -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
+pgmax=$(pgbench -n -M prepared -D pool=pgbench -D runner=pgbench-runner -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | sed -n 's/^tps = \([0-9.]*\).*/\1/p')
 
 # 2. Each at half its maximum, latencies of every transaction logged.
 half=$(python3 -c "print(int($max / 2))")
@@ -31,7 +31,7 @@ fresh
   --jobs 40000 --phases grants --rate "$half" --quiet --json target/p99-half.json >/dev/null
 psql "$db" -q -f bench/pgbench/setup.sql
 logs="$(mktemp -d)"
-(cd "$logs" && pgbench -n -c "$clients" -j 2 -T "$seconds" -R "$pghalf" -l -f "$OLDPWD/bench/pgbench/claim.sql" "$db" >/dev/null)
+(cd "$logs" && pgbench -n -M prepared -D pool=pgbench -D runner=pgbench-runner -c "$clients" -j 2 -T "$seconds" -R "$pghalf" -l -f "$OLDPWD/bench/pgbench/claim.sql" "$db" >/dev/null)
 python3 - "$max" "$pgmax" "$logs" "$seconds" <<'PY'
 import glob, json, sys
 mx, pgmax, logs = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]

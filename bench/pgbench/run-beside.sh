@@ -22,7 +22,7 @@ trap 'psql "$server/postgres" -qc "DROP DATABASE IF EXISTS leasegate_bench WITH 
 
 # pgbench on the same schema: a pool and a runner of its own, a queue of 10k jobs kept full.
 psql "$db" -q -f bench/pgbench/setup.sql
-pgbench -n -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | tee target/pgbench-claim.txt
+pgbench -n -M prepared -D pool=pgbench -D runner=pgbench-runner -c "$clients" -j 2 -T "$seconds" -f bench/pgbench/claim.sql "$db" | tee target/pgbench-claim.txt
 
 grants=$(python3 -c 'import json;print(next(o["per_second"] for o in json.load(open("target/bench-pg-beside.json"))["ops"] if o["op"]=="grants"))')
 tps=$(sed -n 's/^tps = \([0-9.]*\).*/\1/p' target/pgbench-claim.txt | head -1)

@@ -2,10 +2,12 @@
 //! directly on the engine, without HTTP, JWT, group commit or the gate, and the bulk
 //! statements that build deep queues before the clock starts.
 //!
-//! It runs the store's own queue statements (`store::sql::queue`: the same queue order, the
+//! It runs the store's own queue statements (`store::sql::queue`: the same choice of job, the
 //! job update, the lease insert), one transaction per claim, over the engine opened bare
 //! (`store::Bare`): SQLite in WAL with `synchronous=NORMAL` and `BEGIN IMMEDIATE` on the
-//! caller's thread, PostgreSQL over plain pooled connections with `FOR UPDATE SKIP LOCKED`.
+//! caller's thread; PostgreSQL as pgbench runs a script, one connection per client for as many
+//! clients as the bench's phases have, each statement prepared once on its connection, the job
+//! taken with `FOR UPDATE SKIP LOCKED`.
 
 use crate::domain::time::Millis;
 use crate::store::engine::{Db, Engine, Work, work};
@@ -50,65 +52,81 @@ impl Claimer {
 }
 
 /// Claims up to `n` jobs of `pool` for `runner_id`, one transaction each, for at most
-/// `limit`: on SQLite from one connection (there is one writer), on PostgreSQL from
-/// `concurrency` connections at once.
+/// `limit`: on SQLite from one connection (there is one writer), on PostgreSQL from `clients`
+/// clients at once, each on a connection of its own.
 pub async fn raw_claims(
     url: &DatabaseUrl,
     pool: &str,
     runner_id: &str,
     n: u64,
-    concurrency: u32,
+    clients: u32,
     limit: Duration,
 ) -> anyhow::Result<RawClaims> {
     let claimer = Claimer {
         pool: pool.to_string(),
         runner_id: runner_id.to_string(),
     };
-    match Bare::open(url, concurrency).await? {
-        Bare::Sqlite(mut conn) => {
-            tokio::task::spawn_blocking(move || {
-                let started = Instant::now();
-                let mut claims = 0;
-                while claims < n && started.elapsed() < limit {
-                    if !conn.write(claimer.claim())? {
-                        break;
-                    }
-                    claims += 1;
-                }
-                Ok(RawClaims {
-                    claims,
-                    elapsed: started.elapsed(),
-                })
-            })
-            .await?
-        }
-        Bare::Postgres(engine) => {
-            let engine = Arc::new(engine);
-            let claimed = Arc::new(AtomicU64::new(0));
+    if let DatabaseUrl::Sqlite(_) = url {
+        let Bare::Sqlite(mut conn) = Bare::open(url, 1).await? else {
+            unreachable!("a SQLite URL opens SQLite")
+        };
+        return tokio::task::spawn_blocking(move || {
             let started = Instant::now();
-            let mut tasks = Vec::new();
-            for _ in 0..concurrency.max(1) {
-                let (engine, claimed, claimer) = (engine.clone(), claimed.clone(), claimer.clone());
-                tasks.push(tokio::spawn(async move {
-                    while claimed.load(Ordering::Relaxed) < n && started.elapsed() < limit {
-                        let (granted, _) = engine.write(claimer.claim()).await?;
-                        if !granted {
-                            break;
-                        }
-                        claimed.fetch_add(1, Ordering::Relaxed);
-                    }
-                    anyhow::Ok(())
-                }));
-            }
-            for t in tasks {
-                t.await??;
+            let mut claims = 0;
+            while claims < n && started.elapsed() < limit {
+                if !conn.write(claimer.claim())? {
+                    break;
+                }
+                claims += 1;
             }
             Ok(RawClaims {
-                claims: claimed.load(Ordering::Relaxed),
+                claims,
                 elapsed: started.elapsed(),
             })
+        })
+        .await?;
+    }
+    // Every client connected before the clock starts, as pgbench does.
+    let mut engines = Vec::new();
+    for _ in 0..clients.max(1) {
+        match Bare::open(url, 1).await? {
+            Bare::Postgres(engine) => engines.push(Arc::new(engine)),
+            Bare::Sqlite(_) => unreachable!("a PostgreSQL URL opens PostgreSQL"),
         }
     }
+    let claimed = Arc::new(AtomicU64::new(0));
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    for engine in &engines {
+        let (engine, claimed, claimer) = (engine.clone(), claimed.clone(), claimer.clone());
+        tasks.push(tokio::spawn(async move {
+            while claimed.load(Ordering::Relaxed) < n && started.elapsed() < limit {
+                let (granted, _) = engine.write(claimer.claim()).await?;
+                if !granted {
+                    break;
+                }
+                claimed.fetch_add(1, Ordering::Relaxed);
+            }
+            anyhow::Ok(())
+        }));
+    }
+    let mut failed = None;
+    for t in tasks {
+        if let Err(e) = t.await? {
+            failed.get_or_insert(e);
+        }
+    }
+    let elapsed = started.elapsed();
+    for engine in engines {
+        engine.close().await;
+    }
+    if let Some(e) = failed {
+        return Err(e);
+    }
+    Ok(RawClaims {
+        claims: claimed.load(Ordering::Relaxed),
+        elapsed,
+    })
 }
 
 /// `0..n` in consecutive ranges of at most `batch`.

@@ -423,6 +423,20 @@ pub async fn register(
     name: &str,
     healthy: bool,
 ) -> anyhow::Result<SimRunner> {
+    register_bound(client, base, admin, pool, name, healthy, json!([])).await
+}
+
+/// Registers one runner as `register` does, bound to `forge_runners` (the registration's
+/// field of that name), for the forge gate's phase.
+pub async fn register_bound(
+    client: &Client,
+    base: &str,
+    admin: &str,
+    pool: &str,
+    name: &str,
+    healthy: bool,
+    forge_runners: Value,
+) -> anyhow::Result<SimRunner> {
     let token = client
         .post(format!(
             "{base}/api/v1/admin/pools/{pool}/registration-tokens"
@@ -434,7 +448,7 @@ pub async fn register(
     let token = check(token, "create a registration token").await?;
     let key = RunnerKey::generate();
     let body = json!({"registration_token": token["token"], "name": name, "public_key": key.public_jwk(),
-                      "labels": {"simulated": "true", "bench": "true"}});
+                      "labels": {"simulated": "true", "bench": "true"}, "forge_runners": forge_runners});
     let reg = check(
         client
             .post(format!("{base}/api/v1/runners"))

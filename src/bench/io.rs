@@ -3,6 +3,17 @@
 //! in-process service's own, or `--server-pid`'s. SQLite's WAL frames and their checkpoints
 //! are counted there; PostgreSQL's writes are its own processes', so nothing is reported for
 //! it.
+//!
+//! A phase's bytes are counted from its start to `SETTLE` after its load ends, with the WAL
+//! checkpointed at both ends (`Meter`): what the phase left in the WAL is copied into the
+//! database file and counted with it, rather than with whichever phase SQLite's automatic
+//! checkpoint next falls in, or with none.
+
+use crate::store::{Bare, DatabaseUrl};
+use std::time::Duration;
+
+/// How long after a phase's load its writes are still counted.
+pub const SETTLE: Duration = Duration::from_secs(3);
 
 /// The process's `write_bytes` so far; `None` where `/proc` does not say (not Linux, or
 /// another user's process).
@@ -15,6 +26,79 @@ pub fn written_bytes(pid: Option<u32>) -> Option<u64> {
     io.lines()
         .find_map(|l| l.strip_prefix("write_bytes:"))
         .and_then(|v| v.trim().parse().ok())
+}
+
+/// Counts a SQLite service's writes over a phase, checkpoints included.
+pub struct Meter {
+    /// The service's process: `None` for this one.
+    service: Option<u32>,
+    /// A connection of the bench's own to the service's file, for the checkpoints.
+    file: Option<Bare>,
+}
+
+/// Where a phase's count started.
+#[derive(Clone, Copy)]
+pub struct Mark {
+    service: u64,
+}
+
+impl Meter {
+    /// A meter of `service`'s (`None`: this process's) writes to the SQLite file at `url`.
+    pub async fn open(url: &DatabaseUrl, service: Option<u32>) -> anyhow::Result<Meter> {
+        Ok(Meter {
+            service,
+            file: Some(Bare::open(url, 1).await?),
+        })
+    }
+
+    /// Checkpoints what earlier work left in the WAL, then marks where the count starts.
+    pub async fn start(&mut self) -> Option<Mark> {
+        self.checkpoint().await;
+        Some(Mark {
+            service: written_bytes(self.service)?,
+        })
+    }
+
+    /// The bytes written since `mark`, counted `SETTLE` after the load with the WAL
+    /// checkpointed: the service's own, and the checkpoint's when the bench ran it for a
+    /// service in another process.
+    pub async fn since(&mut self, mark: Mark) -> Option<u64> {
+        tokio::time::sleep(SETTLE).await;
+        let checkpoint = self.checkpoint().await;
+        let service = written_bytes(self.service)?.saturating_sub(mark.service);
+        Some(match self.service {
+            Some(_) => service + checkpoint,
+            // This process ran the checkpoint: already in its own count.
+            None => service,
+        })
+    }
+
+    /// Checkpoints the WAL from the bench's connection; the bytes this process wrote doing it.
+    async fn checkpoint(&mut self) -> u64 {
+        let Some(mut file) = self.file.take() else {
+            return 0;
+        };
+        let before = written_bytes(None).unwrap_or(0);
+        let (file, done) = match tokio::task::spawn_blocking(move || {
+            let done = file.checkpoint();
+            (file, done)
+        })
+        .await
+        {
+            Ok(back) => back,
+            Err(e) => {
+                tracing::warn!(error = %e, "the bench's checkpoint did not finish");
+                return 0;
+            }
+        };
+        match done {
+            Ok(true) => {}
+            Ok(false) => tracing::warn!("the WAL was not all checkpointed: a reader held it"),
+            Err(e) => tracing::warn!(error = %e, "the bench could not checkpoint the WAL"),
+        }
+        self.file = Some(file);
+        written_bytes(None).unwrap_or(0).saturating_sub(before)
+    }
 }
 
 #[cfg(test)]

@@ -1,12 +1,43 @@
 //! The limits a bench run compares the service with, measured in the same run on the same
-//! machine: raw EdDSA verifications with the very check the service makes, and the claim
-//! transaction run directly on the engine.
+//! machine, after its phases, while the service is idle: raw EdDSA verifications with the
+//! very check the service makes, the claim transaction run directly on the engine, and, on
+//! PostgreSQL, pgbench running the gate's claim. Each claim baseline has a pool and a runner
+//! of its own, its queue as deep as the phases' (`--jobs`), and runs as many clients as the
+//! phases for as long.
 
-use super::baseline;
 use super::fleet::{self, Fleet};
-use super::{BenchArgs, Target};
+use super::pgbench::{self, Outcome};
+use super::{BenchArgs, Limits, Target, baseline};
 use crate::store::DatabaseUrl;
 use std::time::{Duration, Instant};
+
+/// Every limit of the run.
+pub async fn measure(
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    target: &Target,
+    args: &BenchArgs,
+) -> anyhow::Result<Limits> {
+    let (per_core, cores) = verifications_per_second(&fleet.sample_attestation());
+    let (mut raw, mut pgbench_tps, mut pgbench_note) = (None, None, None);
+    if let Some(url) = &target.database_url {
+        raw = Some(raw_claims(url, fleet, client, target, args).await?);
+        if let DatabaseUrl::Postgres(pg) = url {
+            match pgbench_claims(url, pg, fleet, client, target, args).await? {
+                Outcome::Ran(tps) => pgbench_tps = Some(tps),
+                Outcome::NotRun(why) => pgbench_note = Some(why),
+            }
+        }
+    }
+    Ok(Limits {
+        cores,
+        verifications_per_second_per_core: per_core,
+        verifications_per_second_all_cores: per_core * cores as f64,
+        raw_claims_per_second: raw,
+        pgbench_claims_per_second: pgbench_tps,
+        pgbench_note,
+    })
+}
 
 /// Verifications per second on one core, and the number of cores.
 pub fn verifications_per_second(sample: &(String, String)) -> (f64, usize) {
@@ -40,16 +71,17 @@ pub fn verifications_per_second(sample: &(String, String)) -> (f64, usize) {
     (total as f64 / window.as_secs_f64() / cores as f64, cores)
 }
 
-/// Raw claim transactions per second on the service's own engine, against a pool of its own
-/// filled with `args.jobs` jobs, while the service is idle.
-pub async fn raw_claims(
+/// A pool of its own named `{fleet's pool}-{suffix}`, a runner in it, and `jobs` queued jobs
+/// (straight through the engine: the forge API would take longer than the measurement).
+async fn own_pool(
     url: &DatabaseUrl,
     fleet: &Fleet,
     client: &reqwest::Client,
     target: &Target,
-    args: &BenchArgs,
-) -> anyhow::Result<f64> {
-    let pool = format!("{}-raw", fleet.pool);
+    suffix: &str,
+    jobs: u64,
+) -> anyhow::Result<(String, fleet::SimRunner)> {
+    let pool = format!("{}-{suffix}", fleet.pool);
     let put = client
         .put(format!("{}/api/v1/admin/pools/{pool}", target.base))
         .bearer_auth(&target.admin)
@@ -58,7 +90,7 @@ pub async fn raw_claims(
         .await?;
     anyhow::ensure!(
         put.status().is_success(),
-        "create the raw pool: {}",
+        "create the {suffix} pool: {}",
         put.status()
     );
     let runner = fleet::register(
@@ -66,28 +98,48 @@ pub async fn raw_claims(
         &target.base,
         &target.admin,
         &pool,
-        "raw-claimer",
+        &format!("{suffix}-claimer"),
         true,
     )
     .await?;
-    fleet::enqueue_jobs(
-        client,
-        &target.base,
-        &target.forge,
-        &pool,
-        args.jobs,
-        args.concurrency,
-    )
-    .await?;
+    baseline::preload(url, &pool, jobs).await?;
+    Ok((pool, runner))
+}
+
+/// Raw claim transactions per second on the service's own engine.
+async fn raw_claims(
+    url: &DatabaseUrl,
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    target: &Target,
+    args: &BenchArgs,
+) -> anyhow::Result<f64> {
+    let jobs = args.jobs as u64;
+    let (pool, runner) = own_pool(url, fleet, client, target, "raw", jobs).await?;
     let limit = Duration::from_secs(args.duration_s.max(1));
     let claimed = baseline::raw_claims(
         url,
         &pool,
         runner.runner_id(),
-        args.jobs as u64,
+        jobs,
         args.concurrency as u32,
         limit,
     )
     .await?;
     Ok(claimed.per_second())
+}
+
+/// pgbench's claims per second on the service's PostgreSQL (`pg`, the URL as given), its
+/// queue kept at `--jobs` by the script's refill.
+async fn pgbench_claims(
+    url: &DatabaseUrl,
+    pg: &str,
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    target: &Target,
+    args: &BenchArgs,
+) -> anyhow::Result<Outcome> {
+    let (pool, runner) = own_pool(url, fleet, client, target, "pgbench", args.jobs as u64).await?;
+    let duration = Duration::from_secs(args.duration_s.max(1));
+    Ok(pgbench::claim(pg, &pool, runner.runner_id(), args.concurrency, duration).await)
 }

@@ -2,18 +2,23 @@
 //!
 //! It starts the service in-process (or targets `--server`), registers real runners with real
 //! keys, enqueues jobs, and drives one kind of request per phase: grants, full lease cycles,
-//! heartbeats, refused leases. In the same run it measures the limits the service is judged
-//! against: raw signature verifications per second with the same crypto backend, and the same
-//! claim transaction executed directly on the engine. Timings on a shared machine are noisy, so
-//! it reports ratios measured in one run rather than absolute thresholds.
+//! heartbeats, refused leases, the forge gate's fetches and transfers. In the same run it
+//! measures the limits the service is judged against: raw signature verifications per second
+//! with the same crypto backend, the same claim transaction executed directly on the engine,
+//! and, on PostgreSQL, pgbench running the gate's claim. Timings on a shared machine are noisy,
+//! so it reports ratios measured in one run, each beside its goal (`goals`), rather than
+//! absolute thresholds.
 
 mod baseline;
 mod fleet;
+mod forge;
+mod goals;
 mod io;
 mod limits;
 mod load;
 mod long_polls;
 mod page;
+mod pgbench;
 mod wire;
 
 use crate::config::ServeArgs;
@@ -92,14 +97,20 @@ pub struct BenchArgs {
     pub server_pid: Option<u32>,
 
     /// Phases to run, comma-separated: grants, refill-grants (a grant and an enqueue, so that
-    /// the queue keeps its depth), cycles, heartbeats, refusals, page (every runner attests
-    /// once, then the fleet page, its refresh and the runner list are timed and weighed).
+    /// the queue keeps its depth), cycles, heartbeats, refusals, forge (the forge gate in
+    /// front of a stand-in forge: refused and forwarded fetches, `/readyz`, a large body each
+    /// way; the in-process service only), page (every runner attests once, then the fleet
+    /// page, its refresh and the runner list are timed and weighed).
     #[arg(
         long,
-        default_value = "grants,cycles,heartbeats,refusals",
+        default_value = "grants,cycles,heartbeats,refusals,forge",
         value_delimiter = ','
     )]
     pub phases: Vec<String>,
+
+    /// The size of the forge phase's upload and download, in MB (10^6 bytes), each way.
+    #[arg(long, default_value_t = 200)]
+    pub forge_body_mb: u64,
 
     /// Write the report as JSON here too.
     #[arg(long)]
@@ -118,16 +129,10 @@ pub struct Limits {
     pub verifications_per_second_all_cores: f64,
     /// `None` when the engine was not reachable for a raw run (`--server` alone).
     pub raw_claims_per_second: Option<f64>,
-}
-
-#[derive(Clone, Debug, Serialize)]
-pub struct Ratios {
-    /// Grants per second through HTTP ÷ raw claim transactions per second.
-    pub grants_vs_raw_claims: Option<f64>,
-    /// Heartbeats per second ÷ (raw verifications per second × cores).
-    pub heartbeats_vs_verifications: Option<f64>,
-    /// Refused leases per second ÷ (raw verifications per second × cores).
-    pub refusals_vs_verifications: Option<f64>,
+    /// pgbench running the gate's claim on the same PostgreSQL, as many clients, as long
+    /// (`pgbench`); `None` on SQLite, or when it did not run (`pgbench_note` says why).
+    pub pgbench_claims_per_second: Option<f64>,
+    pub pgbench_note: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -140,8 +145,11 @@ pub struct Report {
     pub long_polls: Option<long_polls::LongPollReport>,
     /// The page at the fleet's size (phase `page`).
     pub page: Option<page::PageReport>,
+    /// What the forge phase measured beside its request phases (phase `forge`).
+    pub forge: Option<forge::ForgeReport>,
     pub limits: Limits,
-    pub ratios: Ratios,
+    /// Every goal that applies to this run's engine, beside this run's figure.
+    pub goals: Vec<goals::Goal>,
 }
 
 /// The service under test: started here, or somewhere else.
@@ -169,7 +177,8 @@ impl Drop for TempDir {
     }
 }
 
-async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
+/// The service under test; an in-process one forwards Forgejo's calls to `forge` when given.
+async fn start(args: &BenchArgs, forge: Option<&forge::StandIn>) -> anyhow::Result<Target> {
     if let Some(base) = &args.server {
         // The attestation phases' lean client (`wire`) speaks plain HTTP only.
         anyhow::ensure!(
@@ -213,6 +222,7 @@ async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
     serve.admin_token = Some(crate::secrets::generate_token(""));
     serve.forge_token = Some(crate::secrets::generate_token(""));
     serve.db_max_connections = (args.concurrency as u32 + 4).max(8);
+    serve.forgejo_upstream = forge.map(|f| f.base.clone());
     let shutdown = CancellationToken::new();
     let state = crate::server::prepare(&serve, shutdown.clone()).await?;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -233,16 +243,16 @@ async fn start(args: &BenchArgs) -> anyhow::Result<Target> {
     })
 }
 
-fn ratio(numerator: Option<&OpReport>, denominator: Option<f64>) -> Option<f64> {
-    match (numerator, denominator) {
-        (Some(op), Some(d)) if d > 0.0 => Some(op.per_second / d),
-        _ => None,
-    }
-}
-
 /// Runs the benchmark and prints (and optionally writes) its report.
 pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
-    let target = start(&args).await?;
+    let wants_forge = args.phases.iter().any(|p| p == "forge");
+    // The stand-in forge is configured into the in-process service as it starts; a service
+    // elsewhere has its own forge, or none.
+    let stand_in = match (wants_forge, &args.server) {
+        (true, None) => Some(forge::StandIn::start().await?),
+        _ => None,
+    };
+    let target = start(&args, stand_in.as_ref()).await?;
     let engine = target
         .database_url
         .as_ref()
@@ -272,17 +282,47 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // so that no phase runs dry because an earlier one was fast.
     let mut queued = args.jobs;
     // The service's own writes to storage: SQLite's, in this process or `--server-pid`'s.
-    let writer = match (engine, &args.server) {
-        ("sqlite", None) => Some(None),
-        ("sqlite", Some(_)) => args.server_pid.map(Some),
+    let mut meter = match (&target.database_url, &args.server, args.server_pid) {
+        (Some(url @ DatabaseUrl::Sqlite(_)), None, _) => Some(io::Meter::open(url, None).await?),
+        (Some(url @ DatabaseUrl::Sqlite(_)), Some(_), Some(pid)) => {
+            Some(io::Meter::open(url, Some(pid)).await?)
+        }
         _ => None,
     };
     let mut page_report = None;
+    let mut forge_report = None;
     for phase in args.phases.iter().filter(|p| !p.is_empty()) {
-        if phase == "page" {
-            page_report =
-                Some(page::measure(&fleet, &client, &target.admin, args.concurrency).await?);
-            continue;
+        match phase.as_str() {
+            "page" => {
+                page_report =
+                    Some(page::measure(&fleet, &client, &target.admin, args.concurrency).await?);
+                continue;
+            }
+            "forge" => {
+                match &stand_in {
+                    Some(stand_in) => {
+                        let body = args.forge_body_mb * 1_000_000;
+                        let (reports, report) = forge::measure(
+                            &fleet,
+                            &client,
+                            &target.admin,
+                            stand_in,
+                            drive,
+                            body,
+                            !args.quiet,
+                        )
+                        .await?;
+                        ops.extend(reports);
+                        forge_report = Some(report);
+                    }
+                    None => println!(
+                        "forge: skipped (the phase stands its own forge in front of the \
+                         in-process service; --server has its own)"
+                    ),
+                }
+                continue;
+            }
+            _ => {}
         }
         if matches!(phase.as_str(), "grants" | "cycles") && queued < args.jobs {
             fleet
@@ -290,7 +330,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .await?;
             queued = args.jobs;
         }
-        let written_before = writer.and_then(io::written_bytes);
+        let mark = match &mut meter {
+            Some(m) => m.start().await,
+            None => None,
+        };
         let mut report = match phase.as_str() {
             "grants" => fleet.grants(drive, !args.quiet).await,
             "cycles" => fleet.cycles(&client, drive, !args.quiet).await,
@@ -299,21 +342,22 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
             "refusals" => fleet.refusals(drive, !args.quiet).await,
             other => {
                 anyhow::bail!(
-                    "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals, page)"
+                    "unknown phase {other:?} (grants, refill-grants, cycles, heartbeats, refusals, forge, page)"
                 )
             }
         };
-        if let (Some(before), Some(after)) = (written_before, writer.and_then(io::written_bytes))
+        if let (Some(m), Some(mark)) = (&mut meter, mark)
+            && let Some(written) = m.since(mark).await
             && report.ok > 0
         {
-            report.bytes_written_per_op =
-                Some(after.saturating_sub(before) as f64 / report.ok as f64);
+            report.bytes_written_per_op = Some(written as f64 / report.ok as f64);
         }
         if matches!(phase.as_str(), "grants" | "cycles") {
             queued = queued.saturating_sub(report.ok as usize);
         }
         ops.push(report);
     }
+    drop(meter);
 
     let long_polls = match args.long_polls {
         Some(n) => {
@@ -328,30 +372,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         None => None,
     };
 
-    let (per_core, cores) = limits::verifications_per_second(&fleet.sample_attestation());
-    let raw_claims = match &target.database_url {
-        Some(url) => Some(limits::raw_claims(url, &fleet, &client, &target, &args).await?),
-        None => None,
-    };
-    let limits = Limits {
-        cores,
-        verifications_per_second_per_core: per_core,
-        verifications_per_second_all_cores: per_core * cores as f64,
-        raw_claims_per_second: raw_claims,
-    };
-    let find = |name: &str| ops.iter().find(|o| o.op == name);
-    let ratios = Ratios {
-        grants_vs_raw_claims: ratio(find("grants"), limits.raw_claims_per_second),
-        heartbeats_vs_verifications: ratio(
-            find("heartbeats"),
-            Some(limits.verifications_per_second_all_cores),
-        ),
-        refusals_vs_verifications: ratio(
-            find("refusals"),
-            Some(limits.verifications_per_second_all_cores),
-        ),
-    };
-    let report = Report {
+    let limits = limits::measure(&fleet, &client, &target, &args).await?;
+    let mut report = Report {
         engine: engine.into(),
         concurrency: args.concurrency,
         runners: args.runners,
@@ -359,9 +381,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         ops,
         long_polls,
         page: page_report,
+        forge: forge_report,
         limits,
-        ratios,
+        goals: Vec::new(),
     };
+    report.goals = goals::of(&report);
     print(&report);
     if let Some(path) = &args.json {
         std::fs::write(path, serde_json::to_string_pretty(&report)?)?;
@@ -378,7 +402,7 @@ fn print(r: &Report) {
         r.engine, r.concurrency, r.runners
     );
     println!(
-        "{:<12} {:>9} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
+        "{:<16} {:>9} {:>7} {:>10} {:>8} {:>8} {:>8} {:>8} {:>10}",
         "op", "ok", "errors", "per s", "p50 ms", "p90 ms", "p99 ms", "max ms", "written/op"
     );
     for o in &r.ops {
@@ -386,8 +410,22 @@ fn print(r: &Report) {
             .bytes_written_per_op
             .map_or("n/a".to_string(), |b| format!("{:.1} KB", b / 1000.0));
         println!(
-            "{:<12} {:>9} {:>7} {:>10.0} {:>8.2} {:>8.2} {:>8.2} {:>8.2} {:>10}",
+            "{:<16} {:>9} {:>7} {:>10.0} {:>8.3} {:>8.3} {:>8.3} {:>8.2} {:>10}",
             o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms, written
+        );
+    }
+    if let Some(f) = &r.forge {
+        println!(
+            "forge: {} MB each way, upload {:.0} MB/s through the gate, {:.0} MB/s direct; \
+             download {:.0} MB/s through the gate, {:.0} MB/s direct; the forge got {} fetches \
+             while refused runners fetched, {} while an admitted one did",
+            f.body_bytes / 1_000_000,
+            f.upload_gate_mb_per_s,
+            f.upload_direct_mb_per_s,
+            f.download_gate_mb_per_s,
+            f.download_direct_mb_per_s,
+            f.upstream_fetches_while_refused,
+            f.upstream_fetches_while_forwarded
         );
     }
     if let Some(lp) = &r.long_polls {
@@ -422,19 +460,45 @@ fn print(r: &Report) {
         );
     }
     let l = &r.limits;
+    let grants = r.ops.iter().find(|o| o.op == "grants");
+    let raw = match (l.raw_claims_per_second, grants) {
+        (Some(raw), Some(g)) if raw > 0.0 => {
+            format!(
+                "{raw:.0}/s (grants / raw claims {:.2}x)",
+                g.per_second / raw
+            )
+        }
+        (Some(raw), _) => format!("{raw:.0}/s"),
+        (None, _) => "not measured".into(),
+    };
     println!(
-        "limits: {:.0} EdDSA verifications/s per core ({} cores: {:.0}/s); raw claim transactions: {}",
-        l.verifications_per_second_per_core,
-        l.cores,
-        l.verifications_per_second_all_cores,
-        l.raw_claims_per_second
-            .map_or("not measured".into(), |v| format!("{v:.0}/s"))
+        "limits: {:.0} EdDSA verifications/s per core ({} cores: {:.0}/s); raw claim transactions: {raw}",
+        l.verifications_per_second_per_core, l.cores, l.verifications_per_second_all_cores,
     );
-    let show = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.2}x"));
-    println!(
-        "ratios: grants/raw claims {}, heartbeats/verifications {}, refusals/verifications {}",
-        show(r.ratios.grants_vs_raw_claims),
-        show(r.ratios.heartbeats_vs_verifications),
-        show(r.ratios.refusals_vs_verifications)
-    );
+    match (l.pgbench_claims_per_second, &l.pgbench_note) {
+        (Some(tps), _) => println!(
+            "pgbench, the gate's claim (bench/pgbench/claim.sql, -M prepared), {} clients: {tps:.0} tx/s",
+            r.concurrency
+        ),
+        (None, Some(note)) => println!("pgbench: not measured: {note}"),
+        (None, None) => {}
+    }
+    println!("goals:");
+    for g in &r.goals {
+        let measured = g.measured.map_or("not measured".to_string(), |m| {
+            let m = if g.unit == "x" || g.unit == "ms" {
+                format!("{m:.2}")
+            } else {
+                format!("{m:.1}")
+            };
+            format!("{m} {}", g.unit)
+        });
+        let met = match g.met {
+            Some(true) => "met",
+            Some(false) => "NOT met",
+            None => "",
+        };
+        let goal = format!("{} {} {}", g.bound, g.goal, g.unit);
+        println!("  {:<72} {measured:>14}   goal {goal:<10} {met}", g.what);
+    }
 }

@@ -1,6 +1,6 @@
-//! A lean HTTP/1.1 client for the bench's attestation phases: one kept-alive connection per
-//! worker, each request written in one piece, only the status line and the body's length read
-//! back.
+//! A lean HTTP/1.1 client for the bench's phases of small requests (attestations, forge
+//! fetches, `/readyz`): one kept-alive connection per worker, each request written in one
+//! piece, only the status line and the body's length read back.
 //!
 //! Why not the general client: on this machine kind the load generator shares the service's
 //! two cores, and a general-purpose client (connection pool, header maps, body streams) costs
@@ -44,8 +44,28 @@ impl Wire {
     }
 
     /// POSTs the JSON `body` to `path` on `worker`'s connection and answers the status code.
-    /// A connection that fails or that the server closes is opened anew on the next call.
     pub async fn post_json(&self, worker: usize, path: &str, body: &str) -> std::io::Result<u16> {
+        self.send(
+            worker,
+            "POST",
+            path,
+            "content-type: application/json\r\n",
+            body,
+        )
+        .await
+    }
+
+    /// Sends `method` `path` with the header lines `headers` (each ending in CRLF) and `body`
+    /// on `worker`'s connection, and answers the status code. A connection that fails or that
+    /// the server closes is opened anew on the next call.
+    pub async fn send(
+        &self,
+        worker: usize,
+        method: &str,
+        path: &str,
+        headers: &str,
+        body: &str,
+    ) -> std::io::Result<u16> {
         let mut slot = self.slots[worker % self.slots.len()].lock().await;
         if slot.is_none() {
             let stream = TcpStream::connect(self.addr).await?;
@@ -57,7 +77,7 @@ impl Wire {
         }
         let conn = slot.as_mut().expect("connected above");
         let request = format!(
-            "POST {path} HTTP/1.1\r\nhost: {}\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
+            "{method} {path} HTTP/1.1\r\nhost: {}\r\n{headers}content-length: {}\r\n\r\n{body}",
             self.host,
             body.len()
         );

@@ -32,7 +32,7 @@ pub use open::{Bare, DatabaseUrl, DatabaseUrlError, open};
 pub use service::{DynStore, Store};
 pub use signal::JobSignal;
 pub use sql::buildkite::BuildkiteState;
-pub use sql::queue::{CLAIM_BATCH_SQL, CLAIM_CANDIDATE_SQL};
+pub use sql::queue::CLAIM_BATCH_SQL;
 pub use sql::runners::Followed;
 pub use verdict_cache::GateRunner;
 pub use vocabulary::*;

@@ -137,6 +137,22 @@ impl Bare {
             }
         })
     }
+
+    /// Checkpoints SQLite's WAL into the file (`sqlite::Direct::checkpoint`): whether it was
+    /// all copied. PostgreSQL's checkpoints are the server's own: nothing to do.
+    pub fn checkpoint(&mut self) -> anyhow::Result<bool> {
+        match self {
+            Bare::Sqlite(direct) => Ok(direct.checkpoint()?),
+            Bare::Postgres(_) => Ok(true),
+        }
+    }
+
+    /// Closes the engine's connections, waiting until they are.
+    pub async fn close(self) {
+        if let Bare::Postgres(engine) = self {
+            engine.close().await;
+        }
+    }
 }
 
 #[cfg(test)]

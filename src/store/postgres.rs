@@ -116,6 +116,12 @@ impl PgEngine {
         })
     }
 
+    /// Closes every connection, waiting until they are: the bench's baseline gives them back
+    /// before the next measurement needs the server's connections.
+    pub async fn close(&self) {
+        self.pool.close().await;
+    }
+
     async fn pool(url: &str, settings: &PgSettings) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)

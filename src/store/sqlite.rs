@@ -354,6 +354,23 @@ impl Direct {
         self.conn = Some(conn);
         result.map(|(value, _)| value)
     }
+
+    /// Copies what the WAL holds into the database file (a passive checkpoint: it waits for
+    /// no one), so that the writes of a piece of work, checkpoint included, are done before the
+    /// bench reads what they cost. Answers whether the whole WAL was copied.
+    pub fn checkpoint(&mut self) -> StoreResult<bool> {
+        let conn = self
+            .conn
+            .as_ref()
+            .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
+        // (busy, frames in the WAL, frames copied)
+        let (busy, log, copied): (i64, i64, i64) = conn
+            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
+                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+            })
+            .map_err(store_error)?;
+        Ok(busy == 0 && log == copied)
+    }
 }
 
 /// An open SQLite transaction.

@@ -68,17 +68,8 @@ pub fn assign<'c>(candidates: &[Candidate], claims: &[&'c Claim]) -> Vec<(i64, &
     pairs
 }
 
-/// A single claim's choice (the bench's raw baseline): the oldest queued job of pool `$3`.
-pub static CLAIM_CANDIDATE_SQL: LazyLock<String> =
-    LazyLock::new(|| format!("SELECT seq FROM jobs WHERE pool = $3 {QUEUE_ORDER} LIMIT 1"));
-
-static RAW_CLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
-         WHERE seq = ({}) AND state = 'queued' RETURNING id",
-        *CLAIM_CANDIDATE_SQL
-    )
-});
+const RAW_CLAIM_SQL: &str = "UPDATE jobs SET state = 'leased', lease_id = $1, updated_at = $2 \
+     WHERE seq = $3 AND state = 'queued' RETURNING id";
 
 static PRECLAIM_SQL: LazyLock<String> = LazyLock::new(|| {
     format!(
@@ -185,7 +176,9 @@ pub async fn insert_leased_events<D: Db>(
 
 /// The bench's raw claim (`bench/baseline.rs`): the pool's oldest queued job to `lease_id`
 /// and its lease inserted, the engine's statements with nothing of the service around them.
-/// `false` when the queue is empty.
+/// The job is chosen as a round chooses (`candidates`, skipping the rows other claims hold),
+/// so that concurrent claims on PostgreSQL take the next job rather than wait for the same one
+/// and find it gone. `false` when the queue is empty.
 pub async fn raw_claim<D: Db>(
     db: &mut D,
     pool: &str,
@@ -193,12 +186,15 @@ pub async fn raw_claim<D: Db>(
     lease_id: &str,
     now: i64,
 ) -> StoreResult<bool> {
+    let Some(seq) = candidates(db, pool, 1).await?.first().map(|c| c.seq) else {
+        return Ok(false);
+    };
     let claimed = db
         .fetch(
-            Statement::new(RAW_CLAIM_SQL.as_str())
+            Statement::new(RAW_CLAIM_SQL)
                 .bind(lease_id)
                 .bind(now)
-                .bind(pool),
+                .bind(seq),
         )
         .await?;
     let Some(job) = claimed.first() else {

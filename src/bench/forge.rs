@@ -1,0 +1,330 @@
+//! The forge gate's phase (`forge`): the service in front of a stand-in forge, an HTTP server
+//! of the bench's own on 127.0.0.1 that answers a Forgejo runner's `FetchTask` with no task
+//! at once, swallows uploads and streams downloads, so that what is measured is the gate and
+//! not a forge's work.
+//!
+//! It measures what the gate costs against what it stands beside: refused fetches (answered by
+//! the gate, the forge never asked) against `/readyz`, the cheapest request of the API; a
+//! forwarded fetch's median latency against the same fetch sent to the stand-in directly, one
+//! client each; and a large body each way through the gate against the same body sent directly.
+//! The stand-in counts the fetches it gets, which tells a refusal that reached it from one that
+//! did not.
+
+use super::fleet::{self, Fleet};
+use super::load::{self, Drive, OpReport};
+use super::wire::Wire;
+use axum::Router;
+use axum::body::{Body, Bytes};
+use axum::extract::{Path, State};
+use axum::routing::{get, post};
+use futures_util::StreamExt;
+use serde::Serialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tokio_util::sync::CancellationToken;
+
+/// Forgejo's fetch, the one call the gate judges.
+const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
+/// Where the stand-in takes an upload (an artifact's path, forwarded as any other call).
+const UPLOAD: &str = "/api/actions_pipeline/bench/upload";
+/// Where it serves a download of `{bytes}` bytes.
+const DOWNLOAD: &str = "/api/actions_pipeline/bench/download";
+/// The stand-in's answer to a fetch: no task, as Forgejo answers when it has none.
+const NO_TASK: &str = r#"{"tasksVersion":"1"}"#;
+/// The size of the pieces a download is streamed in.
+const CHUNK: usize = 256 * 1024;
+/// How many times each transfer is timed, direct and through the gate alternating; the
+/// median counts.
+const TRANSFER_ROUNDS: usize = 3;
+
+/// What the forge phase measured beside its request phases' reports.
+#[derive(Clone, Debug, Serialize)]
+pub struct ForgeReport {
+    /// The size of each transfer, in bytes.
+    pub body_bytes: u64,
+    pub upload_gate_mb_per_s: f64,
+    pub upload_direct_mb_per_s: f64,
+    pub download_gate_mb_per_s: f64,
+    pub download_direct_mb_per_s: f64,
+    /// Fetches the stand-in got while refused runners fetched through the gate: 0 when every
+    /// refusal was answered without it.
+    pub upstream_fetches_while_refused: u64,
+    /// Fetches the stand-in got while an admitted runner fetched through the gate.
+    pub upstream_fetches_while_forwarded: u64,
+    /// The forwarded fetch's p50 less the direct one's (1 client each), in milliseconds.
+    pub forwarded_p50_added_ms: f64,
+}
+
+/// The stand-in forge, serving until dropped.
+pub struct StandIn {
+    pub base: String,
+    fetches: Arc<AtomicU64>,
+    stop: CancellationToken,
+}
+
+impl Drop for StandIn {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl StandIn {
+    pub async fn start() -> anyhow::Result<StandIn> {
+        let fetches = Arc::new(AtomicU64::new(0));
+        let router = Router::new()
+            .route(FETCH_TASK, post(fetch_task))
+            .route(UPLOAD, post(take_upload))
+            .route(&format!("{DOWNLOAD}/{{bytes}}"), get(serve_download))
+            .with_state(fetches.clone());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let base = format!("http://{}", listener.local_addr()?);
+        let stop = CancellationToken::new();
+        let stopped = stop.clone();
+        tokio::spawn(async move {
+            let serve = axum::serve(listener, router)
+                .with_graceful_shutdown(async move { stopped.cancelled().await });
+            if let Err(e) = serve.await {
+                eprintln!("bench: the stand-in forge stopped: {e}");
+            }
+        });
+        Ok(StandIn {
+            base,
+            fetches,
+            stop,
+        })
+    }
+
+    fn fetches(&self) -> u64 {
+        self.fetches.load(Ordering::Relaxed)
+    }
+}
+
+async fn fetch_task(State(fetches): State<Arc<AtomicU64>>) -> impl axum::response::IntoResponse {
+    fetches.fetch_add(1, Ordering::Relaxed);
+    ([("content-type", "application/json")], NO_TASK)
+}
+
+/// Reads the whole body and answers how many bytes it had.
+async fn take_upload(body: Body) -> String {
+    let mut stream = body.into_data_stream();
+    let mut n = 0u64;
+    while let Some(Ok(piece)) = stream.next().await {
+        n += piece.len() as u64;
+    }
+    n.to_string()
+}
+
+async fn serve_download(Path(bytes): Path<u64>) -> Body {
+    let piece = Bytes::from(vec![b'x'; CHUNK]);
+    let pieces = (0..bytes.div_ceil(CHUNK as u64)).map(move |i| {
+        let len = (bytes - i * CHUNK as u64).min(CHUNK as u64) as usize;
+        Ok::<_, std::convert::Infallible>(piece.slice(..len))
+    });
+    Body::from_stream(futures_util::stream::iter(pieces))
+}
+
+/// Runs the forge phase against the service at `fleet.base`, which forwards Forgejo's calls
+/// to `stand_in`: its request phases' reports, and what the phase measured beside them.
+pub async fn measure(
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    admin: &str,
+    stand_in: &StandIn,
+    drive: Drive,
+    body_bytes: u64,
+    progress: bool,
+) -> anyhow::Result<(Vec<OpReport>, ForgeReport)> {
+    let admitted = bound_runner(fleet, client, admin, "forge-admitted", true).await?;
+    let refused = bound_runner(fleet, client, admin, "forge-refused", false).await?;
+
+    let mut ops = vec![floor(&fleet.base, drive, progress).await?];
+
+    let before = stand_in.fetches();
+    let refusals = fetches("forge-refused", &fleet.base, &refused, drive, progress).await?;
+    let upstream_fetches_while_refused = stand_in.fetches() - before;
+    ops.push(refusals);
+
+    let one = Drive {
+        concurrency: 1,
+        rate: None,
+        ..drive
+    };
+    let before = stand_in.fetches();
+    let forwarded = fetches("forge-forwarded", &fleet.base, &admitted, one, progress).await?;
+    let upstream_fetches_while_forwarded = stand_in.fetches() - before;
+    let direct = fetches("forge-direct", &stand_in.base, &admitted, one, progress).await?;
+    let forwarded_p50_added_ms = forwarded.p50_ms - direct.p50_ms;
+    ops.extend([forwarded, direct]);
+
+    let transfers = Transfers::measure(client, &fleet.base, &stand_in.base, body_bytes).await?;
+    let mb_per_s = |seconds: f64| body_bytes as f64 / 1e6 / seconds.max(1e-9);
+    let report = ForgeReport {
+        body_bytes,
+        upload_gate_mb_per_s: mb_per_s(transfers.upload_gate),
+        upload_direct_mb_per_s: mb_per_s(transfers.upload_direct),
+        download_gate_mb_per_s: mb_per_s(transfers.download_gate),
+        download_direct_mb_per_s: mb_per_s(transfers.download_direct),
+        upstream_fetches_while_refused,
+        upstream_fetches_while_forwarded,
+        forwarded_p50_added_ms,
+    };
+    Ok((ops, report))
+}
+
+/// A runner of the fleet's pool bound to a Forgejo runner of its own, which has attested once
+/// (healthy or with a failed probe): its fetches are forwarded or refused.
+async fn bound_runner(
+    fleet: &Fleet,
+    client: &reqwest::Client,
+    admin: &str,
+    name: &str,
+    healthy: bool,
+) -> anyhow::Result<ForgeRunner> {
+    let uuid = uuid::Uuid::now_v7().to_string();
+    let runner = fleet::register_bound(
+        client,
+        &fleet.base,
+        admin,
+        &fleet.pool,
+        name,
+        healthy,
+        json!([{"kind": "forgejo", "uuid": uuid}]),
+    )
+    .await?;
+    let heartbeat = client
+        .post(format!("{}/api/v1/runners/heartbeat", fleet.base))
+        .json(&json!({"attestation": runner.attest()}))
+        .send()
+        .await?;
+    anyhow::ensure!(
+        heartbeat.status().is_success(),
+        "the forge phase's runner {name} could not attest: {}",
+        heartbeat.status()
+    );
+    Ok(ForgeRunner {
+        headers: format!(
+            "content-type: application/json\r\nconnect-protocol-version: 1\r\n\
+             x-runner-uuid: {uuid}\r\nx-runner-token: bench-forge-runner-token\r\n"
+        ),
+    })
+}
+
+/// How a bound Forgejo runner's fetch is sent.
+struct ForgeRunner {
+    headers: String,
+}
+
+/// `/readyz` at the phase's concurrency: the floor of what a request to the service costs.
+async fn floor(base: &str, drive: Drive, progress: bool) -> anyhow::Result<OpReport> {
+    let wire = Arc::new(Wire::new(base, drive.concurrency).await?);
+    Ok(load::run("readyz", drive, progress, move |w, _| {
+        let wire = wire.clone();
+        async move { matches!(wire.send(w, "GET", "/readyz", "", "").await, Ok(200)) }
+    })
+    .await)
+}
+
+/// `runner`'s `FetchTask` to `base` (the gate, or the stand-in directly): ok when answered 200.
+async fn fetches(
+    name: &str,
+    base: &str,
+    runner: &ForgeRunner,
+    drive: Drive,
+    progress: bool,
+) -> anyhow::Result<OpReport> {
+    let wire = Arc::new(Wire::new(base, drive.concurrency).await?);
+    let headers: Arc<str> = runner.headers.as_str().into();
+    Ok(load::run(name, drive, progress, move |w, _| {
+        let (wire, headers) = (wire.clone(), headers.clone());
+        async move {
+            let sent = wire
+                .send(w, "POST", FETCH_TASK, &headers, r#"{"tasksVersion":"0"}"#)
+                .await;
+            matches!(sent, Ok(200))
+        }
+    })
+    .await)
+}
+
+/// Seconds each transfer took, the median of its rounds.
+struct Transfers {
+    upload_gate: f64,
+    upload_direct: f64,
+    download_gate: f64,
+    download_direct: f64,
+}
+
+impl Transfers {
+    async fn measure(
+        client: &reqwest::Client,
+        gate: &str,
+        direct: &str,
+        bytes: u64,
+    ) -> anyhow::Result<Transfers> {
+        let body = Bytes::from(vec![b'x'; bytes as usize]);
+        let mut times: [Vec<f64>; 4] = Default::default();
+        for _ in 0..TRANSFER_ROUNDS {
+            // Alternating, so that the machine's drift touches both alike.
+            times[0].push(upload(client, direct, body.clone()).await?);
+            times[1].push(upload(client, gate, body.clone()).await?);
+            times[2].push(download(client, direct, bytes).await?);
+            times[3].push(download(client, gate, bytes).await?);
+        }
+        let [upload_direct, upload_gate, download_direct, download_gate] = times.map(median);
+        Ok(Transfers {
+            upload_gate,
+            upload_direct,
+            download_gate,
+            download_direct,
+        })
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// Seconds to send `body` to `base`'s upload and have it all acknowledged.
+async fn upload(client: &reqwest::Client, base: &str, body: Bytes) -> anyhow::Result<f64> {
+    let expected = body.len();
+    let started = Instant::now();
+    let answer = client
+        .post(format!("{base}{UPLOAD}"))
+        .header("content-type", "application/octet-stream")
+        .body(body)
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await?;
+    let status = answer.status();
+    let received = answer.text().await?;
+    let elapsed = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        status.is_success() && received.trim() == expected.to_string(),
+        "upload through {base}: {status}, the forge got {received:?} of {expected} bytes"
+    );
+    Ok(elapsed)
+}
+
+/// Seconds to read a download of `bytes` bytes from `base` to its end.
+async fn download(client: &reqwest::Client, base: &str, bytes: u64) -> anyhow::Result<f64> {
+    let started = Instant::now();
+    let mut answer = client
+        .get(format!("{base}{DOWNLOAD}/{bytes}"))
+        .timeout(Duration::from_secs(600))
+        .send()
+        .await?;
+    let status = answer.status();
+    let mut received = 0u64;
+    while let Some(piece) = answer.chunk().await? {
+        received += piece.len() as u64;
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    anyhow::ensure!(
+        status.is_success() && received == bytes,
+        "download through {base}: {status}, {received} of {bytes} bytes"
+    );
+    Ok(elapsed)
+}
