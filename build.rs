@@ -8,7 +8,10 @@ use std::path::Path;
 
 fn main() {
     println!("cargo:rerun-if-changed=migrations");
-    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("migrations");
+    // Read when the script runs, not when it was compiled: a target directory copied from
+    // another checkout reuses the compiled script, which would embed the other's migrations.
+    let manifest = std::env::var("CARGO_MANIFEST_DIR").expect("cargo sets CARGO_MANIFEST_DIR");
+    let root = Path::new(&manifest).join("migrations");
     let mut out = String::new();
     for (engine, constant) in [("sqlite", "SQLITE"), ("postgres", "POSTGRES")] {
         let dir = root.join(engine);
