@@ -1053,6 +1053,20 @@ async fn a_runner_sending_more_than_its_row_holds_has_every_jti_refused_again(
         let resigned = runner.attest(json!({"jti": jti, "image": {"id": "abc123"}}));
         heartbeat_rejected(&app, jti, &resigned, UNAUTHORIZED, "attestation_replayed").await;
     }
+    // They stay spent after a restart (SQLite reads the spill table back) and through a purge
+    // while their windows last.
+    let app = app.restart_with(|_| {}).await;
+    app.sweep_ahead(0).await;
+    for (jti, token) in &tokens {
+        heartbeat_rejected(&app, jti, token, UNAUTHORIZED, "attestation_replayed").await;
+    }
+    // Once every window has ended, the purge forgets the 18 that spilled (30 accepted, 12 in
+    // the row).
+    let later = leasegate::domain::time::Millis::now().plus_secs(86_400);
+    let swept = leasegate::sweeper::sweep_once(app.state.store(), app.state.metrics(), later)
+        .await
+        .unwrap();
+    assert_eq!(swept.jtis_purged, 18);
 }
 
 async fn revoked_runner_is_refused_after_the_replay_check(engine: common::Engine) {

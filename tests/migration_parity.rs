@@ -28,11 +28,19 @@ struct Schema {
 }
 
 /// The differences the two trees make on purpose: the line `differences` writes, and why.
-const DELIBERATE: &[(&str, &str)] = &[(
-    "primary key of seen_jtis: sqlite None, postgres Some([\"runner_id\", \"jti\"])",
-    "SQLite's spilled jtis are one process's append-only record, looked up in memory; \
-     PostgreSQL's replicas share the table and ask it by its key (store/sql/replay.rs)",
-)];
+const DELIBERATE: &[(&str, &str)] = &[
+    (
+        "primary key of seen_jtis: sqlite None, postgres Some([\"runner_id\", \"jti\"])",
+        "SQLite's spilled jtis are one process's append-only record, looked up in memory; \
+         PostgreSQL's replicas share the table and ask it by its key (store/sql/replay.rs)",
+    ),
+    (
+        "index seen_jtis_by_expiry: sqlite None, postgres Some((\"seen_jtis\", \
+         [\"expires_at\"], false, false))",
+        "SQLite's append-only record of spilled jtis is purged from its head, in the order it \
+         was written; PostgreSQL's is keyed by jti, and purged by its expiry index",
+    ),
+];
 
 /// Both engines' spellings of a type, as one kind. SQLite has no JSON or 64-bit types of its
 /// own, and PostgreSQL spells a `BIGSERIAL` `bigint`.

@@ -12,9 +12,12 @@
 //! Where the spilled jtis are looked up depends on who writes the database. PostgreSQL's
 //! replicas share it, so the table is indexed by its primary key `(runner_id, jti)` and asked.
 //! SQLite has one writer, this process, so the table is only its durable record (appended,
-//! indexed by expiry alone, loaded at start) and the lookups go to `SpillIndex`, in memory: a
+//! loaded at start, purged from its head) and the lookups go to `SpillIndex`, in memory: a
 //! random key in an on-disk index costs a heartbeat two or three pages written (its insert and
-//! its purge, each in a random leaf), where an append costs a share of one.
+//! its purge, each in a random leaf), where an append costs a share of one. It has no index at
+//! all: one on the expiry cost each round that spilled a page or two more (entries of jtis
+//! signed a moment apart land in several leaves), and the table's own order serves the purge,
+//! since jtis spill in about the order their windows end.
 //!
 //! A hash is 64 bits of SHA-256: a fresh `jti` is mistaken for a replay with a chance of about
 //! one in 2⁶⁴ per remembered one, far below anything else that can refuse an attestation.
@@ -121,14 +124,15 @@ pub async fn spill<D: Db>(db: &mut D, entries: &[(&RunnerId, Millis, &str)]) -> 
     Ok(())
 }
 
-/// Every unexpired spilled jti, for the index in memory at start.
+/// Every unexpired spilled jti, for the index in memory at start (SQLite's alone), in the
+/// order they spilled, as the index keeps them.
 pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
     let index = SpillIndex::default();
     let rows = db
         .fetch(
             Statement::new(
                 "SELECT runner_id, jti, expires_at FROM seen_jtis WHERE expires_at >= $1 \
-                 ORDER BY expires_at",
+                 ORDER BY rowid",
             )
             .bind(now.0),
         )
@@ -144,10 +148,24 @@ pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
 }
 
 /// Forgets spilled jtis past their window; how many.
+///
+/// SQLite's table is appended in the order jtis spill: what expired is its head, up to the
+/// first entry that has not. An expired entry behind a longer-lived one waits for it (as in
+/// the index in memory), which only keeps a jti that rule 4 refuses anyway a little longer.
 pub async fn purge<D: Db>(db: &mut D, now: Millis) -> StoreResult<u64> {
-    if let Some(index) = db.spill_index() {
-        index.purge(now);
-    }
-    db.execute(Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(now.0))
-        .await
+    let Some(index) = db.spill_index() else {
+        return db
+            .execute(Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(now.0))
+            .await;
+    };
+    index.purge(now);
+    db.execute(
+        Statement::new(
+            "DELETE FROM seen_jtis WHERE rowid < COALESCE(\
+             (SELECT rowid FROM seen_jtis WHERE expires_at >= $1 ORDER BY rowid LIMIT 1), \
+             (SELECT MAX(rowid) + 1 FROM seen_jtis))",
+        )
+        .bind(now.0),
+    )
+    .await
 }
