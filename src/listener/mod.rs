@@ -4,11 +4,12 @@
 //! This is what `axum::serve` does, plus what an open port needs and that function does not
 //! expose:
 //!
-//! - hyper's read buffer capped at 8 KiB (`MAX_HEAD_BYTES`). Left alone, hyper grows it to
-//!   16 KiB on most connections and keeps it for the connection's life, and a fleet's waiting
-//!   long polls are ten thousand connections held open (`docs/BENCHMARKS.md`). The cap bounds
-//!   a request's head only: bodies stream through the buffer whatever their size, and a head
-//!   over 8 KiB is answered 431 by hyper.
+//! - a request's head capped at 8 KiB (`MAX_HEAD_BYTES`), answered 431 by hyper past it, and
+//!   hyper's read buffer at 256 KiB (`MAX_READ_BYTES`). The buffer starts at 8 KiB and grows
+//!   only while reads fill it (a body arriving faster than it is read: a forwarded artifact),
+//!   then shrinks again; a request that fits in one read never grows it, and a fleet's waiting
+//!   long polls are ten thousand connections held open (`docs/BENCHMARKS.md`). Capped at
+//!   8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as many frames handed on.
 //! - caps on open connections, in all and per peer (`limits`);
 //! - timeouts for a head that trickles in, a connection that idles, an answer nobody reads
 //!   (`activity`), and a body that trickles in (`body`). A request being served (a waiting
@@ -45,6 +46,9 @@ use tower::ServiceExt;
 /// The largest request head (request line and headers) the service reads.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 
+/// The most a connection reads from its socket at once (and hands on as one frame of a body).
+pub const MAX_READ_BYTES: usize = 256 * 1024;
+
 /// What a listener allows its clients.
 #[derive(Clone, Debug)]
 pub struct ListenerSettings {
@@ -68,7 +72,8 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let limits = ConnectionLimits::new(settings.caps.clone(), settings.trusted_proxies.clone());
     let mut http = http1::Builder::new();
-    http.max_buf_size(MAX_HEAD_BYTES);
+    http.max_header_size(MAX_HEAD_BYTES);
+    http.max_buf_size(MAX_READ_BYTES);
     let timeouts = PhaseTimeouts {
         header: settings.header_timeout,
         idle: settings.idle_timeout,
