@@ -2,8 +2,9 @@
 //! a job is enqueued.
 //!
 //! It opens `n` lease requests that wait (`wait_s` 30) on an empty queue, reads the service's
-//! resident memory before and while they wait, then enqueues jobs one at a time and times each
-//! from just before its enqueue request is sent to the moment a waiter receives it. Memory is
+//! resident memory before and while they wait (once the service is idle, every poll admitted),
+//! then enqueues jobs one at a time and times each from just before its enqueue request is
+//! sent to the moment a waiter receives it. Memory is
 //! read from `/proc/PID/status` (Linux): the in-process service's own, or `--server-pid`'s
 //! when the service runs apart (each waiting poll holds a socket at both ends, and one process
 //! may not hold enough of them for both).
@@ -47,6 +48,39 @@ fn rss_mb(pid: Option<u32>) -> Option<f64> {
     Some(kb / 1024.0)
 }
 
+/// CPU time used so far by `pid` (or this process), in clock ticks (Linux).
+fn cpu_ticks(pid: Option<u32>) -> Option<u64> {
+    let path = match pid {
+        Some(p) => format!("/proc/{p}/stat"),
+        None => "/proc/self/stat".into(),
+    };
+    let stat = std::fs::read_to_string(path).ok()?;
+    // The fields after the command's name, which is in parentheses and may hold spaces:
+    // utime and stime are the 12th and 13th of them.
+    let mut fields = stat.rsplit_once(')')?.1.split_whitespace().skip(11);
+    let user: u64 = fields.next()?.parse().ok()?;
+    let system: u64 = fields.next()?.parse().ok()?;
+    Some(user + system)
+}
+
+/// Returns once `pid` used under 5 % of a core for half a second (at most a minute).
+async fn settle(pid: Option<u32>) {
+    let step = Duration::from_millis(500);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let Some(mut before) = cpu_ticks(pid) else {
+        return;
+    };
+    while Instant::now() < deadline {
+        tokio::time::sleep(step).await;
+        let Some(now) = cpu_ticks(pid) else { return };
+        // Clock ticks are 10 ms on Linux: 2 ticks in 500 ms is 4 % of a core.
+        if now - before <= 2 {
+            return;
+        }
+        before = now;
+    }
+}
+
 /// Opens `n` waiting polls on `fleet`'s empty pool, then enqueues `wakeups` jobs one by one.
 pub async fn measure(
     fleet: &Fleet,
@@ -86,8 +120,11 @@ pub async fn measure(
         // Opening ten thousand connections in one burst overflows the listen backlog.
         tokio::task::yield_now().await;
     }
-    // Every request admitted and waiting: give the burst time to land.
+    // Every request admitted and waiting: give the burst time to land, then wait until the
+    // service is idle, since on a busy machine admitting ten thousand takes longer than any
+    // fixed pause, and memory read earlier would miss the polls not yet admitted.
     tokio::time::sleep(Duration::from_secs(3) + Duration::from_micros(200 * n as u64)).await;
+    settle(pid).await;
     let rss_waiting = rss_mb(pid);
 
     let mut sent = HashMap::new();

@@ -171,26 +171,41 @@ async fn wait_for_job(
         .recheck_interval()
         .unwrap_or(Duration::from_secs(MAX_WAIT_S + 1));
     loop {
-        if tokio::time::Instant::now() >= deadline {
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
             return Ok(StatusCode::NO_CONTENT.into_response());
         }
         // Registered before the claim, so an enqueue between the claim and the wait still wakes us.
         let notified = notify.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
-
-        let token = generate_token("lgl_");
-        let claim = claim_for(state, &token, runner_id.clone(), pool.clone());
-        if let Some((lease, job)) = state.store().claim_job(&claim).await? {
-            return Ok(granted(state, token, lease, job));
+        if let Some(grant) = claim_now(state, &runner_id, &pool).await? {
+            return Ok(grant);
         }
+        // One timer for the re-check and the deadline, which the loop's head tells apart.
         tokio::select! {
             _ = &mut notified => {}
-            _ = tokio::time::sleep(recheck) => {}
-            _ = tokio::time::sleep_until(deadline) => return Ok(StatusCode::NO_CONTENT.into_response()),
+            _ = tokio::time::sleep_until(deadline.min(now + recheck)) => {}
             _ = state.shutdown().cancelled() => return Ok(StatusCode::NO_CONTENT.into_response()),
         }
     }
+}
+
+/// One claim for a waiting poll. A function of its own, so that what a claim holds (the token,
+/// the claim, the store's call) is gone while the poll waits, and the waiting future has room
+/// for one or the other rather than both: ten thousand polls may wait at once.
+async fn claim_now(
+    state: &AppState,
+    runner_id: &RunnerId,
+    pool: &PoolName,
+) -> Result<Option<Response>, ApiError> {
+    let token = generate_token("lgl_");
+    let claim = claim_for(state, &token, runner_id.clone(), pool.clone());
+    Ok(state
+        .store()
+        .claim_job(&claim)
+        .await?
+        .map(|(lease, job)| granted(state, token, lease, job)))
 }
 
 /// The answer to a granted lease, counted and logged.

@@ -26,7 +26,8 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
-use axum::response::Response;
+use axum::response::{IntoResponse, Response};
+use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
 
@@ -61,31 +62,40 @@ pub fn metrics_router(state: AppState) -> Router {
     with_layers(state, ops::metrics_only())
 }
 
-/// The layers every request passes through: the body limit, problem-shaped errors, latency
-/// metrics and the request's span.
+/// The layers every request passes through: the request's span, latency metrics, answers
+/// finished (problem-shaped framework errors, security headers) and the body limit.
+///
+/// They are one stack, applied with one `Router::layer` call: each call wraps every route in a
+/// boxed service of its own, and a request holds one boxed future per call for as long as it
+/// is served, which for a waiting long poll is up to 30 s (docs/BENCHMARKS.md, long polls).
 fn with_layers(state: AppState, routes: Router<AppState>) -> Router {
     let max_body = state.settings().max_body_bytes;
-    routes
-        .fallback(|| async { ApiError::not_found("route") })
-        .layer(DefaultBodyLimit::disable())
-        .layer(RequestBodyLimitLayer::new(max_body))
-        // Outside the body limit, so that its early 413 becomes a problem too.
-        .layer(axum::middleware::map_response(
-            problem::problem_for_framework_errors,
-        ))
-        .layer(axum::middleware::map_response(security_headers))
+    let layers = ServiceBuilder::new()
+        .layer(TraceLayer::new_for_http().make_span_with(request_span))
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
             observe_latency,
         ))
-        .layer(TraceLayer::new_for_http().make_span_with(request_span))
+        // Outside the body limit, so that its early 413 becomes a problem too.
+        .layer(axum::middleware::map_response(finish_answer))
+        .map_response(IntoResponse::into_response)
+        .layer(RequestBodyLimitLayer::new(max_body))
+        .layer(DefaultBodyLimit::disable());
+    routes
+        .fallback(|| async { ApiError::not_found("route") })
+        .layer(layers)
         .with_state(state)
+}
+
+/// Every answer on its way out: a framework's error made a problem, then the security headers.
+async fn finish_answer(response: Response) -> Response {
+    security_headers(problem::problem_for_framework_errors(response).await)
 }
 
 /// The headers every answer carries, error or not, unless it set its own (the page sets a
 /// policy that lets its own script and style load): nothing the service sends is sniffed into
 /// another type, framed, or allowed to load anything.
-async fn security_headers(mut response: Response) -> Response {
+fn security_headers(mut response: Response) -> Response {
     use axum::http::HeaderValue;
     let h = response.headers_mut();
     for (name, value) in [

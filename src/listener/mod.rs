@@ -9,7 +9,9 @@
 //!   only while reads fill it (a body arriving faster than it is read: a forwarded artifact),
 //!   then shrinks again; a request that fits in one read never grows it, and a fleet's waiting
 //!   long polls are ten thousand connections held open (`docs/BENCHMARKS.md`). Capped at
-//!   8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as many frames handed on.
+//!   8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as many frames handed on. The 8 KiB
+//!   it starts with, and the 8 KiB write buffer hyper makes for every connection, stay for the
+//!   connection's life: 16 KiB of each waiting poll are hyper's to keep.
 //! - caps on open connections, in all and per peer (`limits`);
 //! - timeouts for a head that trickles in, a connection that idles, an answer nobody reads
 //!   (`activity`), and a body that trickles in (`body`). A request being served (a waiting
@@ -27,6 +29,7 @@ use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
 use body::{BodyPace, PacedBody};
+use futures_util::FutureExt;
 use http_body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -41,7 +44,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
-use tower::ServiceExt;
+use tower::Service;
 
 /// The largest request head (request line and headers) the service reads.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
@@ -145,16 +148,19 @@ fn connection_service(
         let in_flight = InFlight::begin(&activity);
         let mut req = req.map(|incoming| Body::new(PacedBody::new(incoming, pace)));
         req.extensions_mut().insert(ConnectInfo(peer));
-        let app = app.clone();
-        async move {
-            let response = app.oneshot(req).await?;
-            Ok(response.map(|body| {
-                Body::new(Answer {
-                    inner: body,
-                    _in_flight: in_flight,
+        // A router is always ready, so it is called at once, and its future mapped rather than
+        // awaited in an async block (which would hold it twice): hyper keeps this future's
+        // room for the connection's whole life.
+        app.clone().call(req).map(move |routed| {
+            routed.map(|response| {
+                response.map(|body| {
+                    Body::new(Answer {
+                        inner: body,
+                        _in_flight: in_flight,
+                    })
                 })
-            }))
-        }
+            })
+        })
     })
 }
 
