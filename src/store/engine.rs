@@ -43,6 +43,10 @@ pub enum Param<'a> {
     OptInt(Option<i64>),
     /// A value made for the statement (JSON, a formatted digest).
     Owned(Option<String>),
+    /// Arrays, for PostgreSQL's functions only (SQLite has no array type): a round's lists
+    /// passed whole, one statement whatever their length.
+    Texts(Vec<&'a str>),
+    Ints(Vec<i64>),
 }
 
 impl<'a> Param<'a> {
@@ -52,7 +56,7 @@ impl<'a> Param<'a> {
             Param::Text(s) => Some(s),
             Param::OptText(s) => *s,
             Param::Owned(s) => s.as_deref(),
-            Param::Int(_) | Param::OptInt(_) => None,
+            Param::Int(_) | Param::OptInt(_) | Param::Texts(_) | Param::Ints(_) => None,
         }
     }
 }

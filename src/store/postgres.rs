@@ -257,6 +257,8 @@ fn query<'q>(
             Param::OptText(s) => q.bind(*s),
             Param::OptInt(i) => q.bind(*i),
             Param::Owned(s) => q.bind(s.as_deref()),
+            Param::Texts(v) => q.bind(v.as_slice()),
+            Param::Ints(v) => q.bind(v.as_slice()),
         };
     }
     q

@@ -7,7 +7,10 @@
 //!
 //! What the attestations write is `domain::record::plan`'s, from the runners' rows as read
 //! here; this file holds only the round's statements: `write` locks and reads the rows, writes
-//! the plan and makes the claims, over any engine.
+//! the plan and makes the claims, over any engine. On PostgreSQL the first step (lock the
+//! rows, then read them and the spilled jtis asked) is one call of the function
+//! `leasegate_lock_round`, one round trip whatever the round's size; SQLite, whose one writer
+//! holds the whole database and whose spills are looked up in memory, reads the rows.
 
 use super::replay::{self, RecentJtis, jti_key};
 use super::rows;
@@ -19,11 +22,11 @@ use crate::domain::record::{
     RunnerRow, RunnerUpdate, STATUS_CHANGE_HISTORY, Sampled, StatusChangeEntry, plan,
 };
 use crate::domain::time::Millis;
-use crate::store::engine::{Change, Db, Param, Row, Statement, Tail};
+use crate::store::engine::{Change, Db, Param, Row, Statement};
 use crate::store::{Claim, RoundItem, RoundOutcome, StoreError, StoreResult};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-/// A runner's row as `lock_runners` selects it.
+/// A runner's row as `read_runners` and `leasegate_lock_round` select it.
 fn runner_row(row: &Row) -> StoreResult<(RunnerId, RunnerRow)> {
     let ok = row.opt_int("probe_ok")?;
     Ok((
@@ -62,9 +65,64 @@ pub type RoundResult = Result<Vec<RoundOutcome>, StoreError>;
 
 // ---- The round's steps ----------------------------------------------------------------------
 
-/// Locks (on PostgreSQL) and reads the rows of `ids`, in id order, so that no two rounds wait
-/// on each other in a cycle.
-async fn lock_runners<D: Db>(
+/// The round's runners' rows and which of its attestations' jtis their runners spilled: on
+/// PostgreSQL locked and read in one call, elsewhere (one writer) read, and the spills asked
+/// of the engine's index in memory.
+async fn lock_round<D: Db>(
+    db: &mut D,
+    ids: &[&str],
+    attestations: &[(usize, &AttestationRecord)],
+) -> StoreResult<(BTreeMap<RunnerId, RunnerRow>, HashSet<(RunnerId, String)>)> {
+    if db.spill_index().is_some() {
+        let rows = read_runners(db, ids).await?;
+        let spilled = spilled_jtis(db, &rows, attestations).await?;
+        return Ok((rows, spilled));
+    }
+    // Both forms of each jti: its key, and itself (as remembered before keys were); the
+    // function asks only those of runners whose row says they spilled since.
+    let keys: Vec<String> = attestations.iter().map(|(_, r)| jti_key(&r.jti)).collect();
+    let (mut runners, mut asked, mut at) = (Vec::new(), Vec::new(), Vec::new());
+    for ((_, r), key) in attestations.iter().zip(&keys) {
+        for k in [key.as_str(), r.jti.as_str()] {
+            runners.push(r.runner_id.as_str());
+            asked.push(k);
+            at.push(r.received_at.0);
+        }
+    }
+    let found = db
+        .fetch(
+            Statement::new("SELECT * FROM leasegate_lock_round($1, $2, $3, $4)").params(vec![
+                Param::Texts(ids.to_vec()),
+                Param::Texts(runners.clone()),
+                Param::Texts(asked.clone()),
+                Param::Ints(at),
+            ]),
+        )
+        .await?;
+    let (mut rows, mut spilled) = (BTreeMap::new(), HashSet::new());
+    for row in &found {
+        // The positions (from 1) of the asked keys that `seen_jtis` holds.
+        for hit in row.opt_text("spilled_hits")?.unwrap_or_default().split(' ') {
+            let Some(n) = hit
+                .parse::<usize>()
+                .ok()
+                .filter(|n| (1..=asked.len()).contains(n))
+            else {
+                continue;
+            };
+            spilled.insert((
+                RunnerId(runners[n - 1].to_string()),
+                asked[n - 1].to_string(),
+            ));
+        }
+        let (id, r) = runner_row(row)?;
+        rows.insert(id, r);
+    }
+    Ok((rows, spilled))
+}
+
+/// Reads the rows of `ids` (SQLite: the write transaction holds the whole database).
+async fn read_runners<D: Db>(
     db: &mut D,
     ids: &[&str],
 ) -> StoreResult<BTreeMap<RunnerId, RunnerRow>> {
@@ -82,8 +140,7 @@ async fn lock_runners<D: Db>(
                      FROM runners WHERE id IN ({}) ORDER BY id",
                     param_list(part.len(), 1)
                 ))
-                .params(part.iter().map(|id| Param::Text(id)).collect())
-                .tail(Tail::RowLock),
+                .params(part.iter().map(|id| Param::Text(id)).collect()),
             )
             .await?;
         for row in &found {
@@ -94,7 +151,7 @@ async fn lock_runners<D: Db>(
     Ok(rows)
 }
 
-/// The jtis of this round that `seen_jtis` holds, for runners that spilled (rare).
+/// The jtis of this round that the spilled ones hold, for runners that spilled (rare).
 async fn spilled_jtis<D: Db>(
     db: &mut D,
     rows: &BTreeMap<RunnerId, RunnerRow>,
@@ -386,13 +443,12 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .collect::<BTreeSet<_>>()
         .into_iter()
         .collect();
-    let rows = lock_runners(db, &ids).await?;
     let attestations: Vec<(usize, &AttestationRecord)> = items
         .iter()
         .enumerate()
         .filter_map(|(i, item)| item.attestation.as_ref().map(|a| (i, a)))
         .collect();
-    let spilled = spilled_jtis(db, &rows, &attestations).await?;
+    let (rows, spilled) = lock_round(db, &ids, &attestations).await?;
     let plan = plan(&rows, &attestations, &spilled);
 
     let mut outcomes: Vec<RoundOutcome> = items
