@@ -1,6 +1,6 @@
 //! The gate itself: from a compact JWS to a judged, recorded attestation.
 //!
-//! Heartbeat, lease and `gate/check` all pass through `Gate::admit`, which applies rules 1–13
+//! Heartbeat, lease and `gate/check` all pass through `Gate::admit`, which applies rules 1–14
 //! of PROTOCOL.md in order. Nothing is written for a failure of rules 1–6 or a bad digest,
 //! except that an attestation the runner's own key signed and rules 3–4 refused (its clock,
 //! most often) is noted on the runner as its last rejection; an attestation that passes them

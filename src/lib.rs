@@ -6,7 +6,7 @@
 //! - [`domain`]: pure types and rules (attestation claims, the verdict, the lease state
 //!   machine, pools and images). No IO.
 //! - [`verifier`]: rules 1–4 on a compact JWS, with `ed25519-dalek`'s strict verification.
-//! - [`gate`]: rules 1–13 end to end, recording what the protocol says to record.
+//! - [`gate`]: rules 1–14 end to end, recording what the protocol says to record.
 //! - [`store`]: the `Store` trait and its engines; the only place SQL lives.
 //! - [`http`]: the API and the page: axum routers, one module per party, and the OpenAPI
 //!   document.
