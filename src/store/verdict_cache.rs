@@ -153,12 +153,12 @@ impl VerdictCache {
         if received_at(&held.record) >= Some(received) {
             return;
         }
-        let mut record = Runner::clone(&held.record);
-        record.latest = Some(LatestAttestation {
+        // In place when no request holds the record (the usual case on a heartbeat's round);
+        // a request that does keeps the record it was judged on.
+        Arc::make_mut(&mut held.record).latest = Some(LatestAttestation {
             received_at: received,
             state: state.clone(),
         });
-        held.record = Arc::new(record);
     }
 
     pub fn keep_pool(&self, generation: u64, pool: &Pool) {
