@@ -554,3 +554,37 @@ fn apply_migrations(conn: &mut Connection, applied: &[(i64, Vec<u8>, bool)]) -> 
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// The bundled SQLite is built as `.cargo/config.toml` says (`LIBSQLITE3_FLAGS`): without
+    /// the extensions leasegate does not use, which cost build time, and with what it relies on.
+    #[test]
+    fn the_bundled_sqlite_is_built_without_the_unused_extensions() {
+        let conn = rusqlite::Connection::open_in_memory().unwrap();
+        let mut statement = conn.prepare("PRAGMA compile_options").unwrap();
+        let options: Vec<String> = statement
+            .query_map([], |row| row.get(0))
+            .unwrap()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        for left_out in [
+            "ENABLE_FTS3",
+            "ENABLE_FTS5",
+            "ENABLE_RTREE",
+            "ENABLE_DBSTAT_VTAB",
+            "SOUNDEX",
+        ] {
+            assert!(
+                !options.iter().any(|o| o == left_out),
+                "{left_out} is built in: {options:?}"
+            );
+        }
+        for kept in ["ENABLE_STAT4", "THREADSAFE=1", "DEFAULT_FOREIGN_KEYS"] {
+            assert!(
+                options.iter().any(|o| o == kept),
+                "{kept} is missing: {options:?}"
+            );
+        }
+    }
+}
