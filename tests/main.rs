@@ -15,6 +15,7 @@ mod agent_podman;
 mod agent_probe;
 mod api_errors;
 mod attestation_attacks;
+mod bench_emit;
 mod bench_smoke;
 mod buildkite;
 mod concurrency;

@@ -178,16 +178,7 @@ impl Fleet {
     }
 
     pub async fn grants(&self, drive: Drive, progress: bool) -> OpReport {
-        attestation_phase(
-            "grants",
-            &self.base,
-            "/api/v1/lease",
-            self.healthy.clone(),
-            StatusCode::OK,
-            drive,
-            progress,
-        )
-        .await
+        self.attestations("grants", drive, progress).await
     }
 
     /// Lease, start and complete: one full cycle per operation.
@@ -233,30 +224,58 @@ impl Fleet {
     }
 
     pub async fn heartbeats(&self, drive: Drive, progress: bool) -> OpReport {
+        self.attestations("heartbeats", drive, progress).await
+    }
+
+    /// Leases from broken runners: each one must be refused (409).
+    pub async fn refusals(&self, drive: Drive, progress: bool) -> OpReport {
+        self.attestations("refusals", drive, progress).await
+    }
+
+    /// What an attestation phase sends, and what counts as ok: the path it posts to, whose
+    /// attestations, the status expected.
+    fn attestation_request(
+        &self,
+        phase: &str,
+    ) -> Option<(&'static str, &Arc<Vec<SimRunner>>, StatusCode)> {
+        match phase {
+            "grants" => Some(("/api/v1/lease", &self.healthy, StatusCode::OK)),
+            "heartbeats" => Some(("/api/v1/runners/heartbeat", &self.healthy, StatusCode::OK)),
+            "refusals" => Some(("/api/v1/lease", &self.broken, StatusCode::CONFLICT)),
+            _ => None,
+        }
+    }
+
+    async fn attestations(&self, name: &str, drive: Drive, progress: bool) -> OpReport {
+        let (path, runners, expect) = self
+            .attestation_request(name)
+            .expect("an attestation phase");
         attestation_phase(
-            "heartbeats",
+            name,
             &self.base,
-            "/api/v1/runners/heartbeat",
-            self.healthy.clone(),
-            StatusCode::OK,
+            path,
+            runners.clone(),
+            expect,
             drive,
             progress,
         )
         .await
     }
 
-    /// Leases from broken runners: each one must be refused (409).
-    pub async fn refusals(&self, drive: Drive, progress: bool) -> OpReport {
-        attestation_phase(
-            "refusals",
-            &self.base,
-            "/api/v1/lease",
-            self.broken.clone(),
-            StatusCode::CONFLICT,
-            drive,
-            progress,
-        )
-        .await
+    /// An attestation phase's requests signed ahead as the phase signs them (as many, each
+    /// `jti` once), for a load generator in another process: the path they are posted to and
+    /// their bodies, in the order the phase would send them. `None` for any other phase.
+    pub async fn presigned(
+        &self,
+        phase: &str,
+        drive: Drive,
+    ) -> Option<(&'static str, Vec<String>)> {
+        let (path, runners, _) = self.attestation_request(phase)?;
+        if runners.is_empty() {
+            return Some((path, Vec::new()));
+        }
+        let signed = Presigned::sign(runners, presign_count(drive)).await;
+        Some((path, signed.bodies))
     }
 }
 

@@ -26,7 +26,10 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 /// Forgejo's fetch, the one call the gate judges.
-const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
+pub const FETCH_TASK: &str = "/api/actions/runner.v1.RunnerService/FetchTask";
+/// The body of a runner's fetch (it has seen no task yet); it carries no nonce, so one body
+/// serves every fetch.
+pub const FETCH_BODY: &str = r#"{"tasksVersion":"0"}"#;
 /// Where the stand-in takes an upload (an artifact's path, forwarded as any other call).
 const UPLOAD: &str = "/api/actions_pipeline/bench/upload";
 /// Where it serves a download of `{bytes}` bytes.
@@ -175,7 +178,7 @@ pub async fn measure(
 
 /// A runner of the fleet's pool bound to a Forgejo runner of its own, which has attested once
 /// (healthy or with a failed probe): its fetches are forwarded or refused.
-async fn bound_runner(
+pub async fn bound_runner(
     fleet: &Fleet,
     client: &reqwest::Client,
     admin: &str,
@@ -212,8 +215,9 @@ async fn bound_runner(
 }
 
 /// How a bound Forgejo runner's fetch is sent.
-struct ForgeRunner {
-    headers: String,
+pub struct ForgeRunner {
+    /// The fetch's header lines, each ending in CRLF.
+    pub headers: String,
 }
 
 /// `/readyz` at the phase's concurrency: the floor of what a request to the service costs.
@@ -239,9 +243,7 @@ async fn fetches(
     Ok(load::run(name, drive, progress, move |w, _| {
         let (wire, headers) = (wire.clone(), headers.clone());
         async move {
-            let sent = wire
-                .send(w, "POST", FETCH_TASK, &headers, r#"{"tasksVersion":"0"}"#)
-                .await;
+            let sent = wire.send(w, "POST", FETCH_TASK, &headers, FETCH_BODY).await;
             matches!(sent, Ok(200))
         }
     })

@@ -10,6 +10,7 @@
 //! absolute thresholds.
 
 mod baseline;
+mod emit;
 mod fleet;
 mod forge;
 mod goals;
@@ -111,6 +112,12 @@ pub struct BenchArgs {
     /// The size of the forge phase's upload and download, in MB (10^6 bytes), each way.
     #[arg(long, default_value_t = 200)]
     pub forge_body_mb: u64,
+
+    /// Write the phases' requests to files in this directory instead of sending them (the
+    /// attestations signed ahead, the runners registered with `--server`), for a load
+    /// generator in another process (`bench/outside.sh`); the limits are measured as usual.
+    #[arg(long, requires = "server")]
+    pub emit_requests: Option<PathBuf>,
 
     /// Write the report as JSON here too.
     #[arg(long)]
@@ -291,7 +298,19 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     };
     let mut page_report = None;
     let mut forge_report = None;
-    for phase in args.phases.iter().filter(|p| !p.is_empty()) {
+    // Phases whose requests are written out are not driven from here.
+    let phases: &[String] = match &args.emit_requests {
+        Some(dir) => {
+            let written =
+                emit::write(&fleet, &client, &target.admin, &args.phases, drive, dir).await?;
+            for line in written {
+                println!("{}: {line}", dir.display());
+            }
+            &[]
+        }
+        None => &args.phases,
+    };
+    for phase in phases.iter().filter(|p| !p.is_empty()) {
         match phase.as_str() {
             "page" => {
                 page_report =

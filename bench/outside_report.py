@@ -1,0 +1,125 @@
+"""bench/outside.sh's report: wrk's figures, what the service itself counted, the CPU each side
+used, and the performance goals' ratios from outside beside the in-process bench's, same run.
+
+    python3 bench/outside_report.py DIR ENGINE CLIENTS WRK_THREADS SECONDS CLK_TCK
+"""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+KINDS = ["heartbeats", "refusals", "forge-refused", "readyz", "livez"]
+# The status each kind counts as ok (a refused lease is a 409 probe_failed).
+EXPECT = {"heartbeats": 200, "refusals": 409, "forge-refused": 200, "readyz": 200, "livez": 200}
+# What the service counts, per kind, beside its answers by route and status.
+COUNTERS = {
+    "heartbeats": "leasegate_attestations_total",
+    "refusals": "leasegate_lease_refusals_total",
+    "forge-refused": "leasegate_forge_fetches_total",
+}
+SAMPLE = re.compile(r"^([a-z_]+)\{(.*)\} ([0-9.e+]+)$")
+
+
+def samples(path):
+    """Every labelled sample of a metrics scrape: {(name, labels): value}."""
+    out = {}
+    for line in Path(path).read_text().splitlines():
+        m = SAMPLE.match(line)
+        if m:
+            out[(m.group(1), m.group(2))] = float(m.group(3))
+    return out
+
+
+def counted(d, kind):
+    """What the service counted during a kind's run: its answers by route and status, and
+    its own counter of the outcome, each as `labels: delta`."""
+    before, after = samples(d / f"{kind}.metrics-before"), samples(d / f"{kind}.metrics-after")
+    deltas = {k: v - before.get(k, 0.0) for k, v in after.items() if v != before.get(k, 0.0)}
+    answers, outcomes = {}, {}
+    for (name, labels), delta in deltas.items():
+        if name == "leasegate_http_request_duration_seconds_count":
+            answers[labels] = int(delta)
+        elif name == COUNTERS.get(kind):
+            outcomes[labels] = int(delta)
+    return answers, outcomes
+
+
+def wrk_result(d, kind):
+    for line in (d / f"{kind}.wrk").read_text().splitlines():
+        if line.startswith("outside "):
+            return json.loads(line[len("outside "):])
+    raise SystemExit(f"outside: wrk printed no result for {kind}:\n" + (d / f"{kind}.wrk").read_text())
+
+
+def ratio(n, d):
+    return n / d if n is not None and d else None
+
+
+def fmt(x, digits=2):
+    return "n/a" if x is None else f"{x:.{digits}f}"
+
+
+def main():
+    d, engine, clients, threads, seconds, tck = sys.argv[1:7]
+    d, tck = Path(d), float(tck)
+    emitted = json.loads((d / "emitted.json").read_text())
+    inproc = json.loads((d / "inproc.json").read_text())
+    in_rate = {o["op"]: o for o in inproc["ops"]}
+
+    print(f"leasegate from outside: engine {engine}, wrk {threads} threads x {clients} connections, "
+          f"{seconds} s per kind, the service, wrk and the bench on the same cores")
+    print(f"{'kind':<14} {'requests':>9} {'ok':>9} {'per s':>8} {'p50 ms':>7} {'p99 ms':>7} "
+          f"{'service CPU':>12} {'wrk CPU':>9} {'in-process':>10}  the service counted")
+    out = {}
+    for kind in KINDS:
+        w = wrk_result(d, kind)
+        seconds_run = w["duration_us"] / 1e6
+        # wrk counts statuses above 399 as errors: for a refusal they are the expected ones.
+        if EXPECT[kind] >= 400:
+            ok = w["status_errors"]
+        else:
+            ok = w["requests"] - w["status_errors"]
+        rate = ok / seconds_run
+        b, a = (float(x) for x in (d / f"{kind}.service-cpu").read_text().split())
+        service_us = (a - b) / tck / max(w["requests"], 1) * 1e6
+        user, system = (float(x) for x in (d / f"{kind}.wrk-cpu").read_text().split()[-2:])
+        wrk_us = (user + system) / max(w["requests"], 1) * 1e6
+        answers, outcomes = counted(d, kind)
+        # Not the scrapes themselves, nor a stopped thread's last request (`/livez`).
+        told = "; ".join(f"{k} +{v}" for k, v in sorted(answers.items())
+                         if "/metrics" not in k and ("/livez" not in k or kind == "livez"))
+        if outcomes:
+            told += " | " + "; ".join(f"{k} +{v}" for k, v in sorted(outcomes.items()))
+        inp = in_rate.get(kind)
+        print(f"{kind:<14} {w['requests']:>9} {ok:>9} {rate:>8.0f} {w['p50_ms']:>7.2f} {w['p99_ms']:>7.2f} "
+              f"{service_us:>9.0f} us {wrk_us:>6.0f} us {fmt(inp and inp['per_second'], 0):>10}  {told}")
+        if w["socket_errors"] or w["timeouts"]:
+            print(f"  {kind}: {w['socket_errors']} socket errors, {w['timeouts']} timeouts")
+        if w["threads_out_of_requests"]:
+            print(f"  {kind}: {w['threads_out_of_requests']} wrk threads ran out of requests: "
+                  f"the rate is a lower bound")
+        out[kind] = rate
+
+    v_out = emitted["limits"]["verifications_per_second_all_cores"]
+    v_in = inproc["limits"]["verifications_per_second_all_cores"]
+    cores = emitted["limits"]["cores"]
+    print(f"raw EdDSA verifications x {cores} cores: {v_out:.0f}/s (outside run, before wrk), "
+          f"{v_in:.0f}/s (in-process run, after its phases)")
+    rows = [
+        ("heartbeats / (verifications x cores)", ratio(out["heartbeats"], v_out),
+         ratio(in_rate.get("heartbeats", {}).get("per_second"), v_in)),
+        ("refusals / (verifications x cores)", ratio(out["refusals"], v_out),
+         ratio(in_rate.get("refusals", {}).get("per_second"), v_in)),
+        ("refused forge fetches / /readyz", ratio(out["forge-refused"], out["readyz"]),
+         ratio(in_rate.get("forge-refused", {}).get("per_second"),
+               in_rate.get("readyz", {}).get("per_second"))),
+        ("refused forge fetches / /livez", ratio(out["forge-refused"], out["livez"]), None),
+    ]
+    print(f"{'ratio':<40} {'outside (wrk)':>14} {'in-process':>11}")
+    for name, o, i in rows:
+        print(f"{name:<40} {fmt(o) + 'x':>14} {fmt(i) + 'x' if i is not None else 'n/a':>11}")
+
+
+if __name__ == "__main__":
+    main()
