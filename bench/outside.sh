@@ -23,6 +23,11 @@ wrk_threads="${WRK_THREADS:-2}"
 cpus="${CPUS:-0,1}"
 runners=100
 broken=10
+# Every attestation is signed before the first kind runs, and lives 60 s.
+if [ "$seconds" -gt 10 ]; then
+  echo "outside: SECONDS_PER_PHASE is at most 10 (the attestations, signed first, live 60 s)" >&2
+  exit 64
+fi
 phases=heartbeats,refusals,forge
 pg_server=""
 if [ $# -gt 0 ]; then
