@@ -94,6 +94,10 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
     ] {
         assert!(rate.is_finite() && rate > 0.0, "{forge:?}");
     }
+    // Linux says how much CPU each transfer took.
+    for ratio in [forge.upload_cpu_ratio, forge.download_cpu_ratio] {
+        assert!(ratio.is_some_and(|r| r.is_finite() && r > 0.0), "{forge:?}");
+    }
     assert_eq!(
         forge.forwarded_p50_added_ms,
         op("forge-forwarded").p50_ms - op("forge-direct").p50_ms

@@ -6,7 +6,10 @@
 //! It measures what the gate costs against what it stands beside: refused fetches (answered by
 //! the gate, the forge never asked) against `/readyz`, the cheapest request of the API; a
 //! forwarded fetch's median latency against the same fetch sent to the stand-in directly, one
-//! client each; and a large body each way through the gate against the same body sent directly.
+//! client each; and a large body each way through the gate against the same body sent
+//! directly, in wall time and in the CPU time of this process, which holds all three parties:
+//! a forwarded byte crosses the kernel's loopback twice where a direct one crosses it once,
+//! and where the cores are busy the ratio of rates follows the ratio of CPU.
 //! The stand-in counts the fetches it gets, which tells a refusal that reached it from one that
 //! did not.
 
@@ -51,6 +54,13 @@ pub struct ForgeReport {
     pub upload_direct_mb_per_s: f64,
     pub download_gate_mb_per_s: f64,
     pub download_direct_mb_per_s: f64,
+    /// The process's CPU time for an upload through the gate ÷ for a direct one (medians;
+    /// client, gate and stand-in all count, as they share this process): what the ratio of
+    /// rates comes to when the machine's cores are the limit. `None` where Linux's
+    /// `/proc/self/task/*/schedstat` does not say.
+    pub upload_cpu_ratio: Option<f64>,
+    /// The same for a download.
+    pub download_cpu_ratio: Option<f64>,
     /// Fetches the stand-in got while refused runners fetched through the gate: 0 when every
     /// refusal was answered without it.
     pub upstream_fetches_while_refused: u64,
@@ -169,6 +179,8 @@ pub async fn measure(
         upload_direct_mb_per_s: mb_per_s(transfers.upload_direct),
         download_gate_mb_per_s: mb_per_s(transfers.download_gate),
         download_direct_mb_per_s: mb_per_s(transfers.download_direct),
+        upload_cpu_ratio: transfers.upload_cpu_ratio,
+        download_cpu_ratio: transfers.download_cpu_ratio,
         upstream_fetches_while_refused,
         upstream_fetches_while_forwarded,
         forwarded_p50_added_ms,
@@ -256,6 +268,8 @@ struct Transfers {
     upload_direct: f64,
     download_gate: f64,
     download_direct: f64,
+    upload_cpu_ratio: Option<f64>,
+    download_cpu_ratio: Option<f64>,
 }
 
 impl Transfers {
@@ -267,21 +281,49 @@ impl Transfers {
     ) -> anyhow::Result<Transfers> {
         let body = Bytes::from(vec![b'x'; bytes as usize]);
         let mut times: [Vec<f64>; 4] = Default::default();
+        let mut cpu: [Vec<u64>; 4] = Default::default();
         for _ in 0..TRANSFER_ROUNDS {
             // Alternating, so that the machine's drift touches both alike.
-            times[0].push(upload(client, direct, body.clone()).await?);
-            times[1].push(upload(client, gate, body.clone()).await?);
-            times[2].push(download(client, direct, bytes).await?);
-            times[3].push(download(client, gate, bytes).await?);
+            for (i, through) in [direct, gate].into_iter().enumerate() {
+                let before = cpu_ns();
+                times[i].push(upload(client, through, body.clone()).await?);
+                cpu[i].extend(cpu_ns().zip(before).map(|(a, b)| a.saturating_sub(b)));
+            }
+            for (i, through) in [direct, gate].into_iter().enumerate() {
+                let before = cpu_ns();
+                times[2 + i].push(download(client, through, bytes).await?);
+                cpu[2 + i].extend(cpu_ns().zip(before).map(|(a, b)| a.saturating_sub(b)));
+            }
         }
         let [upload_direct, upload_gate, download_direct, download_gate] = times.map(median);
+        let ratio = |gate: &[u64], direct: &[u64]| {
+            let full = gate.len() == TRANSFER_ROUNDS && direct.len() == TRANSFER_ROUNDS;
+            let as_f64 = |v: &[u64]| v.iter().map(|n| *n as f64).collect::<Vec<_>>();
+            full.then(|| median(as_f64(gate)) / median(as_f64(direct)).max(1.0))
+        };
         Ok(Transfers {
             upload_gate,
             upload_direct,
             download_gate,
             download_direct,
+            upload_cpu_ratio: ratio(&cpu[1], &cpu[0]),
+            download_cpu_ratio: ratio(&cpu[3], &cpu[2]),
         })
     }
+}
+
+/// The CPU time this process's threads have had, in nanoseconds (Linux).
+fn cpu_ns() -> Option<u64> {
+    let mut total = 0;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        // A thread that ended meanwhile has nothing more to count.
+        let Ok(stat) = std::fs::read_to_string(path) else {
+            continue;
+        };
+        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(total)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

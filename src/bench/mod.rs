@@ -434,17 +434,21 @@ fn print(r: &Report) {
         );
     }
     if let Some(f) = &r.forge {
+        let ratio = |r: Option<f64>| r.map_or("n/a".to_string(), |r| format!("{r:.2}"));
         println!(
             "forge: {} MB each way, upload {:.0} MB/s through the gate, {:.0} MB/s direct; \
              download {:.0} MB/s through the gate, {:.0} MB/s direct; the forge got {} fetches \
-             while refused runners fetched, {} while an admitted one did",
+             while refused runners fetched, {} while an admitted one did; the process's CPU \
+             per transfer through the gate ÷ direct: upload {}, download {}",
             f.body_bytes / 1_000_000,
             f.upload_gate_mb_per_s,
             f.upload_direct_mb_per_s,
             f.download_gate_mb_per_s,
             f.download_direct_mb_per_s,
             f.upstream_fetches_while_refused,
-            f.upstream_fetches_while_forwarded
+            f.upstream_fetches_while_forwarded,
+            ratio(f.upload_cpu_ratio),
+            ratio(f.download_cpu_ratio)
         );
     }
     if let Some(lp) = &r.long_polls {
