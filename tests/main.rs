@@ -27,6 +27,7 @@ mod ejection;
 mod forge_clients;
 mod forge_gate;
 mod forge_gate_blame;
+mod forge_gate_bodies;
 mod forge_gate_cache;
 mod forge_gate_paths;
 mod forge_job_ends;
