@@ -3,11 +3,14 @@
 //! Method, path, query, end-to-end headers and body go as they came; `Host` names the forge
 //! and `X-Forwarded-For`/`-Proto` say who asked. Bodies stream both ways and are never
 //! decoded (a gzipped answer stays gzipped), so artifacts of hundreds of MB pass through
-//! without being held. The forge has `timeout` to begin its answer (GitLab holds a runner's
-//! job request for up to ~50 s), counted while it is the forge's turn (`upload.rs`: not while
-//! the client is still sending its body), and may pause no longer than that within it; an unreachable
-//! forge is 502 `forge_unreachable`, a silent one 504 `forge_timeout`. How many requests and
-//! sockets the forwarder may hold, and per address, is `connections.rs`'s.
+//! without being held: hyper keeps one frame between the two connections, and reading further
+//! ahead gained nothing, since a forwarded byte's cost is the kernel copying it in and out of
+//! a second pair of sockets (docs/BENCHMARKS.md, "The forge gate's transfers"). The forge has
+//! `timeout` to begin its answer (GitLab holds a runner's job request for up to ~50 s),
+//! counted while it is the forge's turn (`upload.rs`: not while the client is still sending
+//! its body), and may pause no longer than that within it; an unreachable forge is 502
+//! `forge_unreachable`, a silent one 504 `forge_timeout`. How many requests and sockets the
+//! forwarder may hold, and per address, is `connections.rs`'s.
 //!
 //! Each side is blamed for its own failures. The client's body is marked (`ClientBodyError`)
 //! on its way to the forge, so that a body the client stalled (the listener's pace) is 408
