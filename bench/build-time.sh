@@ -1,13 +1,16 @@
 #!/bin/bash
-# Cold builds of two revisions of this repository, alternating (old, new, new, old: release
-# builds first, then test builds), each in a fresh clone with an empty target/, so that both
-# wait alike for whatever else the machine does. Prints one line per build: what, which
+# Cold builds of two revisions of this repository, alternating (release builds old, new, new,
+# old, then test builds new, old, old, new), each in a fresh clone with an empty target/, so
+# that both wait alike for whatever else the machine does. Prints one line per build: what, which
 # revision, wall seconds, the load average when it ended.
 #
-#   bench/build-time.sh OLD_REV NEW_REV
+#   bench/build-time.sh OLD_REV NEW_REV [release|tests|both]   (default: both)
 set -euo pipefail
-old=${1:?usage: bench/build-time.sh OLD_REV NEW_REV}
-new=${2:?usage: bench/build-time.sh OLD_REV NEW_REV}
+usage='usage: bench/build-time.sh OLD_REV NEW_REV [release|tests|both]'
+old=${1:?$usage}
+new=${2:?$usage}
+which=${3:-both}
+case "$which" in release | tests | both) ;; *) echo "$usage" >&2; exit 64 ;; esac
 repo=$(git rev-parse --show-toplevel)
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
@@ -26,7 +29,15 @@ build() { # rev what cargo-args...
   printf '%-8s %s %7.1f s  load %s\n' "$what" "$rev" "$(echo "$end - $start" | bc)" \
     "$(cut -d' ' -f1-3 /proc/loadavg)"
 }
-build "$old" release --release
-build "$new" release --release
-build "$new" tests --tests
-build "$old" tests --tests
+if [ "$which" != tests ]; then
+  build "$old" release --release
+  build "$new" release --release
+  build "$new" release --release
+  build "$old" release --release
+fi
+if [ "$which" != release ]; then
+  build "$new" tests --tests
+  build "$old" tests --tests
+  build "$old" tests --tests
+  build "$new" tests --tests
+fi
