@@ -324,6 +324,12 @@ async fn setup(engine: Engine, gate_mode: &str, names: &[&str]) -> Option<Setup>
         .await;
     assert!(r.status().is_success());
     let runner = app.register("linux", "bk-1").await;
+    // Healthy before its agents are bound: a bound runner that has not attested yet is
+    // refused, and the watcher's own turn, which may come at any moment, would pause them.
+    assert_eq!(
+        app.heartbeat(&runner.healthy()).await.status(),
+        reqwest::StatusCode::OK
+    );
     let bindings: Vec<Value> = names
         .iter()
         .map(|n| json!({"kind": "buildkite", "agent_name": n}))
@@ -339,10 +345,6 @@ async fn setup(engine: Engine, gate_mode: &str, names: &[&str]) -> Option<Setup>
     assert_eq!(
         view["forge_runners"][0],
         json!({"kind": "buildkite", "agent_name": names[0], "last_fetch_at": null})
-    );
-    assert_eq!(
-        app.heartbeat(&runner.healthy()).await.status(),
-        reqwest::StatusCode::OK
     );
     Some(Setup {
         app,
