@@ -26,6 +26,8 @@
 //!   errors that name a setting as the user set it (variable or flag).
 //! - [`agent`]: the runner side: the preflight probe, signed attestations, the client and
 //!   the `leasegate runner` commands.
+//! - [`jwt`]: the tokens leasegate signs: a runner's attestations (EdDSA), a GitHub App's
+//!   token (RS256).
 #![forbid(unsafe_code)]
 
 pub mod agent;
@@ -41,6 +43,7 @@ pub mod forge_gate;
 pub mod gate;
 pub mod github;
 pub mod http;
+pub mod jwt;
 pub mod listener;
 pub mod logging;
 pub mod metrics;

@@ -7,12 +7,10 @@ use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ed25519_dalek::SigningKey;
 use ed25519_dalek::pkcs8::{EncodePrivateKey, spki::der::pem::LineEnding};
-use jsonwebtoken::{Algorithm, EncodingKey, Header};
 
 /// A runner's key pair.
 pub struct RunnerKey {
     signing: SigningKey,
-    encoding: EncodingKey,
 }
 
 impl RunnerKey {
@@ -21,11 +19,7 @@ impl RunnerKey {
     }
 
     pub fn from_signing_key(signing: SigningKey) -> Self {
-        let der = signing
-            .to_pkcs8_der()
-            .expect("an Ed25519 key always encodes as PKCS#8");
-        let encoding = EncodingKey::from_ed_der(der.as_bytes());
-        RunnerKey { signing, encoding }
+        RunnerKey { signing }
     }
 
     /// The key as a PKCS#8 PEM document, for the runner's key file.
@@ -55,9 +49,6 @@ impl RunnerKey {
 
     /// Signs `claims` as an attestation of runner `kid`.
     pub fn sign_attestation(&self, kid: &str, claims: &serde_json::Value) -> String {
-        let mut header = Header::new(Algorithm::EdDSA);
-        header.typ = Some(ATTESTATION_TYP.into());
-        header.kid = Some(kid.into());
-        jsonwebtoken::encode(&header, claims, &self.encoding).expect("Ed25519 signing cannot fail")
+        crate::jwt::eddsa(&self.signing, ATTESTATION_TYP, kid, claims)
     }
 }

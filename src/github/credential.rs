@@ -100,8 +100,7 @@ impl App {
             exp: now_s + JWT_LIFETIME_S,
             iss: self.app_id.to_string(),
         };
-        let header = jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256);
-        jsonwebtoken::encode(&header, &claims, &self.key.0)
+        crate::jwt::rs256(&self.key.0, &claims)
             .map(Secret::new)
             .map_err(|e| GithubError::Unexpected(format!("signing the App's JWT: {e}")))
     }

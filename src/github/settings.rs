@@ -34,7 +34,7 @@ impl fmt::Debug for Secret {
 
 /// A GitHub App's private key, ready to sign RS256.
 #[derive(Clone)]
-pub struct AppKey(pub(super) jsonwebtoken::EncodingKey);
+pub struct AppKey(pub(super) crate::jwt::Rs256Key);
 
 impl fmt::Debug for AppKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -76,7 +76,7 @@ impl GithubSettings {
 
 /// Reads an RSA private key (PKCS#1, as GitHub hands it out, or PKCS#8) from PEM.
 fn read_app_key(path: &Path) -> anyhow::Result<AppKey> {
-    use rsa::pkcs1::{DecodeRsaPrivateKey, EncodeRsaPrivateKey};
+    use rsa::pkcs1::DecodeRsaPrivateKey;
     use rsa::pkcs8::DecodePrivateKey;
     let name = "LEASEGATE_GITHUB_APP_KEY_FILE";
     let pem = std::fs::read_to_string(path)
@@ -90,17 +90,10 @@ fn read_app_key(path: &Path) -> anyhow::Result<AppKey> {
                 path.display()
             )
         })?;
-    let der = key
-        .to_pkcs1_der()
-        .map_err(|e| anyhow!("{name} {}: cannot encode the key: {e}", path.display()))?;
-    let key = AppKey(jsonwebtoken::EncodingKey::from_rsa_der(der.as_bytes()));
+    let key = AppKey(crate::jwt::Rs256Key::new(key));
     // Signed once here, so that a key the signer cannot use stops the start, not a runner.
-    jsonwebtoken::encode(
-        &jsonwebtoken::Header::new(jsonwebtoken::Algorithm::RS256),
-        &serde_json::json!({"iss": "0"}),
-        &key.0,
-    )
-    .map_err(|e| anyhow!("{name} {}: the key cannot sign RS256: {e}", path.display()))?;
+    crate::jwt::rs256(&key.0, &serde_json::json!({"iss": "0"}))
+        .map_err(|e| anyhow!("{name} {}: the key cannot sign RS256: {e}", path.display()))?;
     Ok(key)
 }
 
