@@ -32,9 +32,10 @@ impl fmt::Debug for Secret {
     }
 }
 
-/// A GitHub App's private key, ready to sign RS256.
+/// A GitHub App's private key, ready to sign RS256 (boxed: an RSA key holds its numbers
+/// inline, several hundred bytes).
 #[derive(Clone)]
-pub struct AppKey(pub(super) crate::jwt::Rs256Key);
+pub struct AppKey(pub(super) Box<crate::jwt::Rs256Key>);
 
 impl fmt::Debug for AppKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -90,7 +91,7 @@ fn read_app_key(path: &Path) -> anyhow::Result<AppKey> {
                 path.display()
             )
         })?;
-    let key = AppKey(crate::jwt::Rs256Key::new(key));
+    let key = AppKey(Box::new(crate::jwt::Rs256Key::new(key)));
     // Signed once here, so that a key the signer cannot use stops the start, not a runner.
     crate::jwt::rs256(&key.0, &serde_json::json!({"iss": "0"}))
         .map_err(|e| anyhow!("{name} {}: the key cannot sign RS256: {e}", path.display()))?;
