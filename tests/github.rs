@@ -52,28 +52,13 @@ async fn setup_with(
     let keys = tempfile::tempdir().unwrap();
     let key_file = keys.path().join("app.pem");
     std::fs::write(&key_file, &app_keys().private_pem).unwrap();
-    let url = github.url.clone();
-    let app = spawn_app_on_with(engine, move |args| {
-        args.github_api_url = url;
-        match auth {
-            Auth::App {
-                app_id,
-                installation_id,
-            } => {
-                args.github_app_id = Some(app_id);
-                args.github_installation_id = Some(installation_id);
-                args.github_app_key_file = Some(key_file);
-            }
-            Auth::Token(token) => args.github_token = Some(token),
-        }
-        args.github_poll_s = 10;
-        args.github_unused_ttl_s = 300;
-        adjust(args);
-    })
-    .await?;
     // The tests look when they choose (`Setup::look`, at the time they choose): the service's
-    // own watcher is kept from its turn, as a replica that holds it keeps every other one,
-    // so that no look of its own lands between a test's step and its assertion.
+    // own watcher never takes a turn, as a replica that holds it keeps every other one, so
+    // that no look of its own lands between a test's step and its assertion. The turn is held
+    // before the watcher first runs (a watcher starts with a look, and one already under way
+    // when the turn was taken from it could land anywhere in a busy test): the service starts
+    // without GitHub, the turn is held in its database, and it starts again with GitHub.
+    let app = spawn_app_on_with(engine, |_| {}).await?;
     let forever = Millis(i64::MAX / 2);
     assert!(
         app.state
@@ -83,6 +68,26 @@ async fn setup_with(
             .unwrap(),
         "the watcher's turn is held"
     );
+    let url = github.url.clone();
+    let app = app
+        .restart_with(move |args| {
+            args.github_api_url = url;
+            match auth {
+                Auth::App {
+                    app_id,
+                    installation_id,
+                } => {
+                    args.github_app_id = Some(app_id);
+                    args.github_installation_id = Some(installation_id);
+                    args.github_app_key_file = Some(key_file);
+                }
+                Auth::Token(token) => args.github_token = Some(token),
+            }
+            args.github_poll_s = 10;
+            args.github_unused_ttl_s = 300;
+            adjust(args);
+        })
+        .await;
     Some(Setup {
         app,
         github,
