@@ -2,7 +2,7 @@
 //! registered through the API, and a queue of jobs; one method per phase.
 
 use super::BenchArgs;
-use super::load::{self, Drive, OpReport};
+use super::load::{self, Drive, OpReport, Outcome};
 use super::wire::Wire;
 use crate::agent::attestation;
 use crate::agent::keys::RunnerKey;
@@ -195,13 +195,15 @@ impl Fleet {
                     .send()
                     .await
                 else {
-                    return false;
+                    return Outcome::Failed;
                 };
-                if r.status() != StatusCode::OK {
-                    return false;
+                match r.status() {
+                    StatusCode::OK => {}
+                    StatusCode::NO_CONTENT => return Outcome::RanDry,
+                    _ => return Outcome::Failed,
                 }
                 let Ok(lease) = r.json::<Value>().await else {
-                    return false;
+                    return Outcome::Failed;
                 };
                 let (id, token) = (
                     lease["lease_id"].as_str().unwrap_or(""),
@@ -214,10 +216,10 @@ impl Fleet {
                     let url = format!("{base}/api/v1/leases/{id}/{call}");
                     match client.post(url).bearer_auth(token).json(&body).send().await {
                         Ok(r) if r.status() == StatusCode::OK => {}
-                        _ => return false,
+                        _ => return Outcome::Failed,
                     }
                 }
-                true
+                Outcome::Done
             }
         })
         .await
@@ -312,7 +314,14 @@ async fn attestation_phase(
     load::run(name, drive, progress, move |w, n| {
         let wire = wire.clone();
         let body = presigned.body(&runners, w + n as usize * drive.concurrency);
-        async move { matches!(wire.post_json(w, path, &body).await, Ok(s) if s == expect) }
+        async move {
+            match wire.post_json(w, path, &body).await {
+                Ok(s) if s == expect => Outcome::Done,
+                // A lease with no job left to give.
+                Ok(204) => Outcome::RanDry,
+                _ => Outcome::Failed,
+            }
+        }
     })
     .await
 }

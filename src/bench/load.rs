@@ -1,5 +1,9 @@
 //! Driving one kind of request at a set concurrency (or a fixed rate) for a set time, and
 //! recording what came back: throughput, latency percentiles, errors.
+//!
+//! A phase that takes jobs stops when the queue runs dry, and its rate is counted over the
+//! time until then: a phase that went on answering "no job" for the rest of its time would
+//! report the queue's size over the phase's length, not what the service can do.
 
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -24,6 +28,25 @@ pub struct OpReport {
     pub max_ms: f64,
     /// Bytes the service wrote to storage per successful request (SQLite: `bench::io`).
     pub bytes_written_per_op: Option<f64>,
+    /// When the queue ran dry and the phase stopped early, seconds after its start.
+    pub ran_dry_after_s: Option<f64>,
+}
+
+/// What one request came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Outcome {
+    /// It did what was asked.
+    Done,
+    /// It failed, or was answered otherwise than asked.
+    Failed,
+    /// The service had no job left to give: the phase stops here.
+    RanDry,
+}
+
+impl From<bool> for Outcome {
+    fn from(done: bool) -> Self {
+        if done { Outcome::Done } else { Outcome::Failed }
+    }
 }
 
 /// How hard to push.
@@ -35,12 +58,14 @@ pub struct Drive {
     pub rate: Option<f64>,
 }
 
-/// Runs `op(worker, n)` from `drive.concurrency` workers until the time is up. `op` answers
-/// whether the request did what was asked; its latency is recorded either way.
+/// Runs `op(worker, n)` from `drive.concurrency` workers until the time is up or `op` finds
+/// the queue dry. `op` answers whether the request did what was asked (a `bool`, or an
+/// [`Outcome`]); the latency of a done or failed request is recorded.
 pub async fn run<F, Fut>(name: &str, drive: Drive, progress: bool, op: F) -> OpReport
 where
     F: Fn(usize, u64) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = bool> + Send,
+    Fut: Future + Send,
+    Fut::Output: Into<Outcome>,
 {
     let op = Arc::new(op);
     let hist = Arc::new(Mutex::new(
@@ -48,6 +73,7 @@ where
     ));
     let (ok, errors) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
     let stop = Arc::new(AtomicBool::new(false));
+    let dry_at = Arc::new(std::sync::OnceLock::<Duration>::new());
     let bar = progress.then(|| {
         let bar = ProgressBar::new(drive.duration.as_secs().max(1));
         bar.set_style(
@@ -65,12 +91,13 @@ where
         .map(|r| Duration::from_secs_f64(drive.concurrency as f64 / r.max(0.001)));
     let mut workers = Vec::new();
     for w in 0..drive.concurrency {
-        let (op, hist, ok, errors, stop) = (
+        let (op, hist, ok, errors, stop, dry_at) = (
             op.clone(),
             hist.clone(),
             ok.clone(),
             errors.clone(),
             stop.clone(),
+            dry_at.clone(),
         );
         workers.push(tokio::spawn(async move {
             let mut local =
@@ -83,19 +110,23 @@ where
                     next += i;
                 }
                 let t = Instant::now();
-                let good = op(w, n).await;
-                local.saturating_record(t.elapsed().as_micros() as u64);
-                if good {
-                    ok.fetch_add(1, Ordering::Relaxed)
-                } else {
-                    errors.fetch_add(1, Ordering::Relaxed)
+                let outcome = op(w, n).await.into();
+                match outcome {
+                    Outcome::Done => ok.fetch_add(1, Ordering::Relaxed),
+                    Outcome::Failed => errors.fetch_add(1, Ordering::Relaxed),
+                    Outcome::RanDry => {
+                        dry_at.get_or_init(|| started.elapsed());
+                        stop.store(true, Ordering::Relaxed);
+                        break;
+                    }
                 };
+                local.saturating_record(t.elapsed().as_micros() as u64);
                 n += 1;
             }
             hist.lock().await.add(&local).ok();
         }));
     }
-    while started.elapsed() < drive.duration {
+    while started.elapsed() < drive.duration && !stop.load(Ordering::Relaxed) {
         tokio::time::sleep(Duration::from_millis(250)).await;
         if let Some(bar) = &bar {
             bar.set_position(started.elapsed().as_secs());
@@ -107,7 +138,8 @@ where
     for w in workers {
         w.await.ok();
     }
-    let seconds = started.elapsed().as_secs_f64();
+    let ran_dry_after_s = dry_at.get().map(Duration::as_secs_f64);
+    let seconds = ran_dry_after_s.unwrap_or_else(|| started.elapsed().as_secs_f64());
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
@@ -125,5 +157,6 @@ where
         p99_ms: ms(0.99),
         max_ms: h.max() as f64 / 1000.0,
         bytes_written_per_op: None,
+        ran_dry_after_s,
     }
 }
