@@ -9,7 +9,7 @@
 //! - a write the database aborted for a conflict is run again (`retry`).
 
 use super::engine::{Db, Engine, Work, WorkFuture};
-use super::group_commit::GroupCommit;
+use super::group_commit::{GroupCommit, RoundShape};
 use super::held::Held;
 use super::retry::retrying;
 use super::signal::JobSignal;
@@ -121,9 +121,9 @@ where
     E::Db: 'static,
 {
     /// `held` is the one the engine's listener (if any) applies other replicas' changes to;
-    /// `round_lanes` how many rounds may be written at once.
-    pub fn new(engine: Arc<E>, held: Held, round_lanes: usize) -> Self {
-        let rounds = GroupCommit::start(engine.clone(), held.clone(), round_lanes);
+    /// `rounds` how the engine's rounds are written.
+    pub fn new(engine: Arc<E>, held: Held, rounds: RoundShape) -> Self {
+        let rounds = GroupCommit::start(engine.clone(), held.clone(), rounds);
         GatedStore {
             engine,
             rounds,

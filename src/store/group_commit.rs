@@ -20,16 +20,39 @@ use super::{StoreError, StoreResult};
 use std::sync::Arc;
 use tokio::sync::{mpsc, oneshot};
 
-/// The most requests one round takes. It bounds a round's statements and parameters, and it
-/// keeps the writer and the request handlers working at once: a round that took everything
-/// waiting would, under a load of many clients, hold nearly all of them (rounds of 29-32 of 32
-/// clients, measured), so the clients moved in one convoy, the handlers idle while the writer
-/// wrote the round and the writer idle while the handlers verified the next one (a fifth of
-/// the two cores idle under saturated heartbeats). At 16, the answered part of the fleet is
-/// verified while the rest is written: SQLite heartbeats 15.0-16.5k → 17.4-18.5k a second at 32
-/// clients and 14.2-15.6k → 18.4-19.0k at 64, refusals and PostgreSQL unchanged within the
-/// noise, 0.1-0.2 KB more written per heartbeat (docs/BENCHMARKS.md, "Rounds of at most 16").
-pub const MAX_ROUND: usize = 16;
+/// How an engine's rounds are written: how many at once, and how many requests each takes.
+#[derive(Clone, Copy, Debug)]
+pub struct RoundShape {
+    /// Rounds written at once, each from a queue of its own.
+    pub lanes: usize,
+    /// The most requests one round takes: bounds a round's statements and parameters.
+    pub largest: usize,
+}
+
+impl RoundShape {
+    /// SQLite: one writer, so one lane (a second round could only wait for the first); rounds
+    /// of at most 16, which keep the writer and the request handlers working at once. A round
+    /// that took everything waiting would, under a load of many clients, hold nearly all of
+    /// them (rounds of 29-32 of 32 clients, measured), so the clients moved in one convoy: the
+    /// handlers idle while the writer wrote the round, the writer idle while they verified the
+    /// next (a fifth of the two cores idle under saturated heartbeats). At 16 the answered part
+    /// of the fleet is verified while the rest is written: heartbeats 15.0-16.5k -> 17.4-18.5k
+    /// a second at 32 clients, 14.2-15.6k -> 18.4-19.0k at 64; refusals unchanged within the
+    /// noise; 0.1-0.2 KB more written per heartbeat (docs/BENCHMARKS.md, "Rounds of at most 16
+    /// on SQLite").
+    pub const SQLITE: RoundShape = RoundShape {
+        lanes: 1,
+        largest: 16,
+    };
+
+    /// PostgreSQL: `lanes` rounds at once, of up to 64. A round's time there is its round
+    /// trips to the server, so a smaller round would cap what a replica far from its database
+    /// can write (`lanes x largest` per round's time); measured on one machine, 16 gained
+    /// nothing that the noise did not cover.
+    pub fn postgres(lanes: usize) -> RoundShape {
+        RoundShape { lanes, largest: 64 }
+    }
+}
 
 /// How many times a round gives the runtime a turn, when nothing more is waiting, before it is
 /// written. A round is fast (SQLite: tens of microseconds for one request), so on a busy
@@ -55,11 +78,12 @@ impl GroupCommit {
     /// always take the same lane, so rounds written at once never lock the same runner's row
     /// and never wait on each other. The writers stop when every `GroupCommit` is gone.
     /// What a round changed (a quarantine it lifted) is applied to `held` once it commits.
-    pub fn start<E: Engine>(engine: Arc<E>, held: Held, lanes: usize) -> Self {
-        let lanes = (0..lanes.max(1))
+    pub fn start<E: Engine>(engine: Arc<E>, held: Held, shape: RoundShape) -> Self {
+        let lanes = (0..shape.lanes.max(1))
             .map(|_| {
                 let (queue, rx) = mpsc::unbounded_channel();
-                tokio::spawn(write_rounds(engine.clone(), held.clone(), rx));
+                let largest = shape.largest.max(1);
+                tokio::spawn(write_rounds(engine.clone(), held.clone(), rx, largest));
                 queue
             })
             .collect();
@@ -122,13 +146,14 @@ async fn write_rounds<E: Engine>(
     engine: Arc<E>,
     held: Held,
     mut rx: mpsc::UnboundedReceiver<Waiting>,
+    largest: usize,
 ) {
     // A round is whatever is waiting when the previous one is done (and after a turn or two of
-    // the runtime), up to MAX_ROUND.
+    // the runtime), up to `largest`.
     while let Some(first) = rx.recv().await {
         let mut waiting = vec![first];
         let mut yielded = 0;
-        while waiting.len() < MAX_ROUND {
+        while waiting.len() < largest {
             match rx.try_recv() {
                 Ok(w) => waiting.push(w),
                 Err(_) if yielded < GATHER_YIELDS => {

@@ -2,6 +2,7 @@
 //!
 //! The one place that picks an engine; everything after it holds a `DynStore`.
 
+use super::group_commit::RoundShape;
 use super::held::Held;
 use super::service::DynStore;
 use super::signal::JobSignal;
@@ -97,8 +98,11 @@ pub async fn open(
             // was cordoned while it waited: re-check now and then all the same.
             let held = Held::new(JobSignal::with_recheck(sqlite::RECHECK_INTERVAL));
             let engine = sqlite::SqliteEngine::open(path, sync)?;
-            // One writer: a second round could only wait for the first.
-            Arc::new(gated::GatedStore::new(Arc::new(engine), held, 1))
+            Arc::new(gated::GatedStore::new(
+                Arc::new(engine),
+                held,
+                RoundShape::SQLITE,
+            ))
         }
         DatabaseUrl::Postgres(url) => {
             let held = Held::new(JobSignal::with_recheck(postgres::RECHECK_INTERVAL));
@@ -111,7 +115,7 @@ pub async fn open(
             Arc::new(gated::GatedStore::new(
                 Arc::new(engine),
                 held,
-                pg.round_workers(),
+                RoundShape::postgres(pg.round_workers()),
             ))
         }
     })
