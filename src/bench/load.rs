@@ -160,3 +160,64 @@ where
         ran_dry_after_s,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn drive() -> Drive {
+        Drive {
+            concurrency: 4,
+            duration: Duration::from_secs(30),
+            rate: None,
+        }
+    }
+
+    #[tokio::test]
+    async fn a_phase_stops_when_the_queue_runs_dry_and_counts_its_rate_until_then() {
+        let taken = Arc::new(AtomicU64::new(0));
+        let queue = taken.clone();
+        let report = run("grants", drive(), false, move |_, _| {
+            let queue = queue.clone();
+            async move {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                if queue.fetch_add(1, Ordering::Relaxed) < 100 {
+                    Outcome::Done
+                } else {
+                    Outcome::RanDry
+                }
+            }
+        })
+        .await;
+        assert_eq!(report.ok, 100, "every job taken is counted once");
+        assert_eq!(report.errors, 0, "an empty queue is not an error");
+        let dry = report
+            .ran_dry_after_s
+            .expect("the report says the queue ran dry");
+        assert!(dry < 30.0, "the phase stopped before its time was up");
+        assert_eq!(
+            report.seconds, dry,
+            "the rate is counted over the time until then"
+        );
+        assert!((report.per_second - 100.0 / dry).abs() < 1e-6);
+    }
+
+    #[tokio::test]
+    async fn a_phase_that_never_runs_dry_runs_its_time() {
+        let d = Drive {
+            duration: Duration::from_millis(200),
+            ..drive()
+        };
+        let report = run("heartbeats", d, false, |_, n| async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            n % 2 == 0
+        })
+        .await;
+        assert!(report.ran_dry_after_s.is_none());
+        assert!(report.seconds >= 0.2);
+        assert!(
+            report.ok > 0 && report.errors > 0,
+            "a bool still counts done and failed"
+        );
+    }
+}
