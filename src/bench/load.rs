@@ -175,8 +175,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_phase_stops_when_the_queue_runs_dry_and_counts_its_rate_until_then() {
-        let taken = Arc::new(AtomicU64::new(0));
-        let queue = taken.clone();
+        let queue = Arc::new(AtomicU64::new(0));
         let report = run("grants", drive(), false, move |_, _| {
             let queue = queue.clone();
             async move {

@@ -433,12 +433,14 @@ fn print(r: &Report) {
             o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms, written
         );
     }
-    for o in r.ops.iter().filter(|o| o.ran_dry_after_s.is_some()) {
+    for (op, dry) in r
+        .ops
+        .iter()
+        .filter_map(|o| Some((&o.op, o.ran_dry_after_s?)))
+    {
         println!(
-            "{}: the queue ran dry after {:.2} s, its rate is counted over that time \
-             (a larger --jobs keeps it going for the whole phase)",
-            o.op,
-            o.ran_dry_after_s.unwrap_or_default()
+            "{op}: the queue ran dry after {dry:.2} s, its rate is counted over that time \
+             (a larger --jobs keeps it going for the whole phase)"
         );
     }
     if let Some(f) = &r.forge {
