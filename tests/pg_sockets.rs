@@ -17,11 +17,9 @@ use std::os::fd::BorrowedFd;
 /// that is not TCP.
 fn server_port(url: &str) -> Option<u16> {
     let url = reqwest::Url::parse(url).expect("LEASEGATE_TEST_DATABASE_URL is a URL");
-    if url.query_pairs().any(|(k, _)| k == "host") {
-        return None;
-    }
-    url.host_str()?;
-    Some(url.port().unwrap_or(5432))
+    // A `host` parameter (or no host at all) names a socket directory.
+    let socket = url.query_pairs().any(|(k, _)| k == "host") || url.host_str().is_none();
+    (!socket).then(|| url.port().unwrap_or(5432))
 }
 
 /// Whether each TCP socket of this process connected to `port` has `TCP_NODELAY`. A socket
@@ -35,7 +33,8 @@ fn sockets_to(port: u16) -> Vec<(SocketAddr, bool)> {
         else {
             continue;
         };
-        // SAFETY: only borrowed for the two calls below; one closed meanwhile answers EBADF.
+        // SAFETY: another test may close the descriptor meanwhile; the two calls below only
+        // read its address and one option, and fail (EBADF, ENOTSOCK) on what it became.
         let fd = unsafe { BorrowedFd::borrow_raw(fd) };
         let Ok(Some(peer)) = rustix::net::getpeername(fd) else {
             continue;
@@ -63,7 +62,7 @@ async fn the_stores_connections_to_postgresql_send_at_once() {
         common::skip::skipped("TCP_NODELAY case (PostgreSQL is reached through a Unix socket)");
         return;
     };
-    // The pool's connections are open and in use: a heartbeat's round and the page's reads.
+    // The pool's connections are open and in use: a pool, a registration, a heartbeat's round.
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "nodelay").await;
     let r = app.heartbeat(&runner.healthy()).await;

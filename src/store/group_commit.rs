@@ -79,10 +79,10 @@ impl GroupCommit {
     /// and never wait on each other. The writers stop when every `GroupCommit` is gone.
     /// What a round changed (a quarantine it lifted) is applied to `held` once it commits.
     pub fn start<E: Engine>(engine: Arc<E>, held: Held, shape: RoundShape) -> Self {
+        let largest = shape.largest.max(1);
         let lanes = (0..shape.lanes.max(1))
             .map(|_| {
                 let (queue, rx) = mpsc::unbounded_channel();
-                let largest = shape.largest.max(1);
                 tokio::spawn(write_rounds(engine.clone(), held.clone(), rx, largest));
                 queue
             })
