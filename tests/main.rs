@@ -46,6 +46,7 @@ mod outage_sqlite;
 mod page;
 mod page_browser;
 mod page_sessions;
+mod pg_rounds;
 mod pg_sockets;
 mod pool_patch;
 mod query_plans;

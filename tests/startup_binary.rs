@@ -419,7 +419,7 @@ async fn postgres_with_sslmode_require_is_reached_over_tls() {
     wait_ready(&format!("http://127.0.0.1:{port}")).await;
     let sessions: Vec<(bool, Option<String>)> = sqlx::query_as(
         "SELECT s.ssl, s.version FROM pg_stat_ssl s JOIN pg_stat_activity a USING (pid) \
-         WHERE a.datname = $1 AND a.application_name = 'leasegate'",
+         WHERE a.datname = $1 AND a.application_name LIKE 'leasegate%'",
     )
     .bind(db.name())
     .fetch_all(&mut conn)

@@ -315,6 +315,21 @@ pub trait Engine: Send + Sync + 'static {
 
     /// Whether the database answers (and, for SQLite, may be written).
     fn ping(&self) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// The runtime group commit's rounds run on, where the engine keeps one of its own
+    /// (PostgreSQL: `pg_rounds`); `None`, the caller's.
+    fn rounds_runtime(&self) -> Option<tokio::runtime::Handle> {
+        None
+    }
+
+    /// Writes one round of group commit, as `write` does, over the connections of the rounds'
+    /// runtime where the engine has one.
+    fn write_round<T: Send + 'static>(
+        &self,
+        work: Work<Self::Db, T>,
+    ) -> impl Future<Output = StoreResult<(T, Vec<Change>)>> + Send {
+        self.write(work)
+    }
 }
 
 /// `work` as an engine takes it (the closure's future boxed, borrowing its transaction).

@@ -74,16 +74,20 @@ pub struct GroupCommit {
 }
 
 impl GroupCommit {
-    /// Starts `lanes` round writers on `engine`, each with its own queue. A runner's requests
+    /// Starts `lanes` round writers on `engine`, each with its own queue, on the engine's
+    /// rounds' runtime where it has one (PostgreSQL's, `pg_rounds`). A runner's requests
     /// always take the same lane, so rounds written at once never lock the same runner's row
     /// and never wait on each other. The writers stop when every `GroupCommit` is gone.
     /// What a round changed (a quarantine it lifted) is applied to `held` once it commits.
     pub fn start<E: Engine>(engine: Arc<E>, held: Held, shape: RoundShape) -> Self {
         let largest = shape.largest.max(1);
+        let runtime = engine
+            .rounds_runtime()
+            .unwrap_or_else(tokio::runtime::Handle::current);
         let lanes = (0..shape.lanes.max(1))
             .map(|_| {
                 let (queue, rx) = mpsc::unbounded_channel();
-                tokio::spawn(write_rounds(engine.clone(), held.clone(), rx, largest));
+                runtime.spawn(write_rounds(engine.clone(), held.clone(), rx, largest));
                 queue
             })
             .collect();
@@ -126,7 +130,7 @@ async fn write<E: Engine>(
 ) -> StoreResult<Vec<RoundOutcome>> {
     let written = items.clone();
     let (outcomes, changes) = engine
-        .write(work(move |db| {
+        .write_round(work(move |db| {
             Box::pin(async move { round::write(db, &items).await })
         }))
         .await?;

@@ -17,6 +17,7 @@ pub mod location;
 pub mod migrations;
 mod open;
 mod pg_connect;
+mod pg_rounds;
 pub mod postgres;
 pub mod retry;
 mod service;

@@ -15,6 +15,7 @@
 //! Mozilla roots built in, plus `sslrootcert=`), as `sslmode` in the URL asks.
 
 use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
+use super::pg_rounds::RoundThread;
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool_name::PoolName;
@@ -43,6 +44,10 @@ const FORGE_RUNNERS: &str = "forge_runners";
 /// should a notification be lost, and, with 10,000 waiting, 2,000 claims a second of load.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 
+/// What the rounds' connections (`pg_rounds`) call themselves in `pg_stat_activity`; the rest
+/// are `leasegate`.
+pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
+
 /// A pooled connection idle for longer is pinged before it is used.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
@@ -55,8 +60,9 @@ pub struct PgSettings {
 }
 
 impl PgSettings {
-    /// How many group-commit rounds may be written at once: enough to keep the database busy
-    /// while one round waits for its commit, few enough to leave connections for the rest.
+    /// How many group-commit rounds may be written at once, each over a connection of its own
+    /// on the rounds' thread (`pg_rounds`): enough to keep the database busy while one round
+    /// waits for its commit, few enough to leave connections for the rest.
     pub fn round_workers(&self) -> usize {
         (self.max_connections as usize / 8).clamp(1, 2)
     }
@@ -82,6 +88,9 @@ pub enum Announced {
 
 pub struct PgEngine {
     pool: PgPool,
+    /// Group commit's rounds: their thread, runtime and connections (the service's engine; the
+    /// bench's bare one writes no rounds).
+    rounds: Option<RoundThread>,
     listener: Option<tokio::task::JoinHandle<()>>,
 }
 
@@ -101,17 +110,39 @@ impl PgEngine {
         settings: &PgSettings,
         announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
-        let pool = Self::pool(url, settings).await?;
+        // The rounds' connections come out of `max_connections`: one per lane.
+        let lanes = settings.round_workers() as u32;
+        let shared = PgSettings {
+            max_connections: settings.max_connections.saturating_sub(lanes).max(1),
+            ..settings.clone()
+        };
+        let pool = Self::pool(url, &shared, "leasegate").await?;
         super::migrations::postgres().run(&pool).await?;
+        let (url, rounds) = (
+            url.to_string(),
+            PgSettings {
+                max_connections: lanes,
+                ..settings.clone()
+            },
+        );
+        let rounds = RoundThread::start(move || async move {
+            Self::pool(&url, &rounds, ROUNDS_APPLICATION_NAME).await
+        })
+        .await?;
         let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
-        Ok(PgEngine { pool, listener })
+        Ok(PgEngine {
+            pool,
+            rounds: Some(rounds),
+            listener,
+        })
     }
 
     /// Connects to a database the service has migrated, without migrating or listening: the
     /// bench's baseline (`store::Bare`), which may run beside a service of another version.
     pub async fn connect(url: &str, settings: &PgSettings) -> anyhow::Result<Self> {
         Ok(PgEngine {
-            pool: Self::pool(url, settings).await?,
+            pool: Self::pool(url, settings, "leasegate").await?,
+            rounds: None,
             listener: None,
         })
     }
@@ -122,7 +153,12 @@ impl PgEngine {
         self.pool.close().await;
     }
 
-    async fn pool(url: &str, settings: &PgSettings) -> anyhow::Result<PgPool> {
+    /// A pool of connections named `application_name` (in `pg_stat_activity`).
+    async fn pool(
+        url: &str,
+        settings: &PgSettings,
+        application_name: &str,
+    ) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| {
@@ -131,7 +167,7 @@ impl PgEngine {
                      (through a unix socket: postgres://USER@localhost/DATABASE?host=/run/postgresql)"
                 )
             })?
-            .application_name("leasegate")
+            .application_name(application_name)
             // Room for the rounds' statements in each of their sizes (`sql::chunks`).
             .statement_cache_capacity(256)
             .options([
@@ -168,30 +204,7 @@ impl Engine for PgEngine {
     }
 
     async fn write<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<(T, Vec<Change>)> {
-        let mut db = PgDb {
-            conn: PgConn::Tx(self.pool.begin().await?),
-            changes: Vec::new(),
-            discard: false,
-        };
-        let result = work(&mut db).await;
-        let PgDb {
-            conn,
-            changes,
-            discard,
-        } = db;
-        let PgConn::Tx(tx) = conn else {
-            unreachable!("a write runs in a transaction")
-        };
-        match result {
-            Ok(value) if !discard => {
-                tx.commit().await?;
-                Ok((value, changes))
-            }
-            other => {
-                tx.rollback().await?;
-                other.map(|v| (v, Vec::new()))
-            }
-        }
+        write_on(&self.pool, work).await
     }
 
     async fn read<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
@@ -206,6 +219,70 @@ impl Engine for PgEngine {
     async fn ping(&self) -> StoreResult<()> {
         sqlx::query("SELECT 1").execute(&self.pool).await?;
         Ok(())
+    }
+
+    fn rounds_runtime(&self) -> Option<tokio::runtime::Handle> {
+        self.rounds.as_ref().map(RoundThread::runtime)
+    }
+
+    async fn write_round<T: Send + 'static>(
+        &self,
+        work: Work<PgDb, T>,
+    ) -> StoreResult<(T, Vec<Change>)> {
+        let pool = self.rounds.as_ref().map_or(&self.pool, RoundThread::pool);
+        write_on(pool, work).await
+    }
+}
+
+/// Runs `work` in a transaction on one of `pool`'s connections and commits it (unless it
+/// discarded it).
+async fn write_on<T: Send + 'static>(
+    pool: &PgPool,
+    work: Work<PgDb, T>,
+) -> StoreResult<(T, Vec<Change>)> {
+    let mut db = PgDb {
+        conn: PgConn::Tx(begin(pool).await?),
+        changes: Vec::new(),
+        discard: false,
+    };
+    let result = work(&mut db).await;
+    let PgDb {
+        conn,
+        changes,
+        discard,
+    } = db;
+    let PgConn::Tx(tx) = conn else {
+        unreachable!("a write runs in a transaction")
+    };
+    match result {
+        Ok(value) if !discard => {
+            tx.commit().await?;
+            Ok((value, changes))
+        }
+        other => {
+            tx.rollback().await?;
+            other.map(|v| (v, Vec::new()))
+        }
+    }
+}
+
+/// Begins a transaction on one of `pool`'s connections. A connection that died while it sat in
+/// the pool (the server restarted, a proxy cut it) fails at its `BEGIN`, before anything of the
+/// work was sent, and sqlx closes it: the transaction is begun again on another, at most once
+/// for each connection the pool may hold. Without this the first round after a blip of the
+/// database failed on each of the rounds' connections (`tests/replicas.rs`). A server that is
+/// down fails to connect instead (the pool's timeout), which is not retried here.
+async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
+    let mut dead = 0;
+    loop {
+        match pool.begin().await {
+            Err(sqlx::Error::Io(e)) if dead < pool.options().get_max_connections() => {
+                dead += 1;
+                tracing::debug!(error = %e, "a pooled connection to PostgreSQL was dead; \
+                    beginning on another");
+            }
+            begun => return begun,
+        }
     }
 }
 

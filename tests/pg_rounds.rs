@@ -1,0 +1,84 @@
+//! On PostgreSQL, group commit's rounds run on a thread of their own (`pg-rounds`) over
+//! connections of their own (`leasegate-rounds` in `pg_stat_activity`), and those connections
+//! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`).
+
+use crate::common;
+
+use common::*;
+use futures_util::future::join_all;
+use leasegate::store::postgres::ROUNDS_APPLICATION_NAME;
+use sqlx::Connection;
+
+/// The database an app's URL names.
+fn database_of(url: &str) -> String {
+    let url = reqwest::Url::parse(url).expect("a database URL");
+    url.path().trim_start_matches('/').to_string()
+}
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    std::fs::read_dir("/proc/self/task")
+        .map(|tasks| {
+            tasks
+                .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+                .map(|name| name.trim().to_string())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rounds_are_written_over_their_own_connections_within_the_replicas_budget() {
+    let Some(app) = spawn_app_on_with(Engine::Postgres, |a| a.db_max_connections = 4).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let names: Vec<String> = (0..6).map(|i| format!("round-{i}")).collect();
+    let runners = join_all(names.iter().map(|name| app.register("linux", name))).await;
+    // Heartbeats in rounds, while the shared connections serve reads beside them.
+    for _ in 0..5 {
+        let attestations: Vec<String> = runners.iter().map(|r| r.healthy()).collect();
+        let beats = join_all(attestations.iter().map(|a| app.heartbeat(a)));
+        let reads = join_all((0..3).map(|_| app.admin_get("/api/v1/admin/runners")));
+        let (beats, reads) = tokio::join!(beats, reads);
+        assert!(beats.iter().all(|r| r.status() == reqwest::StatusCode::OK));
+        assert!(reads.iter().all(|r| r.status() == reqwest::StatusCode::OK));
+    }
+
+    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
+        .await
+        .unwrap();
+    let sessions: Vec<(String, String)> = sqlx::query_as(
+        "SELECT application_name, query FROM pg_stat_activity \
+         WHERE datname = $1 AND backend_type = 'client backend'",
+    )
+    .bind(database_of(&app.database_url))
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(
+        sessions.len() <= 4,
+        "the replica keeps to its 4 connections, the rounds' included: {sessions:?}"
+    );
+    let rounds: Vec<&(String, String)> = sessions
+        .iter()
+        .filter(|(name, _)| name == ROUNDS_APPLICATION_NAME)
+        .collect();
+    // 4 connections make one lane (`PgSettings::round_workers`): one connection of its own.
+    assert_eq!(rounds.len(), 1, "{sessions:?}");
+    assert_eq!(
+        rounds[0].1, "COMMIT",
+        "the rounds' connection committed the last round: {sessions:?}"
+    );
+    assert!(
+        sessions
+            .iter()
+            .all(|(name, _)| name == ROUNDS_APPLICATION_NAME || name == "leasegate"),
+        "{sessions:?}"
+    );
+    assert!(
+        thread_names().iter().any(|name| name == "pg-rounds"),
+        "the rounds run on a thread of their own: {:?}",
+        thread_names()
+    );
+}
