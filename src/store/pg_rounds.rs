@@ -5,10 +5,11 @@
 //! commit), each a round trip. On the service's runtime, the answer to each waited until a
 //! worker next looked for I/O: under load the workers were busy verifying signatures and
 //! answering requests, and looked only between tasks, so a round of ten heartbeats took
-//! 5-6 ms on two cores while its statements ran for about 1.3 ms, and a fifth of both cores sat
+//! 5-6 ms on two cores while its statements ran for about 1.1 ms, and a fifth of both cores sat
 //! idle (every client waiting on a round that waited on the runtime). Here the thread sleeps
-//! in its own poll of its own sockets and wakes when the database answers
-//! (`docs/BENCHMARKS.md`, "PostgreSQL's rounds on a thread of their own").
+//! in its own poll of its own sockets and wakes when the database answers: grants, whose
+//! rounds are the longest, gained 20-40 % (`docs/BENCHMARKS.md`, "PostgreSQL's rounds on a
+//! thread of their own").
 //!
 //! This is what SQLite's writer thread is to SQLite: group commit's lanes run here
 //! (`Engine::rounds_runtime`) and write over these connections (`Engine::write_round`); every
