@@ -118,15 +118,13 @@ impl PgEngine {
         };
         let pool = Self::pool(url, &shared, "leasegate").await?;
         super::migrations::postgres().run(&pool).await?;
-        let (url, rounds) = (
-            url.to_string(),
-            PgSettings {
-                max_connections: lanes,
-                ..settings.clone()
-            },
-        );
+        let for_rounds = PgSettings {
+            max_connections: lanes,
+            ..settings.clone()
+        };
+        let url = url.to_string();
         let rounds = RoundThread::start(move || async move {
-            Self::pool(&url, &rounds, ROUNDS_APPLICATION_NAME).await
+            Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME).await
         })
         .await?;
         let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
