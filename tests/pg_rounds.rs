@@ -6,7 +6,7 @@ use crate::common;
 
 use common::*;
 use futures_util::future::join_all;
-use leasegate::store::postgres::ROUNDS_APPLICATION_NAME;
+use leasegate::store::postgres::{APPLICATION_NAME, ROUNDS_APPLICATION_NAME};
 use sqlx::Connection;
 
 /// The database an app's URL names.
@@ -73,7 +73,7 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
     assert!(
         sessions
             .iter()
-            .all(|(name, _)| name == ROUNDS_APPLICATION_NAME || name == "leasegate"),
+            .all(|(name, _)| name == ROUNDS_APPLICATION_NAME || name == APPLICATION_NAME),
         "{sessions:?}"
     );
     assert!(

@@ -112,11 +112,8 @@ pub async fn open(
                 postgres::Announced::Lost => listener.lost(),
             });
             let engine = postgres::PgEngine::open(url, pg, announced).await?;
-            Arc::new(gated::GatedStore::new(
-                Arc::new(engine),
-                held,
-                RoundShape::postgres(pg.round_workers()),
-            ))
+            let shape = RoundShape::postgres(engine.round_lanes());
+            Arc::new(gated::GatedStore::new(Arc::new(engine), held, shape))
         }
     })
 }

@@ -44,8 +44,9 @@ const FORGE_RUNNERS: &str = "forge_runners";
 /// should a notification be lost, and, with 10,000 waiting, 2,000 claims a second of load.
 pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 
-/// What the rounds' connections (`pg_rounds`) call themselves in `pg_stat_activity`; the rest
-/// are `leasegate`.
+/// What the service's connections call themselves in `pg_stat_activity`, and the rounds' own
+/// (`pg_rounds`).
+pub const APPLICATION_NAME: &str = "leasegate";
 pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
 
 /// A pooled connection idle for longer is pinged before it is used.
@@ -116,7 +117,7 @@ impl PgEngine {
             max_connections: settings.max_connections.saturating_sub(lanes).max(1),
             ..settings.clone()
         };
-        let pool = Self::pool(url, &shared, "leasegate").await?;
+        let pool = Self::pool(url, &shared, APPLICATION_NAME).await?;
         super::migrations::postgres().run(&pool).await?;
         let for_rounds = PgSettings {
             max_connections: lanes,
@@ -139,10 +140,17 @@ impl PgEngine {
     /// bench's baseline (`store::Bare`), which may run beside a service of another version.
     pub async fn connect(url: &str, settings: &PgSettings) -> anyhow::Result<Self> {
         Ok(PgEngine {
-            pool: Self::pool(url, settings, "leasegate").await?,
+            pool: Self::pool(url, settings, APPLICATION_NAME).await?,
             rounds: None,
             listener: None,
         })
+    }
+
+    /// How many rounds this engine writes at once: one per connection of its rounds' thread.
+    pub fn round_lanes(&self) -> usize {
+        self.rounds
+            .as_ref()
+            .map_or(1, |r| r.pool().options().get_max_connections() as usize)
     }
 
     /// Closes every connection, waiting until they are: the bench's baseline gives them back
