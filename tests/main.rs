@@ -62,6 +62,7 @@ mod text_inputs;
 mod throttle;
 mod upgrade;
 mod woodpecker;
+mod write_rows;
 
 /// A file under `tests/` that no `mod` line names is compiled by nobody, and its tests would
 /// silently never run.

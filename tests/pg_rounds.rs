@@ -64,7 +64,7 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
         .iter()
         .filter(|(name, _)| name == ROUNDS_APPLICATION_NAME)
         .collect();
-    // 4 connections make one lane (`PgSettings::round_workers`): one connection of its own.
+    // One lane (`ROUND_LANES`), with one connection of its own.
     assert_eq!(rounds.len(), 1, "{sessions:?}");
     assert_eq!(
         rounds[0].1, "COMMIT",

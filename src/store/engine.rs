@@ -9,7 +9,9 @@
 //!
 //! The few places where the engines' SQL differs are named, not pasted: a statement asks for
 //! a row lock, a skip-locked claim or the returned jobs of an `UPDATE … FROM` (`Tail`), and
-//! the engine writes it its way (nothing on SQLite, whose writer is alone anyway).
+//! the engine writes it its way (nothing on SQLite, whose writer is alone anyway). Rows written
+//! many at a time are data (`RowsWrite`), sent as each engine sends rows best (`Db::write_rows`:
+//! `VALUES` lists on SQLite, arrays and one statement for all of them on PostgreSQL).
 //!
 //! `changed` is how a write says what it changed that others hold in memory: the gate's cached
 //! inputs (a runner, a pool), the long polls' wake-ups (a job queued or returned), and SQLite's
@@ -47,6 +49,9 @@ pub enum Param<'a> {
     /// passed whole, one statement whatever their length.
     Texts(Vec<&'a str>),
     Ints(Vec<i64>),
+    /// A column of a multi-row write passed whole (PostgreSQL's `unnest`, `Db::write_rows`).
+    OptTexts(Vec<Option<&'a str>>),
+    OptInts(Vec<Option<i64>>),
 }
 
 impl<'a> Param<'a> {
@@ -56,7 +61,12 @@ impl<'a> Param<'a> {
             Param::Text(s) => Some(s),
             Param::OptText(s) => *s,
             Param::Owned(s) => s.as_deref(),
-            Param::Int(_) | Param::OptInt(_) | Param::Texts(_) | Param::Ints(_) => None,
+            Param::Int(_)
+            | Param::OptInt(_)
+            | Param::Texts(_)
+            | Param::Ints(_)
+            | Param::OptTexts(_)
+            | Param::OptInts(_) => None,
         }
     }
 }
@@ -163,6 +173,34 @@ impl<'a> Statement<'a> {
     }
 }
 
+/// Rows written by one multi-row statement: `sql(rows)` is its text, `rows` standing where a
+/// query of the rows goes (after `INSERT INTO t (…)`, or in `WITH v (…) AS (rows)`), and
+/// `params` hold each row's `cols` values, row after row. How the rows are sent is the
+/// engine's (`Db::write_rows`): `VALUES` lists on SQLite, arrays on PostgreSQL.
+pub struct RowsWrite<'a> {
+    pub sql: fn(&str) -> String,
+    pub cols: usize,
+    pub params: Vec<Param<'a>>,
+}
+
+impl<'a> RowsWrite<'a> {
+    /// `rows`, each bound by `bind` to its `cols` values.
+    pub fn of<T>(
+        rows: &'a [T],
+        cols: usize,
+        sql: fn(&str) -> String,
+        bind: impl Fn(&'a T) -> Vec<Param<'a>>,
+    ) -> Self {
+        let params: Vec<Param<'a>> = rows.iter().flat_map(bind).collect();
+        debug_assert_eq!(params.len(), rows.len() * cols);
+        RowsWrite { sql, cols, params }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.params.len() / self.cols
+    }
+}
+
 /// A column's value as stored: every column of both schemas is an integer or text.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value {
@@ -264,6 +302,16 @@ pub trait Db: Send {
     /// Notes that this transaction changed `change`: announced to other replicas with the
     /// commit, and applied in this process after it.
     fn changed(&mut self, change: Change) -> impl Future<Output = StoreResult<()>> + Send;
+
+    /// Writes each of `writes` (those with rows), in order, however the engine sends rows
+    /// best: SQLite as `VALUES` lists in slices of a few sizes that stay prepared, PostgreSQL
+    /// all of them in one statement over arrays, one round trip whatever their number and
+    /// size. One statement on PostgreSQL means the writes cannot see each other's rows: give
+    /// it only writes that do not read what another of them writes.
+    fn write_rows(
+        &mut self,
+        writes: Vec<RowsWrite<'_>>,
+    ) -> impl Future<Output = StoreResult<()>> + Send;
 
     /// Rolls the transaction back instead of committing it when the work returns.
     fn discard(&mut self);

@@ -14,14 +14,35 @@
 //! This is what SQLite's writer thread is to SQLite: group commit's lanes run here
 //! (`Engine::rounds_runtime`) and write over these connections (`Engine::write_round`); every
 //! other statement stays on the service's pool.
+//!
+//! A lane keeps its connection from one round to the next (`take`, `keep`) rather than
+//! giving it back to the pool: sqlx pings every connection given back, one more round trip
+//! between two rounds, where a heartbeat round is four. A connection whose round did not end
+//! cleanly (its commit or rollback failed, or the round was cancelled and may have left it in
+//! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever;
+//! the pool opens the next.
 
+use sqlx::Postgres;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgPool;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
+
+/// How long the lanes keep a connection before it is closed and the pool opens another.
+const KEEP_FOR: Duration = Duration::from_secs(60);
+
+/// A connection a lane holds between rounds, and since when.
+pub struct Kept {
+    pub conn: PoolConnection<Postgres>,
+    since: Instant,
+}
 
 /// The rounds' runtime and connections; the thread stops when this is dropped.
 pub struct RoundThread {
     runtime: tokio::runtime::Handle,
     pool: PgPool,
+    kept: Mutex<Vec<Kept>>,
     /// Dropped with this: the thread's `block_on` then returns, and its runtime ends.
     _stop: oneshot::Sender<()>,
 }
@@ -68,6 +89,7 @@ impl RoundThread {
         Ok(RoundThread {
             runtime,
             pool,
+            kept: Mutex::new(Vec::new()),
             _stop: stop,
         })
     }
@@ -78,5 +100,44 @@ impl RoundThread {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    /// A connection for one round: one a lane kept, or the pool's. It is closed if it is
+    /// dropped rather than kept (a round that failed or was cancelled may have left it in a
+    /// transaction).
+    pub async fn take(&self) -> Result<Kept, sqlx::Error> {
+        let kept = self.kept.lock().expect("the kept connections' lock").pop();
+        if let Some(kept) = kept {
+            return Ok(kept);
+        }
+        let mut conn = self.pool.acquire().await?;
+        conn.close_on_drop();
+        Ok(Kept {
+            conn,
+            since: Instant::now(),
+        })
+    }
+
+    /// Keeps `kept`, whose round ended cleanly, for the next round (or closes it, once it has
+    /// been kept for `KEEP_FOR`).
+    pub fn keep(&self, kept: Kept) {
+        if kept.since.elapsed() < KEEP_FOR {
+            self.kept
+                .lock()
+                .expect("the kept connections' lock")
+                .push(kept);
+        }
+    }
+}
+
+impl Drop for RoundThread {
+    /// A kept connection closes itself by spawning a task, which needs a runtime: the rounds'
+    /// own, whichever thread drops the engine.
+    fn drop(&mut self) {
+        let _inside = self.runtime.enter();
+        self.kept
+            .lock()
+            .expect("the kept connections' lock")
+            .clear();
     }
 }

@@ -14,8 +14,8 @@
 //! answered 503 `unavailable` rather than left as hung requests. TLS is sqlx's over rustls (the
 //! Mozilla roots built in, plus `sslrootcert=`), as `sslmode` in the URL asks.
 
-use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
-use super::pg_rounds::RoundThread;
+use super::engine::{Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work};
+use super::pg_rounds::{Kept, RoundThread};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool_name::PoolName;
@@ -60,14 +60,13 @@ pub struct PgSettings {
     pub statement_timeout: Duration,
 }
 
-impl PgSettings {
-    /// How many group-commit rounds may be written at once, each over a connection of its own
-    /// on the rounds' thread (`pg_rounds`): enough to keep the database busy while one round
-    /// waits for its commit, few enough to leave connections for the rest.
-    pub fn round_workers(&self) -> usize {
-        (self.max_connections as usize / 8).clamp(1, 2)
-    }
-}
+/// How many group-commit rounds a replica writes at once, each over a connection of its own on
+/// the rounds' thread (`pg_rounds`): one. A round is four round trips whatever its size (begin,
+/// lock and read, every write in one statement, commit), so one lane writes larger rounds
+/// where two wrote smaller ones that waited on each other's row locks: heartbeats and
+/// refusals 1.4x with one lane against two, grants level (`docs/BENCHMARKS.md`, "PostgreSQL's
+/// rounds in four round trips"). Two lanes were worth it while a round was eight round trips.
+pub const ROUND_LANES: u32 = 1;
 
 impl Default for PgSettings {
     fn default() -> Self {
@@ -112,7 +111,7 @@ impl PgEngine {
         announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
         // The rounds' connections come out of `max_connections`: one per lane.
-        let lanes = settings.round_workers() as u32;
+        let lanes = ROUND_LANES;
         let shared = PgSettings {
             max_connections: settings.max_connections.saturating_sub(lanes).max(1),
             ..settings.clone()
@@ -235,8 +234,59 @@ impl Engine for PgEngine {
         &self,
         work: Work<PgDb, T>,
     ) -> StoreResult<(T, Vec<Change>)> {
-        let pool = self.rounds.as_ref().map_or(&self.pool, RoundThread::pool);
-        write_on(pool, work).await
+        match &self.rounds {
+            Some(rounds) => write_kept(rounds, work).await,
+            None => write_on(&self.pool, work).await,
+        }
+    }
+}
+
+/// Runs `work` in a transaction on the connection the rounds' lane keeps (`pg_rounds`), and
+/// commits it (unless it discarded it). The connection is kept for the next round when this
+/// one ended cleanly, committed or rolled back; on any error it is closed.
+async fn write_kept<T: Send + 'static>(
+    rounds: &RoundThread,
+    work: Work<PgDb, T>,
+) -> StoreResult<(T, Vec<Change>)> {
+    let mut kept = begin_kept(rounds).await?;
+    let mut db = PgDb {
+        conn: PgConn::Pooled(kept.conn),
+        changes: Vec::new(),
+        discard: false,
+    };
+    let result = work(&mut db).await;
+    let commit = result.is_ok() && !db.discard;
+    let end = if commit { "COMMIT" } else { "ROLLBACK" };
+    sqlx::query(end).execute(db.connection()).await?;
+    let PgDb { conn, changes, .. } = db;
+    let PgConn::Pooled(conn) = conn else {
+        unreachable!("a kept connection")
+    };
+    kept.conn = conn;
+    rounds.keep(kept);
+    match result {
+        Ok(value) if commit => Ok((value, changes)),
+        other => other.map(|v| (v, Vec::new())),
+    }
+}
+
+/// Begins a transaction on the rounds' connection. A connection that died while kept or
+/// pooled (the server restarted, a proxy cut it) fails at its `BEGIN`, before anything of the
+/// work was sent, and is closed: the transaction is begun on another, at most once for each
+/// connection the pool may hold, and once more (as `begin`).
+async fn begin_kept(rounds: &RoundThread) -> Result<Kept, sqlx::Error> {
+    let mut dead = 0;
+    loop {
+        let mut kept = rounds.take().await?;
+        match sqlx::query("BEGIN").execute(&mut *kept.conn).await {
+            Ok(_) => return Ok(kept),
+            Err(sqlx::Error::Io(e)) if dead <= rounds.pool().options().get_max_connections() => {
+                dead += 1;
+                tracing::debug!(error = %e, "a kept connection to PostgreSQL was dead; \
+                    beginning on another");
+            }
+            Err(e) => return Err(e),
+        }
     }
 }
 
@@ -342,6 +392,8 @@ fn query<'q>(
             Param::Owned(s) => q.bind(s.as_deref()),
             Param::Texts(v) => q.bind(v.as_slice()),
             Param::Ints(v) => q.bind(v.as_slice()),
+            Param::OptTexts(v) => q.bind(v.as_slice()),
+            Param::OptInts(v) => q.bind(v.as_slice()),
         };
     }
     q
@@ -440,12 +492,80 @@ impl Db for PgDb {
         Ok(())
     }
 
+    /// All of `writes` in one statement, each over its columns as arrays (`unnest`), the
+    /// writes side by side as the parts of a `WITH`: one round trip, and one statement text
+    /// whatever the number of rows. (A round used to send a statement per write and per
+    /// power-of-two slice of its rows, each a round trip: a round of ten heartbeats sent
+    /// eight.)
+    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
+        let mut params = Vec::new();
+        let mut parts = Vec::new();
+        for write in writes.iter().filter(|w| w.rows() > 0) {
+            let mut columns = Vec::with_capacity(write.cols);
+            for c in 0..write.cols {
+                let (values, element) = column(write, c)?;
+                params.push(values);
+                columns.push(format!("${}::{element}[]", params.len()));
+            }
+            parts.push((write.sql)(&format!(
+                "SELECT * FROM unnest({})",
+                columns.join(", ")
+            )));
+        }
+        let sql = match parts.len() {
+            0 => return Ok(()),
+            1 => parts.swap_remove(0),
+            _ => {
+                let named: Vec<String> = parts
+                    .iter()
+                    .enumerate()
+                    .map(|(i, part)| format!("w{i} AS ({part})"))
+                    .collect();
+                format!("WITH {} SELECT 1", named.join(", "))
+            }
+        };
+        self.execute(Statement::built(sql).params(params)).await?;
+        Ok(())
+    }
+
     fn discard(&mut self) {
         self.discard = true;
     }
 
     fn spill_index(&self) -> Option<&super::spills::SpillIndex> {
         None
+    }
+}
+
+/// Column `c` of `write`'s rows as one array, and the type of its elements.
+fn column<'p>(write: &'p RowsWrite<'_>, c: usize) -> StoreResult<(Param<'p>, &'static str)> {
+    let values = || write.params.iter().skip(c).step_by(write.cols);
+    let mixed = || StoreError::Internal(format!("column {c} of a multi-row write mixes types"));
+    match &write.params[c] {
+        Param::Int(_) | Param::OptInt(_) => {
+            let ints = values()
+                .map(|p| match p {
+                    Param::Int(i) => Ok(Some(*i)),
+                    Param::OptInt(i) => Ok(*i),
+                    _ => Err(mixed()),
+                })
+                .collect::<StoreResult<Vec<_>>>()?;
+            Ok((Param::OptInts(ints), "int8"))
+        }
+        Param::Text(_) | Param::OptText(_) | Param::Owned(_) => {
+            let texts = values()
+                .map(|p| match p {
+                    Param::Text(s) => Ok(Some(*s)),
+                    Param::OptText(s) => Ok(*s),
+                    Param::Owned(s) => Ok(s.as_deref()),
+                    _ => Err(mixed()),
+                })
+                .collect::<StoreResult<Vec<_>>>()?;
+            Ok((Param::OptTexts(texts), "text"))
+        }
+        _ => Err(StoreError::Internal(format!(
+            "column {c} of a multi-row write is a list"
+        ))),
     }
 }
 

@@ -24,9 +24,9 @@
 //! recorded in `_sqlx_migrations` as sqlx records them, so databases migrated by earlier
 //! versions (which ran them through sqlx) go on from where they were.
 
-use super::engine::{Change, Db, Engine, Param, Row, Statement, Tail, Value, Work};
+use super::engine::{Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work};
 use super::spills::SpillIndex;
-use super::sql::replay;
+use super::sql::{chunk_sizes, replay, values_list};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
@@ -401,9 +401,11 @@ impl ToSql for Param<'_> {
             Param::OptText(s) => s.to_sql(),
             Param::OptInt(i) => i.to_sql(),
             Param::Owned(s) => s.to_sql(),
-            Param::Texts(_) | Param::Ints(_) => Err(rusqlite::Error::ToSqlConversionFailure(
-                "SQLite has no arrays: a statement over lists is PostgreSQL's".into(),
-            )),
+            Param::Texts(_) | Param::Ints(_) | Param::OptTexts(_) | Param::OptInts(_) => {
+                Err(rusqlite::Error::ToSqlConversionFailure(
+                    "SQLite has no arrays: a statement over lists is PostgreSQL's".into(),
+                ))
+            }
         }
     }
 }
@@ -462,6 +464,22 @@ impl Db for SqliteDb {
             Change::Spilled { runner, key, until } => self.spilled.push((runner, key, until)),
             other if !self.changes.contains(&other) => self.changes.push(other),
             _ => {}
+        }
+        Ok(())
+    }
+
+    /// Each write as `VALUES` lists, in power-of-two slices: a round's statements come in a
+    /// few sizes that stay prepared, and the writer's statements cost no round trip.
+    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
+        for write in writes {
+            let (rows, cols) = (write.rows(), write.cols);
+            let mut params = write.params.into_iter();
+            for size in chunk_sizes(rows) {
+                let values = format!("VALUES {}", values_list(size, cols, 1));
+                let part: Vec<Param> = params.by_ref().take(size * cols).collect();
+                self.execute(Statement::built((write.sql)(&values)).params(part))
+                    .await?;
+            }
         }
         Ok(())
     }

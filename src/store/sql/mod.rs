@@ -40,20 +40,29 @@ pub mod samples;
 pub mod sessions;
 
 use crate::store::StoreResult;
-use crate::store::engine::{Db, Param, Statement};
+use crate::store::engine::{Db, Param, RowsWrite};
 
 /// `items` in slices whose lengths are powers of two, largest first (13 = 8 + 4 + 1): the
 /// multi-row statements of any round then come in a few sizes that stay prepared.
 pub fn chunks<T>(items: &[T]) -> impl Iterator<Item = &[T]> {
     let mut rest = items;
-    std::iter::from_fn(move || {
-        if rest.is_empty() {
-            return None;
-        }
-        let size = 1usize << (usize::BITS - 1 - rest.len().leading_zeros());
+    chunk_sizes(items.len()).map(move |size| {
         let (part, tail) = rest.split_at(size);
         rest = tail;
-        Some(part)
+        part
+    })
+}
+
+/// The lengths `chunks` cuts `n` items into.
+pub fn chunk_sizes(n: usize) -> impl Iterator<Item = usize> {
+    let mut left = n;
+    std::iter::from_fn(move || {
+        if left == 0 {
+            return None;
+        }
+        let size = 1usize << (usize::BITS - 1 - left.leading_zeros());
+        left -= size;
+        Some(size)
     })
 }
 
@@ -86,23 +95,16 @@ pub fn param_list(n: usize, first: usize) -> String {
         .join(", ")
 }
 
-/// Runs `sql(values)` once per power-of-two chunk of `rows`, `values` being the chunk's
-/// `VALUES` list of `cols` parameters a row, each row's bound by `bind`.
+/// Writes `rows` with `sql(rows)` (see `RowsWrite`), each row's `cols` values bound by `bind`.
 pub async fn write_rows<'r, D: Db, T>(
     db: &mut D,
     rows: &'r [T],
     cols: usize,
-    sql: impl Fn(&str) -> String,
+    sql: fn(&str) -> String,
     bind: impl Fn(&'r T) -> Vec<Param<'r>>,
 ) -> StoreResult<()> {
-    for part in chunks(rows) {
-        let params: Vec<Param<'r>> = part.iter().flat_map(&bind).collect();
-        debug_assert_eq!(params.len(), part.len() * cols);
-        let values = values_list(part.len(), cols, 1);
-        db.execute(Statement::built(sql(&values)).params(params))
-            .await?;
-    }
-    Ok(())
+    db.write_rows(vec![RowsWrite::of(rows, cols, sql, bind)])
+        .await
 }
 
 #[cfg(test)]

@@ -15,10 +15,10 @@
 //! is held from that runner for a while (`domain::lease::ABANDON_HOLD_S`): a claim for it looks
 //! `HELD_LOOKAHEAD` jobs further, and `assign` gives each claim the oldest job open to it.
 
-use super::{values_list, write_rows};
+use super::values_list;
 use crate::domain::job::{EventKind, Job};
 use crate::domain::lease::{Lease, LeaseState};
-use crate::store::engine::{Db, Param, Statement, Tail};
+use crate::store::engine::{Db, Param, RowsWrite, Statement, Tail};
 use crate::store::{Claim, StoreResult};
 use std::sync::LazyLock;
 
@@ -126,14 +126,15 @@ pub async fn lease_jobs<D: Db>(db: &mut D, pairs: &[(i64, &Claim)]) -> StoreResu
     moved.iter().map(super::rows::job).collect()
 }
 
-pub async fn insert_leases<D: Db>(db: &mut D, granted: &[(&Lease, &str)]) -> StoreResult<()> {
-    let sql = |values: &str| {
+/// The granted leases' rows.
+pub fn lease_rows<'a>(granted: &'a [(&'a Lease, &'a str)]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO leases (id, job_id, runner_id, pool, token_hash, state, attempt, \
-             granted_at, expires_at) VALUES {values}"
+             granted_at, expires_at) {rows}"
         )
     };
-    write_rows(db, granted, 9, sql, |(lease, token_hash)| {
+    RowsWrite::of(granted, 9, sql, |(lease, token_hash)| {
         vec![
             Param::Text(lease.id.as_str()),
             Param::Text(lease.job_id.as_str()),
@@ -146,21 +147,17 @@ pub async fn insert_leases<D: Db>(db: &mut D, granted: &[(&Lease, &str)]) -> Sto
             Param::Int(lease.expires_at.0),
         ]
     })
-    .await
 }
 
 /// The `leased` line of each granted job's story.
-pub async fn insert_leased_events<D: Db>(
-    db: &mut D,
-    granted: &[(&Lease, &str)],
-) -> StoreResult<()> {
-    let sql = |values: &str| {
+pub fn leased_event_rows<'a>(granted: &'a [(&'a Lease, &'a str)]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO job_events (job_id, at, kind, runner_id, lease_id, reason, detail) \
-             VALUES {values}"
+             {rows}"
         )
     };
-    write_rows(db, granted, 7, sql, |(lease, _)| {
+    RowsWrite::of(granted, 7, sql, |(lease, _)| {
         vec![
             Param::Text(lease.job_id.as_str()),
             Param::Int(lease.granted_at.0),
@@ -171,7 +168,6 @@ pub async fn insert_leased_events<D: Db>(
             Param::OptText(None),
         ]
     })
-    .await
 }
 
 /// The bench's raw claim (`bench/baseline.rs`): the pool's oldest queued job to `lease_id`

@@ -26,7 +26,7 @@ use crate::domain::ids::RunnerId;
 pub use crate::domain::record::{IN_ROW, RecentJtis, jti_key};
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
-use crate::store::engine::{Change, Db, Param, Statement, fetch_optional};
+use crate::store::engine::{Change, Db, Param, RowsWrite, Statement, fetch_optional};
 use crate::store::spills::SpillIndex;
 use std::collections::HashSet;
 
@@ -97,22 +97,30 @@ pub async fn seen<D: Db>(
     Ok(false)
 }
 
-/// Spilled entries into `seen_jtis` (and, once committed, into the index in memory).
-pub async fn spill<D: Db>(db: &mut D, entries: &[(&RunnerId, Millis, &str)]) -> StoreResult<()> {
-    let sql = |values: &str| {
+/// Spilled entries into `seen_jtis`: a round writes them with its other rows, then notes them
+/// (`note_spilled`) for the index in memory.
+pub fn spills<'a>(entries: &'a [(&'a RunnerId, Millis, &'a str)]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
-            "INSERT INTO seen_jtis (runner_id, jti, expires_at) VALUES {values} \
+            "INSERT INTO seen_jtis (runner_id, jti, expires_at) {rows} \
              ON CONFLICT DO NOTHING"
         )
     };
-    super::write_rows(db, entries, 3, sql, |(runner, until, key)| {
+    RowsWrite::of(entries, 3, sql, |(runner, until, key)| {
         vec![
             Param::Text(runner.as_str()),
             Param::Text(key),
             Param::Int(until.0),
         ]
     })
-    .await?;
+}
+
+/// Notes `spills`' entries as changed: once committed they join the engine's index in memory
+/// (SQLite's).
+pub async fn note_spilled<D: Db>(
+    db: &mut D,
+    entries: &[(&RunnerId, Millis, &str)],
+) -> StoreResult<()> {
     for (runner, until, key) in entries {
         db.changed(Change::Spilled {
             runner: (*runner).clone(),

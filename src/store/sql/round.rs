@@ -10,7 +10,9 @@
 //! the plan and makes the claims, over any engine. On PostgreSQL the first step (lock the
 //! rows, then read them and the spilled jtis asked) is one call of the function
 //! `leasegate_lock_round`, one round trip whatever the round's size; SQLite, whose one writer
-//! holds the whole database and whose spills are looked up in memory, reads the rows.
+//! holds the whole database and whose spills are looked up in memory, reads the rows. The
+//! round's writes then go to the engine together (`Db::write_rows`): on PostgreSQL one
+//! statement, so that a round is four round trips whatever its size.
 
 use super::replay::{self, RecentJtis, jti_key};
 use super::rows;
@@ -22,7 +24,7 @@ use crate::domain::record::{
     RunnerRow, RunnerUpdate, STATUS_CHANGE_HISTORY, Sampled, StatusChangeEntry, plan,
 };
 use crate::domain::time::Millis;
-use crate::store::engine::{Change, Db, Param, Row, Statement};
+use crate::store::engine::{Change, Db, Param, Row, RowsWrite, Statement};
 use crate::store::{Claim, RoundItem, RoundOutcome, StoreError, StoreResult};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
@@ -175,8 +177,8 @@ async fn spilled_jtis<D: Db>(
 }
 
 /// Each runner's row as its attestations in the round left it: one row update per runner.
-async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> StoreResult<()> {
-    let sql = |values: &str| {
+fn runner_updates<'a>(updates: &'a [RunnerUpdate<'a>]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
             "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
              probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
@@ -184,7 +186,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              ejected_until, recent_jtis, \
              jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
              refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at) \
-             AS (VALUES {values}) \
+             AS ({rows}) \
              UPDATE runners SET attested_at = v.attested_at, probe_ok = v.probe_ok, \
              probe_runtime = v.probe_runtime, probe_runtime_version = v.probe_runtime_version, \
              probe_checked_at = v.probe_checked_at, probe_error = v.probe_error, \
@@ -202,7 +204,7 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
              FROM v WHERE runners.id = v.id"
         )
     };
-    write_rows(db, updates, 28, sql, |u| {
+    RowsWrite::of(updates, 28, sql, |u| {
         let rec = u.latest;
         let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
         vec![
@@ -236,16 +238,15 @@ async fn update_runners<D: Db>(db: &mut D, updates: &[RunnerUpdate<'_>]) -> Stor
             Param::OptInt(run.synced_at.map(|m| m.0)),
         ]
     })
-    .await
 }
 
 /// The attestations kept in the history ring: each upserted into its slot.
-async fn upsert_history<D: Db>(db: &mut D, entries: &[HistoryEntry<'_>]) -> StoreResult<()> {
-    let sql = |values: &str| {
+fn history_upserts<'a>(entries: &'a [HistoryEntry<'a>]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO attestation_history (runner_id, slot, seq, received_at, probe_ok, \
              probe_runtime, probe_runtime_version, probe_checked_at, probe_error, image_id, \
-             image_digest, status) VALUES {values} \
+             image_digest, status) {rows} \
              ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, \
              received_at = excluded.received_at, probe_ok = excluded.probe_ok, \
              probe_runtime = excluded.probe_runtime, \
@@ -255,7 +256,7 @@ async fn upsert_history<D: Db>(db: &mut D, entries: &[HistoryEntry<'_>]) -> Stor
              status = excluded.status"
         )
     };
-    write_rows(db, entries, 12, sql, |h| {
+    RowsWrite::of(entries, 12, sql, |h| {
         let rec = h.record;
         let (probe, image) = (&rec.state.probe, &rec.state.image);
         vec![
@@ -273,7 +274,6 @@ async fn upsert_history<D: Db>(db: &mut D, entries: &[HistoryEntry<'_>]) -> Stor
             Param::Text(rec.status.as_str()),
         ]
     })
-    .await
 }
 
 /// The status changes, then each changed runner's trimmed to the newest.
@@ -281,10 +281,10 @@ async fn insert_status_changes<D: Db>(
     db: &mut D,
     changes: &[StatusChangeEntry<'_>],
 ) -> StoreResult<()> {
-    let sql = |values: &str| {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO status_changes (runner_id, at, from_status, to_status, detail) \
-             VALUES {values}"
+             {rows}"
         )
     };
     write_rows(db, changes, 5, sql, |c| {
@@ -329,16 +329,21 @@ pub async fn upsert_refusals<D: Db>(
     db: &mut D,
     writes: &[(&RunnerId, RefusalWrite)],
 ) -> StoreResult<()> {
-    let sql = |values: &str| {
+    db.write_rows(vec![refusal_upserts(writes)]).await
+}
+
+/// `upsert_refusals`' rows.
+fn refusal_upserts<'a>(writes: &'a [(&'a RunnerId, RefusalWrite)]) -> RowsWrite<'a> {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO refusals (runner_id, slot, seq, at, last_at, count, code, detail) \
-             VALUES {values} \
+             {rows} \
              ON CONFLICT (runner_id, slot) DO UPDATE SET seq = excluded.seq, at = excluded.at, \
              last_at = excluded.last_at, count = excluded.count, code = excluded.code, \
              detail = excluded.detail"
         )
     };
-    write_rows(db, writes, 8, sql, |(runner, w)| {
+    RowsWrite::of(writes, 8, sql, |(runner, w)| {
         vec![
             Param::Text(runner.as_str()),
             Param::Int(w.seq % REFUSAL_HISTORY),
@@ -350,7 +355,6 @@ pub async fn upsert_refusals<D: Db>(
             Param::Text(&w.detail),
         ]
     })
-    .await
 }
 
 /// The claims: per pool, its oldest queued jobs, as many as are asked for, handed out in
@@ -426,8 +430,12 @@ async fn claim<D: Db>(
             Some((lease, item.claim.as_ref()?.token_hash.as_str()))
         })
         .collect();
-    queue::insert_leases(db, &granted).await?;
-    queue::insert_leased_events(db, &granted).await?;
+    // One statement on PostgreSQL: the events refer to the jobs, not to the leases.
+    db.write_rows(vec![
+        queue::lease_rows(&granted),
+        queue::leased_event_rows(&granted),
+    ])
+    .await?;
     Ok(())
 }
 
@@ -464,7 +472,21 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
             granted: None,
         })
         .collect();
-    update_runners(db, &plan.updates).await?;
+    let spills: Vec<(&RunnerId, Millis, &str)> = plan
+        .spills
+        .iter()
+        .map(|(r, u, k)| (*r, *u, k.as_str()))
+        .collect();
+    // The round's row writes together: on PostgreSQL one statement, one round trip. None of
+    // them reads what another writes (runners, the two rings, the spilled jtis).
+    db.write_rows(vec![
+        runner_updates(&plan.updates),
+        history_upserts(&plan.history),
+        refusal_upserts(&plan.refusals),
+        replay::spills(&spills),
+    ])
+    .await?;
+    replay::note_spilled(db, &spills).await?;
     // Every accepted attestation reaches this process's cache once committed
     // (`group_commit`); what the gate judges differently reaches every replica's.
     for u in &plan.updates {
@@ -475,15 +497,8 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
             db.changed(Change::Runner(u.runner_id.clone())).await?;
         }
     }
-    upsert_history(db, &plan.history).await?;
+    // Statements of their own: the trim reads the rows the insert wrote.
     insert_status_changes(db, &plan.status_changes).await?;
-    upsert_refusals(db, &plan.refusals).await?;
-    let spills: Vec<(&RunnerId, Millis, &str)> = plan
-        .spills
-        .iter()
-        .map(|(r, u, k)| (*r, *u, k.as_str()))
-        .collect();
-    replay::spill(db, &spills).await?;
     let released: BTreeSet<&RunnerId> = plan
         .updates
         .iter()

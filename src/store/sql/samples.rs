@@ -14,10 +14,10 @@ pub async fn record<D: Db>(db: &mut D, samples: &[PoolSample]) -> StoreResult<()
         .map(|s| serde_json::to_string(&s.counts).expect("counts serialize"))
         .collect();
     let rows: Vec<(&PoolSample, &String)> = samples.iter().zip(&counts).collect();
-    let sql = |values: &str| {
+    let sql = |rows: &str| {
         format!(
             "INSERT INTO pool_samples (pool, at, counts, refusals, live, drifted) \
-             VALUES {values} ON CONFLICT (pool, at) DO NOTHING"
+             {rows} ON CONFLICT (pool, at) DO NOTHING"
         )
     };
     write_rows(db, &rows, 6, sql, |(s, counts)| {

@@ -1,0 +1,177 @@
+//! A multi-row write (`Db::write_rows`) on each engine: SQLite sends `VALUES` lists in
+//! power-of-two slices, PostgreSQL one statement over arrays for all the writes given together
+//! (the rounds' writes, `store/sql/round.rs`). Either way every row arrives as written, NULLs
+//! included, an `UPDATE … FROM` of rows changes what it names and nothing else, more rows than
+//! a slice holds are not cut, and a write with no rows writes nothing. On PostgreSQL the same
+//! holds over the rounds' kept connection (`Engine::write_round`), round after round.
+
+use crate::common::{self, Engine};
+use leasegate::store::engine::{Db, Engine as _, Param, Row, RowsWrite, Statement, Work};
+use leasegate::store::postgres::{PgEngine, PgSettings};
+use leasegate::store::sqlite::{SqliteEngine, Synchronous};
+use leasegate::store::{StoreError, StoreResult};
+use std::sync::Arc;
+
+/// 70 rows: more than the largest slice (64), so SQLite writes them in three statements.
+const ROWS: i64 = 70;
+
+fn insert_a(rows: &str) -> String {
+    format!("INSERT INTO scratch_a (id, n, note) {rows}")
+}
+
+fn insert_b(rows: &str) -> String {
+    format!("INSERT INTO scratch_b (a_id, k) {rows} ON CONFLICT DO NOTHING")
+}
+
+fn update_a(rows: &str) -> String {
+    format!(
+        "WITH v (id, n, note) AS ({rows}) \
+         UPDATE scratch_a SET n = v.n, note = v.note FROM v WHERE scratch_a.id = v.id"
+    )
+}
+
+type A = (String, i64, Option<String>);
+
+fn a_rows() -> Vec<A> {
+    (0..ROWS)
+        .map(|i| {
+            let note = (i % 2 == 1).then(|| format!("note {i}, with 'quotes' and $1"));
+            (format!("a-{i:03}"), i, note)
+        })
+        .collect()
+}
+
+fn bind_a(r: &A) -> Vec<Param<'_>> {
+    vec![
+        Param::Text(&r.0),
+        Param::Int(r.1),
+        Param::Owned(r.2.clone()),
+    ]
+}
+
+fn bind_b(r: &(String, i64)) -> Vec<Param<'_>> {
+    vec![Param::Text(&r.0), Param::Int(r.1)]
+}
+
+/// Creates the tables and writes rows into both in one call, then updates some of them in
+/// three more (as rounds, when `rounds`), and reads everything back.
+async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: bool) {
+    let setup: Work<E::Db, ()> = Box::new(|db| {
+        Box::pin(async move {
+            db.execute(Statement::new(
+                "CREATE TABLE scratch_a (id TEXT PRIMARY KEY, n BIGINT NOT NULL, note TEXT)",
+            ))
+            .await?;
+            db.execute(Statement::new(
+                "CREATE TABLE scratch_b (a_id TEXT NOT NULL, k BIGINT NOT NULL, \
+                 PRIMARY KEY (a_id, k))",
+            ))
+            .await?;
+            let a = a_rows();
+            let b: Vec<(String, i64)> = (0..5).map(|k| ("a-000".to_string(), k)).collect();
+            db.write_rows(vec![
+                RowsWrite::of(&a, 3, insert_a, bind_a),
+                RowsWrite::of(&b, 2, insert_b, bind_b),
+            ])
+            .await
+        })
+    });
+    engine.write(setup).await.expect("the first write");
+
+    // Every seventh row updated, an empty write between, more of the other table's rows
+    // (one of them already there).
+    for round in 0..3 {
+        let update: Work<E::Db, ()> = Box::new(move |db| {
+            Box::pin(async move {
+                let changed: Vec<A> = a_rows()
+                    .into_iter()
+                    .filter(|(_, n, _)| n % 7 == 0)
+                    .map(|(id, n, _)| (id, n * 10 + round, Some(format!("round {round}"))))
+                    .collect();
+                let none: Vec<(String, i64)> = Vec::new();
+                let b: Vec<(String, i64)> =
+                    (4..9).map(|k| ("a-001".to_string(), k + round)).collect();
+                db.write_rows(vec![
+                    RowsWrite::of(&changed, 3, update_a, bind_a),
+                    RowsWrite::of(&none, 2, insert_b, bind_b),
+                    RowsWrite::of(&b, 2, insert_b, bind_b),
+                ])
+                .await
+            })
+        });
+        if rounds {
+            engine.write_round(update).await.expect("a round's write");
+        } else {
+            engine.write(update).await.expect("a write");
+        }
+    }
+
+    let read: Work<E::Db, (Vec<Row>, Vec<Row>)> = Box::new(|db| {
+        Box::pin(async move {
+            let a = db
+                .fetch(Statement::new(
+                    "SELECT id, n, note FROM scratch_a ORDER BY id",
+                ))
+                .await?;
+            let b = db
+                .fetch(Statement::new(
+                    "SELECT a_id, k FROM scratch_b ORDER BY a_id, k",
+                ))
+                .await?;
+            Ok((a, b))
+        })
+    });
+    let (a, b) = engine.read(read).await.expect("read back");
+    let got: Vec<A> = a
+        .iter()
+        .map(|r| -> StoreResult<A> { Ok((r.text("id")?, r.int("n")?, r.opt_text("note")?)) })
+        .collect::<Result<_, StoreError>>()
+        .unwrap();
+    let expected: Vec<A> = a_rows()
+        .into_iter()
+        .map(|(id, n, note)| match n % 7 {
+            0 => (id, n * 10 + 2, Some("round 2".to_string())),
+            _ => (id, n, note),
+        })
+        .collect();
+    assert_eq!(got, expected);
+    let pairs: Vec<(String, i64)> = b
+        .iter()
+        .map(|r| (r.text("a_id").unwrap(), r.int("k").unwrap()))
+        .collect();
+    let mut want: Vec<(String, i64)> = (0..5).map(|k| ("a-000".to_string(), k)).collect();
+    want.extend((4..11).map(|k| ("a-001".to_string(), k)));
+    assert_eq!(pairs, want);
+}
+
+async fn every_row_arrives_as_written(engine: Engine) {
+    match engine {
+        Engine::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let sqlite = SqliteEngine::open(&dir.path().join("rows.db"), Synchronous::Normal)
+                .expect("open SQLite");
+            check_engine(&sqlite, false).await;
+        }
+        Engine::Postgres => {
+            let Some(db) = common::pg::TestDatabase::create().await else {
+                return;
+            };
+            let pg = PgEngine::open(&db.url, &PgSettings::default(), Arc::new(|_| {}))
+                .await
+                .expect("open PostgreSQL");
+            check_engine(&pg, false).await;
+            let drop: Work<leasegate::store::postgres::PgDb, ()> = Box::new(|db| {
+                Box::pin(async move {
+                    db.execute(Statement::new("DROP TABLE scratch_a")).await?;
+                    db.execute(Statement::new("DROP TABLE scratch_b")).await?;
+                    Ok(())
+                })
+            });
+            pg.write(drop).await.expect("drop the tables");
+            // The same through the rounds' lane and its kept connection.
+            check_engine(&pg, true).await;
+        }
+    }
+}
+
+common::each_engine!(every_row_arrives_as_written);
