@@ -82,3 +82,59 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
         thread_names()
     );
 }
+
+/// The rounds' backend's process id, once there is exactly one.
+async fn rounds_backend(conn: &mut sqlx::PgConnection, database: &str) -> i32 {
+    let pids: Vec<(i32,)> = sqlx::query_as(
+        "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND application_name = $2",
+    )
+    .bind(database)
+    .bind(ROUNDS_APPLICATION_NAME)
+    .fetch_all(conn)
+    .await
+    .unwrap();
+    assert_eq!(pids.len(), 1, "one rounds' connection: {pids:?}");
+    pids[0].0
+}
+
+/// The rounds keep their connection from round to round (no return to the pool between them);
+/// one that died while kept (a proxy cut it, an operator ended it) is found dead at the next
+/// round's `BEGIN`, before anything was written, and the round is written on a new one: no
+/// request sees the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "kept").await;
+    let database = database_of(&app.database_url);
+    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+    let kept = rounds_backend(&mut conn, &database).await;
+    for _ in 0..3 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+    assert_eq!(
+        rounds_backend(&mut conn, &database).await,
+        kept,
+        "the same connection, kept"
+    );
+
+    let (ended,): (bool,) = sqlx::query_as("SELECT pg_terminate_backend($1)")
+        .bind(kept)
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(ended);
+    for _ in 0..3 {
+        let beat = app.heartbeat(&runner.healthy()).await;
+        assert_eq!(beat.status(), 200, "{}", beat.text().await.unwrap());
+    }
+    let replaced = rounds_backend(&mut conn, &database).await;
+    assert_ne!(replaced, kept, "a new connection for the rounds");
+}

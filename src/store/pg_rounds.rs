@@ -19,8 +19,9 @@
 //! giving it back to the pool: sqlx pings every connection given back, one more round trip
 //! between two rounds, where a heartbeat round is four. A connection whose round did not end
 //! cleanly (its commit or rollback failed, or the round was cancelled and may have left it in
-//! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever;
-//! the pool opens the next.
+//! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever,
+//! or left unused for longer than the pool would use one without a ping (a proxy may have cut
+//! it meanwhile); the pool opens the next.
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -29,13 +30,16 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
+use super::postgres::PING_AFTER_IDLE;
+
 /// How long the lanes keep a connection before it is closed and the pool opens another.
 const KEEP_FOR: Duration = Duration::from_secs(60);
 
-/// A connection a lane holds between rounds, and since when.
+/// A connection a lane holds between rounds, since when, and when a round last ended on it.
 pub struct Kept {
     pub conn: PoolConnection<Postgres>,
     since: Instant,
+    used: Instant,
 }
 
 /// The rounds' runtime and connections; the thread stops when this is dropped.
@@ -107,26 +111,29 @@ impl RoundThread {
     /// transaction).
     pub async fn take(&self) -> Result<Kept, sqlx::Error> {
         let kept = self.kept.lock().expect("the kept connections' lock").pop();
-        if let Some(kept) = kept {
+        if let Some(kept) = kept
+            && kept.since.elapsed() < KEEP_FOR
+            && kept.used.elapsed() < PING_AFTER_IDLE
+        {
             return Ok(kept);
         }
         let mut conn = self.pool.acquire().await?;
         conn.close_on_drop();
+        let now = Instant::now();
         Ok(Kept {
             conn,
-            since: Instant::now(),
+            since: now,
+            used: now,
         })
     }
 
-    /// Keeps `kept`, whose round ended cleanly, for the next round (or closes it, once it has
-    /// been kept for `KEEP_FOR`).
-    pub fn keep(&self, kept: Kept) {
-        if kept.since.elapsed() < KEEP_FOR {
-            self.kept
-                .lock()
-                .expect("the kept connections' lock")
-                .push(kept);
-        }
+    /// Keeps `kept`, whose round ended cleanly, for the next round.
+    pub fn keep(&self, mut kept: Kept) {
+        kept.used = Instant::now();
+        self.kept
+            .lock()
+            .expect("the kept connections' lock")
+            .push(kept);
     }
 }
 

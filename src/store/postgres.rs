@@ -49,8 +49,9 @@ pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 pub const APPLICATION_NAME: &str = "leasegate";
 pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
 
-/// A pooled connection idle for longer is pinged before it is used.
-const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+/// A pooled connection idle for longer is pinged before it is used (the rounds' kept one is
+/// replaced instead, `pg_rounds`).
+pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// Connection settings for the PostgreSQL engine.
 #[derive(Clone, Debug)]
@@ -257,30 +258,35 @@ async fn write_kept<T: Send + 'static>(
     let result = work(&mut db).await;
     let commit = result.is_ok() && !db.discard;
     let end = if commit { "COMMIT" } else { "ROLLBACK" };
-    sqlx::query(end).execute(db.connection()).await?;
+    let ended = sqlx::query(end).execute(db.connection()).await;
     let PgDb { conn, changes, .. } = db;
     let PgConn::Pooled(conn) = conn else {
         unreachable!("a kept connection")
     };
-    kept.conn = conn;
-    rounds.keep(kept);
-    match result {
-        Ok(value) if commit => Ok((value, changes)),
-        other => other.map(|v| (v, Vec::new())),
+    if ended.is_ok() {
+        kept.conn = conn;
+        rounds.keep(kept);
+    }
+    // The work's own error first: a rollback that failed after it adds nothing to it.
+    match (result, ended) {
+        (Err(e), _) => Err(e),
+        (Ok(_), Err(e)) => Err(e.into()),
+        (Ok(value), Ok(_)) if commit => Ok((value, changes)),
+        (Ok(value), Ok(_)) => Ok((value, Vec::new())),
     }
 }
 
 /// Begins a transaction on the rounds' connection. A connection that died while kept or
-/// pooled (the server restarted, a proxy cut it) fails at its `BEGIN`, before anything of the
-/// work was sent, and is closed: the transaction is begun on another, at most once for each
-/// connection the pool may hold, and once more (as `begin`).
+/// pooled (the server restarted, a proxy cut it, an operator ended it: `lost`) fails at its
+/// `BEGIN`, before anything of the work was sent, and is closed: the transaction is begun on
+/// another, at most once for each connection the pool may hold, and once more (as `begin`).
 async fn begin_kept(rounds: &RoundThread) -> Result<Kept, sqlx::Error> {
     let mut dead = 0;
     loop {
         let mut kept = rounds.take().await?;
         match sqlx::query("BEGIN").execute(&mut *kept.conn).await {
             Ok(_) => return Ok(kept),
-            Err(sqlx::Error::Io(e)) if dead <= rounds.pool().options().get_max_connections() => {
+            Err(e) if lost(&e) && dead <= rounds.pool().options().get_max_connections() => {
                 dead += 1;
                 tracing::debug!(error = %e, "a kept connection to PostgreSQL was dead; \
                     beginning on another");
@@ -323,22 +329,36 @@ async fn write_on<T: Send + 'static>(
 }
 
 /// Begins a transaction on one of `pool`'s connections. A connection that died while it sat in
-/// the pool (the server restarted, a proxy cut it) fails at its `BEGIN`, before anything of the
-/// work was sent, and sqlx closes it: the transaction is begun again on another, at most once
-/// for each connection the pool may hold. Without this the first round after a blip of the
-/// database failed on each of the rounds' connections (`tests/replicas.rs`). A server that is
-/// down fails to connect instead (the pool's timeout), which is not retried here.
+/// the pool (the server restarted, a proxy or an operator ended it: `lost`) fails at its
+/// `BEGIN`, before anything of the work was sent, and sqlx closes it: the transaction is begun
+/// again on another, at most once for each connection the pool may hold. Without this the
+/// first write after a blip of the database failed on each pooled connection
+/// (`tests/replicas.rs`). A server that is down fails to connect instead (the pool's timeout),
+/// which is not retried here.
 async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
     let mut dead = 0;
     loop {
         match pool.begin().await {
-            Err(sqlx::Error::Io(e)) if dead < pool.options().get_max_connections() => {
+            Err(e) if lost(&e) && dead < pool.options().get_max_connections() => {
                 dead += 1;
                 tracing::debug!(error = %e, "a pooled connection to PostgreSQL was dead; \
                     beginning on another");
             }
             begun => return begun,
         }
+    }
+}
+
+/// Whether `e`, at a `BEGIN`, says the connection is gone: the socket failed, or the server
+/// ended the session (an operator's `pg_terminate_backend`, a shutdown: SQLSTATE class 57P,
+/// sent before it closes the socket) or says the connection failed (class 08).
+fn lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) => true,
+        sqlx::Error::Database(db) => db
+            .code()
+            .is_some_and(|code| code.starts_with("57P") || code.starts_with("08")),
+        _ => false,
     }
 }
 
