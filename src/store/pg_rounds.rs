@@ -19,9 +19,11 @@
 //! giving it back to the pool: sqlx pings every connection given back, one more round trip
 //! between two rounds, where a heartbeat round is four. A connection whose round did not end
 //! cleanly (its commit or rollback failed, or the round was cancelled and may have left it in
-//! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever,
-//! or left unused for longer than the pool would use one without a ping (a proxy may have cut
-//! it meanwhile); the pool opens the next.
+//! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever;
+//! the pool opens the next. One that died while kept (a proxy or an operator ended it) is
+//! found dead at the next round's `BEGIN`, before anything was sent, and replaced
+//! (`postgres::begin_kept`): where the pool pings a connection idle for a while, the `BEGIN`
+//! is that ping.
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -30,16 +32,13 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
-use super::postgres::PING_AFTER_IDLE;
-
 /// How long the lanes keep a connection before it is closed and the pool opens another.
 const KEEP_FOR: Duration = Duration::from_secs(60);
 
-/// A connection a lane holds between rounds, since when, and when a round last ended on it.
+/// A connection a lane holds between rounds, and since when.
 pub struct Kept {
     pub conn: PoolConnection<Postgres>,
     since: Instant,
-    used: Instant,
 }
 
 /// The rounds' runtime and connections; the thread stops when this is dropped.
@@ -113,23 +112,19 @@ impl RoundThread {
         let kept = self.kept.lock().expect("the kept connections' lock").pop();
         if let Some(kept) = kept
             && kept.since.elapsed() < KEEP_FOR
-            && kept.used.elapsed() < PING_AFTER_IDLE
         {
             return Ok(kept);
         }
         let mut conn = self.pool.acquire().await?;
         conn.close_on_drop();
-        let now = Instant::now();
         Ok(Kept {
             conn,
-            since: now,
-            used: now,
+            since: Instant::now(),
         })
     }
 
     /// Keeps `kept`, whose round ended cleanly, for the next round.
-    pub fn keep(&self, mut kept: Kept) {
-        kept.used = Instant::now();
+    pub fn keep(&self, kept: Kept) {
         self.kept
             .lock()
             .expect("the kept connections' lock")

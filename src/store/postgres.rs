@@ -49,9 +49,8 @@ pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 pub const APPLICATION_NAME: &str = "leasegate";
 pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
 
-/// A pooled connection idle for longer is pinged before it is used (the rounds' kept one is
-/// replaced instead, `pg_rounds`).
-pub(crate) const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
+/// A pooled connection idle for longer is pinged before it is used.
+const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// Connection settings for the PostgreSQL engine.
 #[derive(Clone, Debug)]
