@@ -243,7 +243,8 @@ impl Engine for PgEngine {
 
 /// Runs `work` in a transaction on the connection the rounds' lane keeps (`pg_rounds`), and
 /// commits it (unless it discarded it). The connection is kept for the next round when this
-/// one ended cleanly, committed or rolled back; on any error it is closed.
+/// one ended cleanly, committed or rolled back (a statement's error included); when the commit
+/// or the rollback failed it is closed.
 async fn write_kept<T: Send + 'static>(
     rounds: &RoundThread,
     work: Work<PgDb, T>,
