@@ -40,17 +40,38 @@ pub struct ParseError {
 }
 
 /// Parses all of `bytes` as `T` read from one JSON object: nothing may follow it.
+///
+/// Read straight first: tracking the path costs an allocation for every member read, and is
+/// needed only to say where a document that fails went wrong, so only such a document is read
+/// a second time, with the path tracked (`locate`).
 pub fn parse_object<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, ParseError> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    let ObjectOnly(value) = serde_path_to_error::deserialize(&mut de).map_err(|e| ParseError {
-        path: e.path().to_string(),
-        error: e.into_inner(),
-    })?;
-    de.end().map_err(|error| ParseError {
-        path: ".".into(),
-        error,
-    })?;
-    Ok(value)
+    let read = ObjectOnly::<T>::deserialize(&mut de).and_then(|ObjectOnly(value)| {
+        de.end()?;
+        Ok(value)
+    });
+    read.map_err(|error| {
+        locate::<T>(bytes).unwrap_or(ParseError {
+            path: ".".into(),
+            error,
+        })
+    })
+}
+
+/// Where reading `bytes` as `T` fails: the path to the value that did, or `.` when what follows
+/// the object is the fault.
+fn locate<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Option<ParseError> {
+    let mut de = serde_json::Deserializer::from_slice(bytes);
+    match serde_path_to_error::deserialize::<_, ObjectOnly<T>>(&mut de) {
+        Err(e) => Some(ParseError {
+            path: e.path().to_string(),
+            error: e.into_inner(),
+        }),
+        Ok(_) => de.end().err().map(|error| ParseError {
+            path: ".".into(),
+            error,
+        }),
+    }
 }
 
 #[cfg(test)]
@@ -73,6 +94,19 @@ mod tests {
         assert!(
             parse_object::<Pair>(br#"{"a":1,"a":1,"b":2}"#).is_err(),
             "duplicate members"
+        );
+    }
+
+    #[test]
+    fn a_failure_says_where() {
+        let wrong = parse_object::<Pair>(br#"{"a":1,"b":"two"}"#).unwrap_err();
+        assert_eq!(wrong.path, "b");
+        let trailing = parse_object::<Pair>(br#"{"a":1,"b":2} x"#).unwrap_err();
+        assert_eq!(trailing.path, ".");
+        assert!(
+            trailing.error.to_string().contains("trailing"),
+            "{}",
+            trailing.error
         );
     }
 }
