@@ -45,13 +45,11 @@ pub enum Param<'a> {
     OptInt(Option<i64>),
     /// A value made for the statement (JSON, a formatted digest).
     Owned(Option<String>),
-    /// Arrays, for PostgreSQL's functions only (SQLite has no array type): a round's lists
-    /// passed whole, one statement whatever their length.
-    Texts(Vec<&'a str>),
-    Ints(Vec<i64>),
-    /// A column of a multi-row write passed whole (PostgreSQL's `unnest`, `Db::write_rows`).
-    OptTexts(Vec<Option<&'a str>>),
-    OptInts(Vec<Option<i64>>),
+    /// Arrays, for PostgreSQL only (SQLite has no array type): a round's lists passed whole
+    /// to its function, or a column of a multi-row write (`Db::write_rows`), one statement
+    /// whatever their length.
+    Texts(Vec<Option<&'a str>>),
+    Ints(Vec<Option<i64>>),
 }
 
 impl<'a> Param<'a> {
@@ -61,12 +59,7 @@ impl<'a> Param<'a> {
             Param::Text(s) => Some(s),
             Param::OptText(s) => *s,
             Param::Owned(s) => s.as_deref(),
-            Param::Int(_)
-            | Param::OptInt(_)
-            | Param::Texts(_)
-            | Param::Ints(_)
-            | Param::OptTexts(_)
-            | Param::OptInts(_) => None,
+            Param::Int(_) | Param::OptInt(_) | Param::Texts(_) | Param::Ints(_) => None,
         }
     }
 }

@@ -412,8 +412,6 @@ fn query<'q>(
             Param::Owned(s) => q.bind(s.as_deref()),
             Param::Texts(v) => q.bind(v.as_slice()),
             Param::Ints(v) => q.bind(v.as_slice()),
-            Param::OptTexts(v) => q.bind(v.as_slice()),
-            Param::OptInts(v) => q.bind(v.as_slice()),
         };
     }
     q
@@ -570,7 +568,7 @@ fn column<'p>(write: &'p RowsWrite<'_>, c: usize) -> StoreResult<(Param<'p>, &'s
                     _ => Err(mixed()),
                 })
                 .collect::<StoreResult<Vec<_>>>()?;
-            Ok((Param::OptInts(ints), "int8"))
+            Ok((Param::Ints(ints), "int8"))
         }
         Param::Text(_) | Param::OptText(_) | Param::Owned(_) => {
             let texts = values()
@@ -581,7 +579,7 @@ fn column<'p>(write: &'p RowsWrite<'_>, c: usize) -> StoreResult<(Param<'p>, &'s
                     _ => Err(mixed()),
                 })
                 .collect::<StoreResult<Vec<_>>>()?;
-            Ok((Param::OptTexts(texts), "text"))
+            Ok((Param::Texts(texts), "text"))
         }
         _ => Err(StoreError::Internal(format!(
             "column {c} of a multi-row write is a list"

@@ -401,11 +401,9 @@ impl ToSql for Param<'_> {
             Param::OptText(s) => s.to_sql(),
             Param::OptInt(i) => i.to_sql(),
             Param::Owned(s) => s.to_sql(),
-            Param::Texts(_) | Param::Ints(_) | Param::OptTexts(_) | Param::OptInts(_) => {
-                Err(rusqlite::Error::ToSqlConversionFailure(
-                    "SQLite has no arrays: a statement over lists is PostgreSQL's".into(),
-                ))
-            }
+            Param::Texts(_) | Param::Ints(_) => Err(rusqlite::Error::ToSqlConversionFailure(
+                "SQLite has no arrays: a statement over lists is PostgreSQL's".into(),
+            )),
         }
     }
 }

@@ -94,10 +94,10 @@ async fn lock_round<D: Db>(
     let found = db
         .fetch(
             Statement::new("SELECT * FROM leasegate_lock_round($1, $2, $3, $4)").params(vec![
-                Param::Texts(ids.to_vec()),
-                Param::Texts(runners.clone()),
-                Param::Texts(asked.clone()),
-                Param::Ints(at),
+                Param::Texts(ids.iter().map(|id| Some(*id)).collect()),
+                Param::Texts(runners.iter().map(|r| Some(*r)).collect()),
+                Param::Texts(asked.iter().map(|k| Some(*k)).collect()),
+                Param::Ints(at.into_iter().map(Some).collect()),
             ]),
         )
         .await?;
