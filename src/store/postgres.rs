@@ -276,24 +276,16 @@ async fn write_kept<T: Send + 'static>(
     }
 }
 
-/// Begins a transaction on the rounds' connection. A connection that died while kept or
-/// pooled (the server restarted, a proxy cut it, an operator ended it: `lost`) fails at its
-/// `BEGIN`, before anything of the work was sent, and is closed: the transaction is begun on
-/// another, at most once for each connection the pool may hold, and once more (as `begin`).
+/// Begins a transaction on the rounds' connection, kept or the pool's (`begin_again`).
 async fn begin_kept(rounds: &RoundThread) -> Result<Kept, sqlx::Error> {
-    let mut dead = 0;
-    loop {
+    // One more try than the pool holds: the kept connection is not among them.
+    let tries = rounds.pool().options().get_max_connections() + 1;
+    begin_again(tries, || async {
         let mut kept = rounds.take().await?;
-        match sqlx::query("BEGIN").execute(&mut *kept.conn).await {
-            Ok(_) => return Ok(kept),
-            Err(e) if lost(&e) && dead <= rounds.pool().options().get_max_connections() => {
-                dead += 1;
-                tracing::debug!(error = %e, "a kept connection to PostgreSQL was dead; \
-                    beginning on another");
-            }
-            Err(e) => return Err(e),
-        }
-    }
+        sqlx::query("BEGIN").execute(&mut *kept.conn).await?;
+        Ok(kept)
+    })
+    .await
 }
 
 /// Runs `work` in a transaction on one of `pool`'s connections and commits it (unless it
@@ -328,20 +320,28 @@ async fn write_on<T: Send + 'static>(
     }
 }
 
-/// Begins a transaction on one of `pool`'s connections. A connection that died while it sat in
-/// the pool (the server restarted, a proxy or an operator ended it: `lost`) fails at its
-/// `BEGIN`, before anything of the work was sent, and sqlx closes it: the transaction is begun
-/// again on another, at most once for each connection the pool may hold. Without this the
-/// first write after a blip of the database failed on each pooled connection
-/// (`tests/replicas.rs`). A server that is down fails to connect instead (the pool's timeout),
-/// which is not retried here.
+/// Begins a transaction on one of `pool`'s connections (`begin_again`).
 async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
+    begin_again(pool.options().get_max_connections(), || pool.begin()).await
+}
+
+/// Runs `begin` again, at most `tries` times, while it fails on a connection that is gone. A
+/// connection that died while it sat in a pool or was kept (the server restarted, a proxy or an
+/// operator ended it: `lost`) fails at its `BEGIN`, before anything of the work was sent, and
+/// is closed; the next try takes another. Without this the first write after a blip of the
+/// database failed on each connection (`tests/replicas.rs`, `tests/pg_rounds.rs`). A server
+/// that is down fails to connect instead (the pool's timeout), which is not retried here.
+async fn begin_again<T, F, Fut>(tries: u32, mut begin: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
     let mut dead = 0;
     loop {
-        match pool.begin().await {
-            Err(e) if lost(&e) && dead < pool.options().get_max_connections() => {
+        match begin().await {
+            Err(e) if lost(&e) && dead < tries => {
                 dead += 1;
-                tracing::debug!(error = %e, "a pooled connection to PostgreSQL was dead; \
+                tracing::debug!(error = %e, "a connection to PostgreSQL was dead; \
                     beginning on another");
             }
             begun => return begun,
