@@ -5,9 +5,10 @@
 //! exactly `leasegate-attestation+jwt`, a `kid`, and no `crit` or `b64`: RFC 7515 §4.1.11
 //! says to reject critical extensions one does not understand, and this service understands
 //! none), so that no header can choose the algorithm, the key or the payload's encoding. The
-//! signature is checked with `ed25519-dalek`'s `verify_strict` over the exact bytes received:
-//! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S`, where the
-//! plain Ed25519 check (what JWT libraries call) lets a forged signature pass for a weak key.
+//! signature is checked as `ed25519-dalek`'s `verify_strict` checks it, over the exact bytes
+//! received (`signature_valid` says how, without its square root): it refuses a small-order
+//! (weak) key, a small-order `R` and a non-canonical `S`, where the plain Ed25519 check (what
+//! JWT libraries call) lets a forged signature pass for a weak key.
 //! The claims are then parsed strictly by `domain::attestation`. Not a JWT library's `decode`
 //! with its validation: its defaults are not the protocol's (its own leeway, no `aud`, `iss` or
 //! `sub` checked, no `jti` kept), and here every claim rule is `domain`'s, unit-tested there.
@@ -24,7 +25,7 @@ use crate::domain::json_object::parse_object;
 use crate::domain::time::Millis;
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ed25519_dalek::{Signature, VerifyingKey};
+use ed25519_dalek::{Signature, Verifier, VerifyingKey};
 
 /// The only `typ` an attestation may carry.
 pub const ATTESTATION_TYP: &str = "leasegate-attestation+jwt";
@@ -142,7 +143,13 @@ impl RunnerKey {
 }
 
 /// Rule 2: `signature_b64` is `key`'s signature of `signing_input`, checked strictly (no weak
-/// key, no small-order `R`, no non-canonical `S`).
+/// key, no small-order `R`, no non-canonical `S`): what `verify_strict` accepts, and nothing
+/// else, without decompressing `R` (a square root, about a tenth of a verification).
+///
+/// `verify` (non-canonical `S` refused) recomputes `R` from `S`, the key and the message and
+/// accepts only when the signature's `R` is that point's canonical encoding; so an accepted
+/// `R` is a point, and it is of small order exactly when its bytes are one of the eight
+/// small-order points' canonical encodings, compared here instead.
 pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: &str) -> bool {
     let Some(bytes) = URL_SAFE_NO_PAD
         .decode(signature_b64)
@@ -151,8 +158,20 @@ pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: 
     else {
         return false;
     };
-    key.verify_strict(signing_input, &Signature::from_bytes(&bytes))
-        .is_ok()
+    let r: &[u8; 32] = bytes[..32].try_into().expect("64 bytes hold 32");
+    !key.is_weak()
+        && !small_order_encodings().contains(r)
+        && key
+            .verify(signing_input, &Signature::from_bytes(&bytes))
+            .is_ok()
+}
+
+/// The canonical encodings of the eight points of small order (the identity among them).
+fn small_order_encodings() -> &'static [[u8; 32]; 8] {
+    static ENCODINGS: std::sync::LazyLock<[[u8; 32]; 8]> = std::sync::LazyLock::new(|| {
+        curve25519_dalek::constants::EIGHT_TORSION.map(|point| point.compress().to_bytes())
+    });
+    &ENCODINGS
 }
 
 impl Unverified<'_> {
@@ -198,6 +217,95 @@ mod tests {
             b"msg",
             &URL_SAFE_NO_PAD.encode(forged)
         ));
+    }
+
+    /// A signature with `R` = the identity that the plain check accepts for a sound key:
+    /// `S = k·a`, so `S·B − k·A` is the identity. Only a key's holder can make one (it needs
+    /// the secret scalar), but strict verification refuses it, and so must the gate.
+    fn identity_r_signature(seed: [u8; 32], message: &[u8]) -> (VerifyingKey, [u8; 64]) {
+        use curve25519_dalek::scalar::{Scalar, clamp_integer};
+        use sha2::{Digest, Sha512};
+        let key = SigningKey::from_bytes(&seed).verifying_key();
+        let expanded = Sha512::digest(seed);
+        let a = Scalar::from_bytes_mod_order(clamp_integer(expanded[..32].try_into().unwrap()));
+        let k = Scalar::from_bytes_mod_order_wide(
+            &Sha512::new()
+                .chain_update(IDENTITY)
+                .chain_update(key.as_bytes())
+                .chain_update(message)
+                .finalize()
+                .into(),
+        );
+        let mut signature = [0u8; 64];
+        signature[..32].copy_from_slice(&IDENTITY);
+        signature[32..].copy_from_slice((k * a).as_bytes());
+        (key, signature)
+    }
+
+    #[test]
+    fn a_small_order_r_is_refused_where_the_plain_check_accepts_it() {
+        let (key, signature) = identity_r_signature([9u8; 32], b"msg");
+        let signature_obj = Signature::from_bytes(&signature);
+        assert!(key.verify(b"msg", &signature_obj).is_ok());
+        assert!(key.verify_strict(b"msg", &signature_obj).is_err());
+        assert!(!signature_valid(
+            &key,
+            b"msg",
+            &URL_SAFE_NO_PAD.encode(signature)
+        ));
+    }
+
+    #[test]
+    fn the_small_order_encodings_are_the_eight_points_of_small_order() {
+        let encodings = small_order_encodings();
+        for encoding in encodings {
+            let point = curve25519_dalek::edwards::CompressedEdwardsY(*encoding)
+                .decompress()
+                .unwrap();
+            assert!(point.is_small_order());
+            assert_eq!(point.compress().to_bytes(), *encoding, "canonical");
+        }
+        let mut distinct = encodings.to_vec();
+        distinct.sort();
+        distinct.dedup();
+        assert_eq!(distinct.len(), 8);
+        assert!(encodings.contains(&IDENTITY));
+    }
+
+    proptest::proptest! {
+        /// The check agrees with `verify_strict` on sound signatures, on every byte of them
+        /// changed, on an `R` swapped for any small-order point, and for every weak key.
+        #[test]
+        fn the_check_accepts_exactly_what_verify_strict_accepts(
+            seed in proptest::array::uniform32(proptest::prelude::any::<u8>()),
+            message in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
+            position in 0usize..64,
+            xor in 1u8..=255,
+            torsion in 0usize..8,
+        ) {
+            let signing = SigningKey::from_bytes(&seed);
+            let key = signing.verifying_key();
+            let sound = signing.sign(&message).to_bytes();
+            let mut changed = sound;
+            changed[position] ^= xor;
+            let mut small_r = sound;
+            small_r[..32].copy_from_slice(&small_order_encodings()[torsion]);
+            let weak = VerifyingKey::from_bytes(&small_order_encodings()[torsion]).unwrap();
+            let (identity_key, identity_r) = identity_r_signature(seed, &message);
+            for (key, signature) in [
+                (key, sound),
+                (key, changed),
+                (key, small_r),
+                (weak, sound),
+                (weak, small_r),
+                (identity_key, identity_r),
+            ] {
+                let strict = key.verify_strict(&message, &Signature::from_bytes(&signature)).is_ok();
+                let ours = signature_valid(&key, &message, &URL_SAFE_NO_PAD.encode(signature));
+                proptest::prop_assert_eq!(ours, strict);
+            }
+            proptest::prop_assert!(signature_valid(&key, &message, &URL_SAFE_NO_PAD.encode(sound)));
+        }
     }
 
     #[test]
