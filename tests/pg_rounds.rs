@@ -1,6 +1,7 @@
 //! On PostgreSQL, group commit's rounds run on a thread of their own (`pg-rounds`) over
 //! connections of their own (`leasegate-rounds` in `pg_stat_activity`), and those connections
-//! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`).
+//! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`). A
+//! connection that died or went silent is replaced without leaving the rounds stuck.
 
 use crate::common;
 
@@ -137,4 +138,66 @@ async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
     }
     let replaced = rounds_backend(&mut conn, &database).await;
     assert_ne!(replaced, kept, "a new connection for the rounds");
+}
+
+/// A rounds' connection that goes silent (a network dropping packets, a primary gone without
+/// closing its sockets) does not hold the rounds for TCP's fifteen minutes: the round waiting
+/// on it is abandoned at its deadline (the pool's wait and two statement timeouts) and
+/// answered 503 `unavailable` with `Retry-After`, the connection is closed, and the next round
+/// is written on a new one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rounds_connection_gone_silent_is_abandoned_at_the_rounds_deadline() {
+    let Some(server) = pg::server_url() else {
+        return;
+    };
+    let Some(db) = pg::TestDatabase::create().await else {
+        return;
+    };
+    let target = pg::socket_addr(&server);
+    let proxy = proxy::Proxy::start(target).await;
+    let via_proxy = pg::with_database(
+        &server.replace(&target.to_string(), &proxy.addr.to_string()),
+        db.name(),
+    );
+    let app = spawn_app_on_with(Engine::Sqlite, |args| {
+        args.database_url = via_proxy.clone();
+        args.db_statement_timeout_ms = 1000;
+        args.db_acquire_timeout_ms = 1000;
+    })
+    .await
+    .unwrap();
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "silent").await;
+    for _ in 0..3 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+
+    proxy.silence();
+    let started = std::time::Instant::now();
+    let beat = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        app.heartbeat(&runner.healthy()),
+    )
+    .await
+    .expect("a round on a silent connection is abandoned, not waited on");
+    assert!(beat.headers().get("retry-after").is_some());
+    assert_eq!(
+        code_of(beat, reqwest::StatusCode::SERVICE_UNAVAILABLE).await,
+        "unavailable"
+    );
+    let waited = started.elapsed();
+    // The deadline: 1 s for a connection, 2 x 1 s for the statements.
+    assert!(
+        waited >= std::time::Duration::from_millis(2900)
+            && waited < std::time::Duration::from_secs(15),
+        "abandoned after {waited:?}"
+    );
+
+    let beat = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        app.heartbeat(&runner.healthy()),
+    )
+    .await
+    .expect("the next round is written");
+    assert_eq!(beat.status(), 200, "{}", beat.text().await.unwrap());
 }

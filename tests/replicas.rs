@@ -123,7 +123,7 @@ async fn a_database_outage_answers_503_and_the_service_recovers_by_itself() {
     let Some(db) = pg::TestDatabase::create().await else {
         return;
     };
-    let target = pg_socket_addr(&server);
+    let target = pg::socket_addr(&server);
     let proxy = proxy::Proxy::start(target).await;
     let via_proxy = pg::with_database(
         &server.replace(&target.to_string(), &proxy.addr.to_string()),
@@ -178,19 +178,6 @@ async fn a_database_outage_answers_503_and_the_service_recovers_by_itself() {
     );
     let job = app.enqueue("linux").await;
     assert_eq!(app.grant(&runner).await.job_id, job);
-}
-
-fn pg_socket_addr(url: &str) -> std::net::SocketAddr {
-    let rest = url.split_once("://").unwrap().1;
-    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
-    let host_port = host_port.split(['/', '?']).next().unwrap();
-    let with_port = if host_port.contains(':') {
-        host_port.to_string()
-    } else {
-        format!("{host_port}:5432")
-    };
-    use std::net::ToSocketAddrs;
-    with_port.to_socket_addrs().unwrap().next().unwrap()
 }
 
 /// The gate keeps each runner's cordon, quarantine and pool in memory; a change made through

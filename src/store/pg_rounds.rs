@@ -23,7 +23,8 @@
 //! the pool opens the next. One that died while kept (a proxy or an operator ended it) is
 //! found dead at the next round's `BEGIN`, before anything was sent, and replaced
 //! (`postgres::begin_kept`): where the pool pings a connection idle for a while, the `BEGIN`
-//! is that ping.
+//! is that ping. One that goes silent mid-round (a partition, a primary gone without closing
+//! its sockets) is closed when the round's deadline passes (`postgres::write_kept`).
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -45,6 +46,8 @@ pub struct Kept {
 pub struct RoundThread {
     runtime: tokio::runtime::Handle,
     pool: PgPool,
+    /// How long a round may take before it is abandoned (`postgres::write_kept`).
+    deadline: Duration,
     kept: Mutex<Vec<Kept>>,
     /// Dropped with this: the thread's `block_on` then returns, and its runtime ends.
     _stop: oneshot::Sender<()>,
@@ -53,7 +56,7 @@ pub struct RoundThread {
 impl RoundThread {
     /// Starts the thread and opens its connections with `connect` (run on its runtime, so that
     /// their sockets are that runtime's to poll).
-    pub async fn start<F, Fut>(connect: F) -> anyhow::Result<RoundThread>
+    pub async fn start<F, Fut>(deadline: Duration, connect: F) -> anyhow::Result<RoundThread>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = anyhow::Result<PgPool>>,
@@ -92,6 +95,7 @@ impl RoundThread {
         Ok(RoundThread {
             runtime,
             pool,
+            deadline,
             kept: Mutex::new(Vec::new()),
             _stop: stop,
         })
@@ -103,6 +107,10 @@ impl RoundThread {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
+    }
+
+    pub fn deadline(&self) -> Duration {
+        self.deadline
     }
 
     /// A connection for one round: one a lane kept, or the pool's. It is closed if it is

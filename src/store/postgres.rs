@@ -11,8 +11,10 @@
 //! re-check on a timer: a lost notification only delays a waiter, never strands it.
 //!
 //! Every connection carries a `statement_timeout` and a `lock_timeout`, so a stuck database is
-//! answered 503 `unavailable` rather than left as hung requests. TLS is sqlx's over rustls (the
-//! Mozilla roots built in, plus `sslrootcert=`), as `sslmode` in the URL asks.
+//! answered 503 `unavailable` rather than left as hung requests; a write round that gets no
+//! answer at all (a connection gone silent) is abandoned at its deadline, as `unavailable`.
+//! TLS is sqlx's over rustls (the Mozilla roots built in, plus `sslrootcert=`), as `sslmode`
+//! in the URL asks.
 
 use super::engine::{Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work};
 use super::pg_rounds::{Kept, RoundThread};
@@ -67,6 +69,15 @@ pub struct PgSettings {
 /// refusals 1.4x with one lane against two, grants level (`docs/BENCHMARKS.md`, "PostgreSQL's
 /// rounds in four round trips"). Two lanes were worth it while a round was eight round trips.
 pub const ROUND_LANES: u32 = 1;
+
+impl PgSettings {
+    /// How long a write round may take before it is abandoned (`write_kept`): a connection
+    /// from the pool (`acquire_timeout`), then its statements, of which the lock and the
+    /// write may each run for `statement_timeout`. 15 s by default.
+    pub fn round_deadline(&self) -> Duration {
+        self.acquire_timeout + self.statement_timeout * 2
+    }
+}
 
 impl Default for PgSettings {
     fn default() -> Self {
@@ -123,7 +134,7 @@ impl PgEngine {
             ..settings.clone()
         };
         let url = url.to_string();
-        let rounds = RoundThread::start(move || async move {
+        let rounds = RoundThread::start(settings.round_deadline(), move || async move {
             Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME).await
         })
         .await?;
@@ -242,10 +253,39 @@ impl Engine for PgEngine {
 }
 
 /// Runs `work` in a transaction on the connection the rounds' lane keeps (`pg_rounds`), and
-/// commits it (unless it discarded it). The connection is kept for the next round when this
-/// one ended cleanly, committed or rolled back (a statement's error included); when the commit
-/// or the rollback failed it is closed.
+/// commits it (unless it discarded it), within the rounds' deadline.
+///
+/// The server bounds each statement (`statement_timeout`), but not a connection that went
+/// silent: a network that drops packets, or a primary gone without closing its sockets,
+/// leaves the round waiting for an answer that never comes (TCP gives up after about fifteen
+/// minutes), and every attestation with it, since the lane writes one round at a time. At the
+/// deadline the round is abandoned: its connection is closed (`Kept` closes on drop), its
+/// requests are answered `unavailable`, and the next round takes a new connection.
 async fn write_kept<T: Send + 'static>(
+    rounds: &RoundThread,
+    work: Work<PgDb, T>,
+) -> StoreResult<(T, Vec<Change>)> {
+    let deadline = rounds.deadline();
+    match tokio::time::timeout(deadline, write_kept_within(rounds, work)).await {
+        Ok(written) => written,
+        Err(_) => {
+            tracing::warn!(
+                deadline_ms = deadline.as_millis() as u64,
+                "PostgreSQL did not finish a write round within its deadline; its connection is \
+                 closed and the next round opens another"
+            );
+            Err(StoreError::Unavailable(format!(
+                "PostgreSQL did not answer within {} ms",
+                deadline.as_millis()
+            )))
+        }
+    }
+}
+
+/// `write_kept`'s round. The connection is kept for the next round when this one ended
+/// cleanly, committed or rolled back (a statement's error included); when the commit or the
+/// rollback failed it is closed.
+async fn write_kept_within<T: Send + 'static>(
     rounds: &RoundThread,
     work: Work<PgDb, T>,
 ) -> StoreResult<(T, Vec<Change>)> {

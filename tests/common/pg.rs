@@ -101,3 +101,18 @@ impl Drop for TestDatabase {
         let _ = done.join();
     }
 }
+
+/// The address of the server `url` names (PostgreSQL's port when it names none), for a proxy
+/// in front of it.
+pub fn socket_addr(url: &str) -> std::net::SocketAddr {
+    let rest = url.split_once("://").unwrap().1;
+    let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
+    let host_port = host_port.split(['/', '?']).next().unwrap();
+    let with_port = if host_port.contains(':') {
+        host_port.to_string()
+    } else {
+        format!("{host_port}:5432")
+    };
+    use std::net::ToSocketAddrs;
+    with_port.to_socket_addrs().unwrap().next().unwrap()
+}

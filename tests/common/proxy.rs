@@ -1,5 +1,6 @@
 //! A TCP proxy on 127.0.0.1 that a test can cut and restore, to simulate a database outage
-//! without stopping the database that other tests share.
+//! without stopping the database that other tests share, or silence, to simulate a network
+//! that drops packets: the connections made so far stay open and carry nothing.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,8 @@ pub struct Proxy {
     pub addr: SocketAddr,
     target: SocketAddr,
     running: Arc<Mutex<Option<CancellationToken>>>,
+    /// Cancelled by `silence`: the connections made before then stop forwarding.
+    silenced: Arc<std::sync::Mutex<CancellationToken>>,
 }
 
 impl Proxy {
@@ -21,6 +24,7 @@ impl Proxy {
             addr: listener.local_addr().unwrap(),
             target,
             running: Default::default(),
+            silenced: Default::default(),
         };
         proxy.serve(listener).await;
         proxy
@@ -30,6 +34,7 @@ impl Proxy {
         let stop = CancellationToken::new();
         *self.running.lock().await = Some(stop.clone());
         let target = self.target;
+        let silenced = self.silenced.clone();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -40,6 +45,7 @@ impl Proxy {
                     continue;
                 };
                 let stop = stop.clone();
+                let silenced = silenced.lock().unwrap().clone();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(target).await else {
                         return;
@@ -47,6 +53,8 @@ impl Proxy {
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = stop.cancelled() => {}
+                        // Both sockets stay open, read by no one, until the proxy stops.
+                        _ = silenced.cancelled() => stop.cancelled().await,
                     }
                 });
             }
@@ -59,6 +67,14 @@ impl Proxy {
             stop.cancel();
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+
+    /// Every connection made so far goes silent: open, but nothing more is forwarded either
+    /// way and nothing tells either end. Connections made after this forward as usual.
+    pub fn silence(&self) {
+        let mut silenced = self.silenced.lock().unwrap();
+        silenced.cancel();
+        *silenced = CancellationToken::new();
     }
 
     /// Listens on the same port again.
