@@ -23,8 +23,8 @@
 //! the pool opens the next. One that died while kept (a proxy or an operator ended it) is
 //! found dead at the next round's `BEGIN`, before anything was sent, and replaced
 //! (`postgres::begin_kept`): where the pool pings a connection idle for a while, the `BEGIN`
-//! is that ping. One that goes silent mid-round (a partition, a primary gone without closing
-//! its sockets) is closed when the round's deadline passes (`postgres::write_kept`).
+//! is that ping. One that went silent (a partition, a primary gone without closing its
+//! sockets) is closed when a statement's answer does not come in time (`postgres::answer`).
 
 use sqlx::Postgres;
 use sqlx::pool::PoolConnection;
@@ -39,15 +39,13 @@ const KEEP_FOR: Duration = Duration::from_secs(60);
 /// A connection a lane holds between rounds, and since when.
 pub struct Kept {
     pub conn: PoolConnection<Postgres>,
-    since: Instant,
+    pub since: Instant,
 }
 
 /// The rounds' runtime and connections; the thread stops when this is dropped.
 pub struct RoundThread {
     runtime: tokio::runtime::Handle,
     pool: PgPool,
-    /// How long a round may take before it is abandoned (`postgres::write_kept`).
-    deadline: Duration,
     kept: Mutex<Vec<Kept>>,
     /// Dropped with this: the thread's `block_on` then returns, and its runtime ends.
     _stop: oneshot::Sender<()>,
@@ -56,7 +54,7 @@ pub struct RoundThread {
 impl RoundThread {
     /// Starts the thread and opens its connections with `connect` (run on its runtime, so that
     /// their sockets are that runtime's to poll).
-    pub async fn start<F, Fut>(deadline: Duration, connect: F) -> anyhow::Result<RoundThread>
+    pub async fn start<F, Fut>(connect: F) -> anyhow::Result<RoundThread>
     where
         F: FnOnce() -> Fut + Send + 'static,
         Fut: Future<Output = anyhow::Result<PgPool>>,
@@ -95,7 +93,6 @@ impl RoundThread {
         Ok(RoundThread {
             runtime,
             pool,
-            deadline,
             kept: Mutex::new(Vec::new()),
             _stop: stop,
         })
@@ -107,10 +104,6 @@ impl RoundThread {
 
     pub fn pool(&self) -> &PgPool {
         &self.pool
-    }
-
-    pub fn deadline(&self) -> Duration {
-        self.deadline
     }
 
     /// A connection for one round: one a lane kept, or the pool's. It is closed if it is

@@ -11,8 +11,8 @@
 //! re-check on a timer: a lost notification only delays a waiter, never strands it.
 //!
 //! Every connection carries a `statement_timeout` and a `lock_timeout`, so a stuck database is
-//! answered 503 `unavailable` rather than left as hung requests; a write round that gets no
-//! answer at all (a connection gone silent) is abandoned at its deadline, as `unavailable`.
+//! answered 503 `unavailable` rather than left as hung requests; a statement that gets no
+//! answer at all (a connection gone silent) is given up on after its patience (`answer`).
 //! TLS is sqlx's over rustls (the Mozilla roots built in, plus `sslrootcert=`), as `sslmode`
 //! in the URL asks.
 
@@ -21,6 +21,7 @@ use super::pg_rounds::{Kept, RoundThread};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::pool_name::PoolName;
+use sqlx::pool::PoolConnection;
 use sqlx::postgres::{
     PgArguments, PgConnectOptions, PgListener, PgPool, PgPoolOptions, PgRow, Postgres,
 };
@@ -71,11 +72,12 @@ pub struct PgSettings {
 pub const ROUND_LANES: u32 = 1;
 
 impl PgSettings {
-    /// How long a write round may take before it is abandoned (`write_kept`): a connection
-    /// from the pool (`acquire_timeout`), then its statements, of which the lock and the
-    /// write may each run for `statement_timeout`. 15 s by default.
-    pub fn round_deadline(&self) -> Duration {
-        self.acquire_timeout + self.statement_timeout * 2
+    /// How long a statement waits for its answer before its connection is taken for silent
+    /// (`answer`): the server's own bound on it (`statement_timeout`), and as long again as a
+    /// connection may take to come (`acquire_timeout`) for the answer to travel. 10 s by
+    /// default.
+    pub fn patience(&self) -> Duration {
+        self.statement_timeout + self.acquire_timeout
     }
 }
 
@@ -99,6 +101,8 @@ pub enum Announced {
 
 pub struct PgEngine {
     pool: PgPool,
+    /// How long a statement waits for its answer (`PgSettings::patience`).
+    patience: Duration,
     /// Group commit's rounds: their thread, runtime and connections (the service's engine; the
     /// bench's bare one writes no rounds).
     rounds: Option<RoundThread>,
@@ -134,13 +138,14 @@ impl PgEngine {
             ..settings.clone()
         };
         let url = url.to_string();
-        let rounds = RoundThread::start(settings.round_deadline(), move || async move {
+        let rounds = RoundThread::start(move || async move {
             Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME).await
         })
         .await?;
         let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
         Ok(PgEngine {
             pool,
+            patience: settings.patience(),
             rounds: Some(rounds),
             listener,
         })
@@ -151,6 +156,7 @@ impl PgEngine {
     pub async fn connect(url: &str, settings: &PgSettings) -> anyhow::Result<Self> {
         Ok(PgEngine {
             pool: Self::pool(url, settings, APPLICATION_NAME).await?,
+            patience: settings.patience(),
             rounds: None,
             listener: None,
         })
@@ -220,20 +226,27 @@ impl Engine for PgEngine {
     }
 
     async fn write<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<(T, Vec<Change>)> {
-        write_on(&self.pool, work).await
+        write_on(&self.pool, self.patience, work).await
     }
 
     async fn read<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
-        let mut db = PgDb {
-            conn: PgConn::Pooled(self.pool.acquire().await?),
-            changes: Vec::new(),
-            discard: false,
-        };
-        work(&mut db).await
+        let mut db = PgDb::on(Lent::new(self.pool.acquire().await?), self.patience);
+        let result = work(&mut db).await;
+        // Back to the pool, unless a statement got no answer (its error is the result).
+        if !db.silent {
+            db.conn.finish();
+        }
+        result
     }
 
     async fn ping(&self) -> StoreResult<()> {
-        sqlx::query("SELECT 1").execute(&self.pool).await?;
+        let mut conn = Lent::new(self.pool.acquire().await?);
+        answer(
+            self.patience,
+            sqlx::query("SELECT 1").execute(conn.connection()),
+        )
+        .await?;
+        conn.finish();
         Ok(())
     }
 
@@ -246,123 +259,113 @@ impl Engine for PgEngine {
         work: Work<PgDb, T>,
     ) -> StoreResult<(T, Vec<Change>)> {
         match &self.rounds {
-            Some(rounds) => write_kept(rounds, work).await,
-            None => write_on(&self.pool, work).await,
+            Some(rounds) => write_kept(rounds, self.patience, work).await,
+            None => write_on(&self.pool, self.patience, work).await,
         }
     }
 }
 
 /// Runs `work` in a transaction on the connection the rounds' lane keeps (`pg_rounds`), and
-/// commits it (unless it discarded it), within the rounds' deadline.
-///
-/// The server bounds each statement (`statement_timeout`), but not a connection that went
-/// silent: a network that drops packets, or a primary gone without closing its sockets,
-/// leaves the round waiting for an answer that never comes (TCP gives up after about fifteen
-/// minutes), and every attestation with it, since the lane writes one round at a time. At the
-/// deadline the round is abandoned: its connection is closed (`Kept` closes on drop), its
-/// requests are answered `unavailable`, and the next round takes a new connection.
+/// commits it (unless it discarded it). The connection is kept for the next round when this
+/// one ended cleanly, committed or rolled back (a statement's error included); when a
+/// statement got no answer (`answer`) or the commit or the rollback failed, it is closed.
 async fn write_kept<T: Send + 'static>(
     rounds: &RoundThread,
+    patience: Duration,
     work: Work<PgDb, T>,
 ) -> StoreResult<(T, Vec<Change>)> {
-    let deadline = rounds.deadline();
-    match tokio::time::timeout(deadline, write_kept_within(rounds, work)).await {
-        Ok(written) => written,
-        Err(_) => {
-            tracing::warn!(
-                deadline_ms = deadline.as_millis() as u64,
-                "PostgreSQL did not finish a write round within its deadline; its connection is \
-                 closed and the next round opens another"
-            );
-            Err(StoreError::Unavailable(format!(
-                "PostgreSQL did not answer within {} ms",
-                deadline.as_millis()
-            )))
-        }
+    let Kept { conn, since } = begin_kept(rounds, patience).await?;
+    let (result, changes, conn) = transact(PgDb::on(Lent::new(conn), patience), work).await;
+    if let Some(conn) = conn {
+        rounds.keep(Kept { conn, since });
     }
-}
-
-/// `write_kept`'s round. The connection is kept for the next round when this one ended
-/// cleanly, committed or rolled back (a statement's error included); when the commit or the
-/// rollback failed it is closed.
-async fn write_kept_within<T: Send + 'static>(
-    rounds: &RoundThread,
-    work: Work<PgDb, T>,
-) -> StoreResult<(T, Vec<Change>)> {
-    let mut kept = begin_kept(rounds).await?;
-    let mut db = PgDb {
-        conn: PgConn::Pooled(kept.conn),
-        changes: Vec::new(),
-        discard: false,
-    };
-    let result = work(&mut db).await;
-    let commit = result.is_ok() && !db.discard;
-    let end = if commit { "COMMIT" } else { "ROLLBACK" };
-    let ended = sqlx::query(end).execute(db.connection()).await;
-    let PgDb { conn, changes, .. } = db;
-    let PgConn::Pooled(conn) = conn else {
-        unreachable!("a kept connection")
-    };
-    if ended.is_ok() {
-        kept.conn = conn;
-        rounds.keep(kept);
-    }
-    // The work's own error first: a rollback that failed after it adds nothing to it.
-    match (result, ended) {
-        (Err(e), _) => Err(e),
-        (Ok(_), Err(e)) => Err(e.into()),
-        (Ok(value), Ok(_)) if commit => Ok((value, changes)),
-        (Ok(value), Ok(_)) => Ok((value, Vec::new())),
-    }
+    result.map(|value| (value, changes))
 }
 
 /// Begins a transaction on the rounds' connection, kept or the pool's (`begin_again`).
-async fn begin_kept(rounds: &RoundThread) -> Result<Kept, sqlx::Error> {
+async fn begin_kept(rounds: &RoundThread, patience: Duration) -> Result<Kept, sqlx::Error> {
     // One more try than the pool holds: the kept connection is not among them.
     let tries = rounds.pool().options().get_max_connections() + 1;
     begin_again(tries, || async {
         let mut kept = rounds.take().await?;
-        sqlx::query("BEGIN").execute(&mut *kept.conn).await?;
+        answer(patience, sqlx::query("BEGIN").execute(&mut *kept.conn)).await?;
         Ok(kept)
     })
     .await
 }
 
 /// Runs `work` in a transaction on one of `pool`'s connections and commits it (unless it
-/// discarded it).
+/// discarded it). The connection goes back to the pool when the transaction ended cleanly, and
+/// is closed otherwise.
 async fn write_on<T: Send + 'static>(
     pool: &PgPool,
+    patience: Duration,
     work: Work<PgDb, T>,
 ) -> StoreResult<(T, Vec<Change>)> {
-    let mut db = PgDb {
-        conn: PgConn::Tx(begin(pool).await?),
-        changes: Vec::new(),
-        discard: false,
-    };
+    let conn = begin_again(pool.options().get_max_connections(), || async {
+        let mut conn = Lent::new(pool.acquire().await?);
+        answer(patience, sqlx::query("BEGIN").execute(conn.connection())).await?;
+        Ok(conn)
+    })
+    .await?;
+    let (result, changes, _returned) = transact(PgDb::on(conn, patience), work).await;
+    result.map(|value| (value, changes))
+}
+
+/// `work` over `db`, whose transaction has begun, then its `COMMIT` (or `ROLLBACK`, when the
+/// work failed or discarded itself). The outcome, what it changed (nothing unless committed),
+/// and the connection when the transaction ended cleanly; one that did not is closed.
+async fn transact<T: Send + 'static>(
+    mut db: PgDb,
+    work: Work<PgDb, T>,
+) -> (
+    StoreResult<T>,
+    Vec<Change>,
+    Option<PoolConnection<Postgres>>,
+) {
     let result = work(&mut db).await;
-    let PgDb {
-        conn,
-        changes,
-        discard,
-    } = db;
-    let PgConn::Tx(tx) = conn else {
-        unreachable!("a write runs in a transaction")
-    };
-    match result {
-        Ok(value) if !discard => {
-            tx.commit().await?;
-            Ok((value, changes))
-        }
-        other => {
-            tx.rollback().await?;
-            other.map(|v| (v, Vec::new()))
-        }
+    if db.silent {
+        return (result, Vec::new(), None);
+    }
+    let commit = result.is_ok() && !db.discard;
+    let end = if commit { "COMMIT" } else { "ROLLBACK" };
+    let ended = answer(db.patience, sqlx::query(end).execute(db.connection())).await;
+    let PgDb { conn, changes, .. } = db;
+    match (result, ended) {
+        (Ok(value), Ok(_)) if commit => (Ok(value), changes, Some(conn.finish())),
+        // The work's own error first: a rollback that failed after it adds nothing to it.
+        (result, Ok(_)) => (result, Vec::new(), Some(conn.finish())),
+        (Err(e), Err(_)) => (Err(e), Vec::new(), None),
+        (Ok(_), Err(e)) => (Err(e.into()), Vec::new(), None),
     }
 }
 
-/// Begins a transaction on one of `pool`'s connections (`begin_again`).
-async fn begin(pool: &PgPool) -> Result<sqlx::Transaction<'static, Postgres>, sqlx::Error> {
-    begin_again(pool.options().get_max_connections(), || pool.begin()).await
+/// `statement`'s answer, or, when none came within `patience`, an I/O error: the connection is
+/// taken for silent (a network that drops packets, a primary gone without closing its
+/// sockets), which the server's `statement_timeout` cannot end and TCP gives up on only after
+/// about fifteen minutes. Silent at a `BEGIN`, it is lost like a closed one (`begin_again`
+/// takes another); later, the work fails as `unavailable`. Either way it is closed, not given
+/// back (`Lent`).
+async fn answer<T>(
+    patience: Duration,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    match tokio::time::timeout(patience, statement).await {
+        Ok(answered) => answered,
+        Err(_) => {
+            tracing::warn!(
+                patience_ms = patience.as_millis() as u64,
+                "PostgreSQL did not answer a statement in time; its connection is closed"
+            );
+            Err(sqlx::Error::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!(
+                    "PostgreSQL did not answer within {} ms",
+                    patience.as_millis()
+                ),
+            )))
+        }
+    }
 }
 
 /// Runs `begin` again, at most `tries` times, while it fails on a connection that is gone. A
@@ -402,24 +405,72 @@ fn lost(e: &sqlx::Error) -> bool {
     }
 }
 
-enum PgConn {
-    Tx(sqlx::Transaction<'static, Postgres>),
-    Pooled(sqlx::pool::PoolConnection<Postgres>),
+/// A pooled connection lent to one piece of work. It goes back to the pool only when the work
+/// ended cleanly (`finish`); dropped otherwise (a statement got no answer, a commit failed, the
+/// request was cancelled mid-statement) it is closed, since the pool checks a connection given
+/// back with a ping, which on a silent one would wait as long as TCP does.
+struct Lent {
+    conn: Option<PoolConnection<Postgres>>,
+}
+
+impl Lent {
+    fn new(conn: PoolConnection<Postgres>) -> Lent {
+        Lent { conn: Some(conn) }
+    }
+
+    fn connection(&mut self) -> &mut sqlx::PgConnection {
+        self.conn
+            .as_mut()
+            .expect("a lent connection until finished")
+    }
+
+    /// The connection, its work ended cleanly.
+    fn finish(mut self) -> PoolConnection<Postgres> {
+        self.conn.take().expect("a lent connection until finished")
+    }
+}
+
+impl Drop for Lent {
+    fn drop(&mut self) {
+        if let Some(conn) = &mut self.conn {
+            conn.close_on_drop();
+        }
+    }
 }
 
 /// An open PostgreSQL transaction (or, for reads, a pooled connection).
 pub struct PgDb {
-    conn: PgConn,
+    conn: Lent,
     changes: Vec<Change>,
     discard: bool,
+    /// How long each statement waits for its answer (`answer`).
+    patience: Duration,
+    /// A statement got no answer: the connection is not used again.
+    silent: bool,
 }
 
 impl PgDb {
-    fn connection(&mut self) -> &mut sqlx::PgConnection {
-        match &mut self.conn {
-            PgConn::Tx(tx) => tx,
-            PgConn::Pooled(c) => c,
+    fn on(conn: Lent, patience: Duration) -> PgDb {
+        PgDb {
+            conn,
+            changes: Vec::new(),
+            discard: false,
+            patience,
+            silent: false,
         }
+    }
+
+    fn connection(&mut self) -> &mut sqlx::PgConnection {
+        self.conn.connection()
+    }
+
+    /// A statement's answer (`answer`); one that never came marks the connection silent.
+    fn heard<T>(&mut self, answered: Result<T, sqlx::Error>) -> StoreResult<T> {
+        if matches!(&answered, Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut)
+        {
+            self.silent = true;
+        }
+        Ok(answered?)
     }
 }
 
@@ -515,13 +566,20 @@ fn row_of(row: &PgRow, columns: &Arc<[String]>, kinds: &[ColumnKind]) -> StoreRe
 impl Db for PgDb {
     async fn execute(&mut self, st: Statement<'_>) -> StoreResult<u64> {
         let sql = pg_sql(&st);
-        let done = query(&sql, &st.params).execute(self.connection()).await?;
-        Ok(done.rows_affected())
+        let patience = self.patience;
+        let done = answer(patience, query(&sql, &st.params).execute(self.connection())).await;
+        Ok(self.heard(done)?.rows_affected())
     }
 
     async fn fetch(&mut self, st: Statement<'_>) -> StoreResult<Vec<Row>> {
         let sql = pg_sql(&st);
-        let found = query(&sql, &st.params).fetch_all(self.connection()).await?;
+        let patience = self.patience;
+        let found = answer(
+            patience,
+            query(&sql, &st.params).fetch_all(self.connection()),
+        )
+        .await;
+        let found = self.heard(found)?;
         let Some(first) = found.first() else {
             return Ok(Vec::new());
         };
@@ -541,11 +599,16 @@ impl Db for PgDb {
         let Some((channel, payload)) = announcement(&change) else {
             return Ok(());
         };
-        sqlx::query("SELECT pg_notify($1, $2)")
-            .bind(channel)
-            .bind(payload)
-            .execute(self.connection())
-            .await?;
+        let patience = self.patience;
+        let notified = answer(
+            patience,
+            sqlx::query("SELECT pg_notify($1, $2)")
+                .bind(channel)
+                .bind(payload)
+                .execute(self.connection()),
+        )
+        .await;
+        self.heard(notified)?;
         self.changes.push(change);
         Ok(())
     }
