@@ -14,6 +14,15 @@ pub struct Proxy {
     running: Arc<Mutex<Option<CancellationToken>>>,
     /// Cancelled by `silence`: the connections made before then stop forwarding.
     silenced: Arc<std::sync::Mutex<CancellationToken>>,
+    /// Cancelled when the proxy is dropped: every connection through it closes, silent ones
+    /// too, so that none outlives its test.
+    dropped: CancellationToken,
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.dropped.cancel();
+    }
 }
 
 impl Proxy {
@@ -25,13 +34,14 @@ impl Proxy {
             target,
             running: Default::default(),
             silenced: Default::default(),
+            dropped: CancellationToken::new(),
         };
         proxy.serve(listener).await;
         proxy
     }
 
     async fn serve(&self, listener: TcpListener) {
-        let stop = CancellationToken::new();
+        let stop = self.dropped.child_token();
         *self.running.lock().await = Some(stop.clone());
         let target = self.target;
         let silenced = self.silenced.clone();
@@ -50,6 +60,8 @@ impl Proxy {
                     let Ok(mut outbound) = TcpStream::connect(target).await else {
                         return;
                     };
+                    // As the store's own connections (`tests/pg_sockets.rs` looks at them all).
+                    let _ = outbound.set_nodelay(true);
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
                         _ = stop.cancelled() => {}
