@@ -149,18 +149,9 @@ async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_gone_silent_are_closed_after_the_statements_patience() {
     use std::time::{Duration, Instant};
-    let Some(server) = pg::server_url() else {
+    let Some((_db, proxy, via_proxy)) = pg::behind_proxy().await else {
         return;
     };
-    let Some(db) = pg::TestDatabase::create().await else {
-        return;
-    };
-    let target = pg::socket_addr(&server);
-    let proxy = proxy::Proxy::start(target).await;
-    let via_proxy = pg::with_database(
-        &server.replace(&target.to_string(), &proxy.addr.to_string()),
-        db.name(),
-    );
     let app = spawn_app_on_with(Engine::Sqlite, |args| {
         args.database_url = via_proxy.clone();
         args.db_statement_timeout_ms = 1000;

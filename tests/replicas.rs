@@ -117,18 +117,9 @@ async fn sweepers_on_every_replica_expire_each_lease_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_database_outage_answers_503_and_the_service_recovers_by_itself() {
-    let Some(server) = pg::server_url() else {
+    let Some((_db, proxy, via_proxy)) = pg::behind_proxy().await else {
         return;
     };
-    let Some(db) = pg::TestDatabase::create().await else {
-        return;
-    };
-    let target = pg::socket_addr(&server);
-    let proxy = proxy::Proxy::start(target).await;
-    let via_proxy = pg::with_database(
-        &server.replace(&target.to_string(), &proxy.addr.to_string()),
-        db.name(),
-    );
     let app = spawn_app_on_with(Engine::Sqlite, |args| args.database_url = via_proxy.clone())
         .await
         .unwrap();

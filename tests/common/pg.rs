@@ -102,9 +102,22 @@ impl Drop for TestDatabase {
     }
 }
 
-/// The address of the server `url` names (PostgreSQL's port when it names none), for a proxy
-/// in front of it.
-pub fn socket_addr(url: &str) -> std::net::SocketAddr {
+/// A fresh database reached through a proxy that the test can cut or silence: the database
+/// (dropped with it), the proxy, and the URL through it. `None` when PostgreSQL cases skip.
+pub async fn behind_proxy() -> Option<(TestDatabase, super::proxy::Proxy, String)> {
+    let server = server_url()?;
+    let db = TestDatabase::create().await?;
+    let target = socket_addr(&server);
+    let proxy = super::proxy::Proxy::start(target).await;
+    let url = with_database(
+        &server.replace(&target.to_string(), &proxy.addr.to_string()),
+        db.name(),
+    );
+    Some((db, proxy, url))
+}
+
+/// The address of the server `url` names (PostgreSQL's port when it names none).
+fn socket_addr(url: &str) -> std::net::SocketAddr {
     let rest = url.split_once("://").unwrap().1;
     let host_port = rest.rsplit_once('@').map_or(rest, |(_, h)| h);
     let host_port = host_port.split(['/', '?']).next().unwrap();
