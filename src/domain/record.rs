@@ -464,6 +464,12 @@ mod tests {
             RecentJtis::parse("garbage 12:abc"),
             RecentJtis(vec![(Millis(12), "abc".into())])
         );
+        // The stored form, as rows written by earlier versions hold it.
+        assert_eq!(
+            RecentJtis(vec![(Millis(12), "abc".into()), (Millis(34), "def".into())]).format(),
+            "12:abc 34:def"
+        );
+        assert_eq!(RecentJtis::default().format(), "");
         assert_eq!(jti_key("x").len(), 16);
     }
 
