@@ -39,7 +39,7 @@ const KEEP_FOR: Duration = Duration::from_secs(60);
 /// A connection a lane holds between rounds, and since when.
 pub struct Kept {
     pub conn: PoolConnection<Postgres>,
-    pub since: Instant,
+    since: Instant,
 }
 
 /// The rounds' runtime and connections; the thread stops when this is dropped.

@@ -274,10 +274,11 @@ async fn write_kept<T: Send + 'static>(
     patience: Duration,
     work: Work<PgDb, T>,
 ) -> StoreResult<(T, Vec<Change>)> {
-    let Kept { conn, since } = begin_kept(rounds, patience).await?;
-    let (result, changes, conn) = transact(PgDb::on(Lent::new(conn), patience), work).await;
+    let mut kept = begin_kept(rounds, patience).await?;
+    let (result, changes, conn) = transact(PgDb::on(Lent::new(kept.conn), patience), work).await;
     if let Some(conn) = conn {
-        rounds.keep(Kept { conn, since });
+        kept.conn = conn;
+        rounds.keep(kept);
     }
     result.map(|value| (value, changes))
 }
@@ -308,7 +309,8 @@ async fn write_on<T: Send + 'static>(
         Ok(conn)
     })
     .await?;
-    let (result, changes, _returned) = transact(PgDb::on(conn, patience), work).await;
+    // The connection, when it comes back, goes back to the pool as it is dropped.
+    let (result, changes, _) = transact(PgDb::on(conn, patience), work).await;
     result.map(|value| (value, changes))
 }
 
@@ -463,15 +465,21 @@ impl PgDb {
     fn connection(&mut self) -> &mut sqlx::PgConnection {
         self.conn.connection()
     }
+}
 
-    /// A statement's answer (`answer`); one that never came marks the connection silent.
-    fn heard<T>(&mut self, answered: Result<T, sqlx::Error>) -> StoreResult<T> {
-        if matches!(&answered, Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut)
-        {
-            self.silent = true;
-        }
-        Ok(answered?)
+/// A `PgDb` statement's answer within `patience` (`answer`); one that never came marks the
+/// connection `silent`. Over the fields, not the `PgDb`, since the statement borrows its
+/// connection.
+async fn heard<T>(
+    patience: Duration,
+    silent: &mut bool,
+    statement: impl Future<Output = Result<T, sqlx::Error>>,
+) -> StoreResult<T> {
+    let answered = answer(patience, statement).await;
+    if matches!(&answered, Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut) {
+        *silent = true;
     }
+    Ok(answered?)
 }
 
 /// The statement's text as PostgreSQL reads it, its tail written out.
@@ -566,20 +574,15 @@ fn row_of(row: &PgRow, columns: &Arc<[String]>, kinds: &[ColumnKind]) -> StoreRe
 impl Db for PgDb {
     async fn execute(&mut self, st: Statement<'_>) -> StoreResult<u64> {
         let sql = pg_sql(&st);
-        let patience = self.patience;
-        let done = answer(patience, query(&sql, &st.params).execute(self.connection())).await;
-        Ok(self.heard(done)?.rows_affected())
+        let statement = query(&sql, &st.params).execute(self.conn.connection());
+        let done = heard(self.patience, &mut self.silent, statement).await?;
+        Ok(done.rows_affected())
     }
 
     async fn fetch(&mut self, st: Statement<'_>) -> StoreResult<Vec<Row>> {
         let sql = pg_sql(&st);
-        let patience = self.patience;
-        let found = answer(
-            patience,
-            query(&sql, &st.params).fetch_all(self.connection()),
-        )
-        .await;
-        let found = self.heard(found)?;
+        let statement = query(&sql, &st.params).fetch_all(self.conn.connection());
+        let found = heard(self.patience, &mut self.silent, statement).await?;
         let Some(first) = found.first() else {
             return Ok(Vec::new());
         };
@@ -599,16 +602,11 @@ impl Db for PgDb {
         let Some((channel, payload)) = announcement(&change) else {
             return Ok(());
         };
-        let patience = self.patience;
-        let notified = answer(
-            patience,
-            sqlx::query("SELECT pg_notify($1, $2)")
-                .bind(channel)
-                .bind(payload)
-                .execute(self.connection()),
-        )
-        .await;
-        self.heard(notified)?;
+        let statement = sqlx::query("SELECT pg_notify($1, $2)")
+            .bind(channel)
+            .bind(payload)
+            .execute(self.conn.connection());
+        heard(self.patience, &mut self.silent, statement).await?;
         self.changes.push(change);
         Ok(())
     }
