@@ -34,6 +34,7 @@ mod forge_job_ends;
 mod forge_machines;
 mod github;
 mod history;
+mod http1_wire;
 mod images;
 mod images_forge_gate;
 mod lease_flow;

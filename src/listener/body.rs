@@ -55,7 +55,12 @@ impl<B> PacedBody<B> {
 }
 
 /// The latest moment the next bytes may arrive.
-fn deadline(pace: BodyPace, started: Instant, last_bytes: Instant, received: u64) -> Instant {
+pub(super) fn deadline(
+    pace: BodyPace,
+    started: Instant,
+    last_bytes: Instant,
+    received: u64,
+) -> Instant {
     let by_pause = last_bytes + pace.timeout;
     let earned = Duration::from_secs_f64(received as f64 / pace.min_rate.max(1) as f64);
     let by_rate = started + pace.timeout + earned;

@@ -4,14 +4,17 @@
 //! This is what `axum::serve` does, plus what an open port needs and that function does not
 //! expose:
 //!
+//! - plain requests (HTTP/1.1, no body or a small one of known length: a runner's heartbeats
+//!   and leases, a forge runner's fetches, the API) read and answered by `plain`, which holds no
+//!   buffer while a request is served: a fleet's waiting long polls are ten thousand
+//!   connections held open (`docs/BENCHMARKS.md`), and hyper keeps an 8 KiB read and an 8 KiB
+//!   write buffer for each connection's life. From a connection's first request that is not
+//!   plain (a forwarded artifact, a chunked body) hyper serves it;
 //! - a request's head capped at 8 KiB (`MAX_HEAD_BYTES`), answered 431 by hyper past it, and
 //!   hyper's read buffer at 256 KiB (`MAX_READ_BYTES`). The buffer starts at 8 KiB and grows
 //!   only while reads fill it (a body arriving faster than it is read: a forwarded artifact),
-//!   then shrinks again; a request that fits in one read never grows it, and a fleet's waiting
-//!   long polls are ten thousand connections held open (`docs/BENCHMARKS.md`). Capped at
-//!   8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as many frames handed on. The 8 KiB
-//!   it starts with, and the 8 KiB write buffer hyper makes for every connection, stay for the
-//!   connection's life: 16 KiB of each waiting poll are hyper's to keep.
+//!   then shrinks again. Capped at 8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as
+//!   many frames handed on;
 //! - caps on open connections, in all and per peer (`limits`);
 //! - timeouts for a head that trickles in, a connection that idles, an answer nobody reads
 //!   (`activity`), and a body that trickles in (`body`). A request being served (a waiting
@@ -22,6 +25,8 @@
 mod activity;
 pub mod body;
 pub mod limits;
+mod plain;
+mod rewind;
 
 use crate::metrics::Metrics;
 use activity::{Activity, InFlight, PhaseTimeouts, Watched};
@@ -34,9 +39,9 @@ use http_body::Frame;
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
-use hyper_util::server::graceful::GracefulShutdown;
 use limits::{ConnectionCaps, ConnectionLimits, Refused};
 use pin_project_lite::pin_project;
+use rewind::Rewind;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -44,6 +49,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 use tower::Service;
 
 /// The largest request head (request line and headers) the service reads.
@@ -72,11 +78,8 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     shutdown: CancellationToken,
 ) {
-    let graceful = GracefulShutdown::new();
+    let connections = TaskTracker::new();
     let limits = ConnectionLimits::new(settings.caps.clone(), settings.trusted_proxies.clone());
-    let mut http = http1::Builder::new();
-    http.max_header_size(MAX_HEAD_BYTES);
-    http.max_buf_size(MAX_READ_BYTES);
     let timeouts = PhaseTimeouts {
         header: settings.header_timeout,
         idle: settings.idle_timeout,
@@ -105,15 +108,16 @@ pub async fn serve(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY");
         }
         let activity = Activity::new();
-        let service = connection_service(app.clone(), peer, settings.body, activity.clone());
-        let io = TokioIo::new(Watched::new(stream, activity.clone()));
-        let connection = graceful.watch(http.serve_connection(io, service));
+        let io = Watched::new(stream, activity.clone());
+        let (app, pace, drain) = (app.clone(), settings.body, shutdown.clone());
         let metrics = metrics.clone();
         let open = metrics.open_connections.clone();
         open.inc();
-        tokio::spawn(async move {
+        connections.spawn(async move {
+            // The connection's future is made where it is polled: made before the task and
+            // moved in, it would have its room in the task twice, for every waiting poll.
             tokio::select! {
-                result = connection => {
+                result = serve_connection(io, app, peer, pace, activity.clone(), drain) => {
                     if let Err(e) = result {
                         tracing::debug!(error = %e, "connection ended with an error");
                     }
@@ -128,7 +132,45 @@ pub async fn serve(
         });
     }
     drop(listener);
-    graceful.shutdown().await;
+    connections.close();
+    connections.wait().await;
+}
+
+/// Serves one connection: its plain requests here (`plain`), then, from the first request that
+/// is not plain, hyper. When `drain` is cancelled, the request being served is answered and the
+/// connection closes.
+async fn serve_connection(
+    mut io: Watched<TcpStream>,
+    app: Router,
+    peer: SocketAddr,
+    pace: BodyPace,
+    activity: Arc<Activity>,
+    drain: CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let connection = plain::Connection {
+        app: &app,
+        peer,
+        pace,
+        activity: &activity,
+        drain: &drain,
+    };
+    let read = match plain::serve(&mut io, &connection).await? {
+        plain::Ended::Closed => return Ok(()),
+        plain::Ended::HandedOver(read) => read,
+    };
+    let service = connection_service(app.clone(), peer, pace, activity.clone());
+    let mut http = http1::Builder::new();
+    http.max_header_size(MAX_HEAD_BYTES);
+    http.max_buf_size(MAX_READ_BYTES);
+    // Boxed, so that a connection of plain requests (each of a fleet's waiting polls) does not
+    // make room for hyper's connection state in its own.
+    let mut hyper = Box::pin(http.serve_connection(TokioIo::new(Rewind::new(read, io)), service));
+    tokio::select! {
+        result = hyper.as_mut() => return Ok(result?),
+        _ = drain.cancelled() => {}
+    }
+    hyper.as_mut().graceful_shutdown();
+    Ok(hyper.await?)
 }
 
 /// The service of one connection: each request's body paced, its peer known, and its time on
