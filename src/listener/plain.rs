@@ -27,6 +27,7 @@ use futures_util::FutureExt;
 use http_body::Frame;
 use http_body_util::BodyExt;
 use std::io;
+use std::mem::MaybeUninit;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -235,9 +236,10 @@ enum Parsed {
 }
 
 fn parse(bytes: &[u8]) -> Parsed {
-    let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Request::new(&mut headers);
-    match parsed.parse(bytes) {
+    // Uninitialised, as hyper keeps them: zeroing a hundred slots costs more than the parse.
+    let mut headers = [const { MaybeUninit::<httparse::Header<'_>>::uninit() }; MAX_HEADERS];
+    let mut parsed = httparse::Request::new(&mut []);
+    match parsed.parse_with_uninit_headers(bytes, &mut headers) {
         Ok(httparse::Status::Partial) => Parsed::Partial,
         Ok(httparse::Status::Complete(length)) => match plain_head(&parsed, length) {
             Some(head) => Parsed::Plain(head),
@@ -376,10 +378,7 @@ where
         Framing::Chunked
     };
     if !parts.headers.contains_key(header::DATE) {
-        let now = httpdate::fmt_http_date(std::time::SystemTime::now());
-        if let Ok(date) = HeaderValue::from_str(&now) {
-            parts.headers.insert(header::DATE, date);
-        }
+        parts.headers.insert(header::DATE, date_now());
     }
     if close && !has_token(&parts.headers, "close") {
         parts
@@ -451,6 +450,26 @@ where
     io.write_all(&out).await?;
     io.flush().await?;
     Ok(close)
+}
+
+/// The `date` of an answer made now: written once a second on each thread, as hyper does.
+fn date_now() -> HeaderValue {
+    use std::cell::RefCell;
+    use std::time::{SystemTime, UNIX_EPOCH};
+    thread_local! {
+        static DATE: RefCell<Option<(u64, HeaderValue)>> = const { RefCell::new(None) };
+    }
+    let now = SystemTime::now();
+    let second = now.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
+    DATE.with_borrow_mut(|date| match date {
+        Some((at, value)) if *at == second => value.clone(),
+        _ => {
+            let value = HeaderValue::from_str(&httpdate::fmt_http_date(now))
+                .expect("an HTTP date is a valid header value");
+            *date = Some((second, value.clone()));
+            value
+        }
+    })
 }
 
 /// Whether a `connection` header lists `token`.
