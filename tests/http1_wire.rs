@@ -286,6 +286,14 @@ async fn a_head_that_does_not_parse_is_answered_400_and_a_huge_one_431() {
     huge.extend_from_slice(b"\r\n");
     wire.send(&huge).await;
     assert_eq!(wire.answer(false).await.status, 431);
+    // Few headers, one of them long: over the limit however it arrives.
+    let mut wire = Wire::open(&app).await;
+    let long = format!(
+        "GET /livez HTTP/1.1\r\nHost: x\r\nX-Long: {}\r\n\r\n",
+        "y".repeat(9000)
+    );
+    wire.send(long.as_bytes()).await;
+    assert_eq!(wire.answer(false).await.status, 431);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

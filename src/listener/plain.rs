@@ -241,6 +241,8 @@ fn parse(bytes: &[u8]) -> Parsed {
     let mut parsed = httparse::Request::new(&mut []);
     match parsed.parse_with_uninit_headers(bytes, &mut headers) {
         Ok(httparse::Status::Partial) => Parsed::Partial,
+        // A head over the limit that a single read completed is hyper's to refuse (431).
+        Ok(httparse::Status::Complete(length)) if length > MAX_HEAD_BYTES => Parsed::NotPlain,
         Ok(httparse::Status::Complete(length)) => match plain_head(&parsed, length) {
             Some(head) => Parsed::Plain(head),
             None => Parsed::NotPlain,
@@ -523,6 +525,11 @@ mod tests {
                 String::from_utf8_lossy(not_plain)
             );
         }
+        let long = format!(
+            "GET / HTTP/1.1\r\nX-Long: {}\r\n\r\n",
+            "y".repeat(MAX_HEAD_BYTES)
+        );
+        assert!(matches!(head(long.as_bytes()), Parsed::NotPlain));
         let Parsed::Plain(h) = head(b"GET / HTTP/1.1\r\nConnection: keep-alive, close\r\n\r\n")
         else {
             panic!()
