@@ -27,6 +27,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::extract::{MatchedPath, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use futures_util::future::{BoxFuture, Either, Ready, ready};
 use tower::ServiceBuilder;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::trace::TraceLayer;
@@ -88,8 +89,17 @@ fn with_layers(state: AppState, routes: Router<AppState>) -> Router {
 }
 
 /// Every answer on its way out: a framework's error made a problem, then the security headers.
-async fn finish_answer(response: Response) -> Response {
-    security_headers(problem::problem_for_framework_errors(response).await)
+///
+/// Ready at once but for a framework's error, whose body must be read first; only that one is
+/// boxed, so that a request being served (a waiting long poll) does not carry room for the
+/// reading in its own future.
+fn finish_answer(response: Response) -> Either<Ready<Response>, BoxFuture<'static, Response>> {
+    if !problem::is_framework_error(&response) {
+        return Either::Left(ready(security_headers(response)));
+    }
+    Either::Right(Box::pin(async move {
+        security_headers(problem::problem_for_framework_errors(response).await)
+    }))
 }
 
 /// The headers every answer carries, error or not, unless it set its own (the page sets a

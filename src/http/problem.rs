@@ -31,9 +31,9 @@ pub struct Problem {
     pub code: String,
 }
 
-/// Turns framework answers (unknown route, wrong method, body too large, a path or query that
-/// does not parse) into problems, so that every error a client sees has the same shape.
-pub async fn problem_for_framework_errors(response: Response) -> Response {
+/// Whether `response` is a framework's error (unknown route, wrong method, body too large, a
+/// path or query that does not parse) that `problem_for_framework_errors` makes a problem.
+pub fn is_framework_error(response: &Response) -> bool {
     let status = response.status();
     let is_problem = response
         .headers()
@@ -45,9 +45,16 @@ pub async fn problem_for_framework_errors(response: Response) -> Response {
         .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
     let is_error = status.is_client_error() || status.is_server_error();
     // The health page answers its own errors in HTML; leave those alone.
-    if !is_error || is_problem || is_html || response.headers().contains_key(header::LOCATION) {
+    is_error && !is_problem && !is_html && !response.headers().contains_key(header::LOCATION)
+}
+
+/// Turns framework answers into problems, so that every error a client sees has the same
+/// shape.
+pub async fn problem_for_framework_errors(response: Response) -> Response {
+    if !is_framework_error(&response) {
         return response;
     }
+    let status = response.status();
     let detail = match axum::body::to_bytes(response.into_body(), 4096).await {
         Ok(bytes) if !bytes.is_empty() => String::from_utf8_lossy(&bytes).into_owned(),
         _ => status.canonical_reason().unwrap_or("error").to_string(),
