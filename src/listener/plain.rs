@@ -6,8 +6,9 @@
 //! gets is plain: HTTP/1.1, a head within `MAX_HEAD_BYTES`, no body or one of at most
 //! `PLAIN_BODY_BYTES` with a `Content-Length`. Such a request is read here (its head parsed by
 //! `httparse`, hyper's own parser) into a buffer of the size it needs, which is given up before
-//! the router is called; the answer is written from a buffer made for it. Between requests and
-//! while one is served the connection holds its socket and nothing else.
+//! the router is called; the answer is written from a buffer made for it. Between requests the
+//! connection holds its socket and nothing else; while one is served, 64 bytes besides, read
+//! into to notice the client leaving, which cancels the request as hyper would.
 //!
 //! The first request that is not plain (a chunked or larger body, `Expect`, an upgrade,
 //! HTTP/1.0, a head that is too large or does not parse) is hyper's: the connection is handed
