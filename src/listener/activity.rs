@@ -15,6 +15,7 @@
 //!
 //! Closing means dropping the connection: nothing is in flight in the phases that time out.
 
+use axum::body::Bytes;
 use pin_project_lite::pin_project;
 use std::io;
 use std::pin::Pin;
@@ -176,17 +177,29 @@ impl Drop for InFlight {
 
 pin_project! {
     /// A socket that tells its connection's `Activity` when bytes arrive and when a write
-    /// finds it full.
+    /// finds it full, and gives back first what was put back into it (what `plain` read of
+    /// a request it hands to hyper).
     pub struct Watched<T> {
         #[pin]
         inner: T,
         activity: Arc<Activity>,
+        put_back: Bytes,
     }
 }
 
 impl<T> Watched<T> {
     pub fn new(inner: T, activity: Arc<Activity>) -> Self {
-        Watched { inner, activity }
+        Watched {
+            inner,
+            activity,
+            put_back: Bytes::new(),
+        }
+    }
+
+    /// Bytes already read from the socket, to be read again before anything after them.
+    pub fn put_back(&mut self, bytes: Bytes) {
+        debug_assert!(self.put_back.is_empty());
+        self.put_back = bytes;
     }
 }
 
@@ -197,6 +210,12 @@ impl<T: AsyncRead> AsyncRead for Watched<T> {
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
         let this = self.project();
+        if !this.put_back.is_empty() {
+            // Counted when they first arrived.
+            let n = this.put_back.len().min(buf.remaining());
+            buf.put_slice(&this.put_back.split_to(n));
+            return Poll::Ready(Ok(()));
+        }
         let before = buf.filled().len();
         let polled = this.inner.poll_read(cx, buf);
         if matches!(polled, Poll::Ready(Ok(()))) && buf.filled().len() > before {
@@ -259,6 +278,19 @@ mod tests {
         header: Duration::from_secs(10),
         idle: Duration::from_secs(60),
     };
+
+    #[tokio::test]
+    async fn what_was_put_back_is_read_first_then_the_socket() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut far, near) = tokio::io::duplex(64);
+        far.write_all(b" world").await.unwrap();
+        drop(far);
+        let mut socket = Watched::new(near, Activity::new());
+        socket.put_back(Bytes::from_static(b"hello"));
+        let mut all = String::new();
+        socket.read_to_string(&mut all).await.unwrap();
+        assert_eq!(all, "hello world");
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_new_connection_must_send_its_head_within_the_header_timeout() {

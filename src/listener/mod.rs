@@ -26,7 +26,6 @@ mod activity;
 pub mod body;
 pub mod limits;
 mod plain;
-mod rewind;
 
 use crate::metrics::Metrics;
 use activity::{Activity, InFlight, PhaseTimeouts, Watched};
@@ -41,7 +40,6 @@ use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use limits::{ConnectionCaps, ConnectionLimits, Refused};
 use pin_project_lite::pin_project;
-use rewind::Rewind;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -164,7 +162,8 @@ async fn serve_connection(
     http.max_buf_size(MAX_READ_BYTES);
     // Boxed, so that a connection of plain requests (each of a fleet's waiting polls) does not
     // make room for hyper's connection state in its own.
-    let mut hyper = Box::pin(http.serve_connection(TokioIo::new(Rewind::new(read, io)), service));
+    io.put_back(read);
+    let mut hyper = Box::pin(http.serve_connection(TokioIo::new(io), service));
     tokio::select! {
         result = hyper.as_mut() => return Ok(result?),
         _ = drain.cancelled() => {}

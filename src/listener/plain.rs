@@ -12,8 +12,8 @@
 //!
 //! The first request that is not plain (a chunked or larger body, `Expect`, an upgrade,
 //! HTTP/1.0, a head that is too large or does not parse) is hyper's: the connection is handed
-//! over with every byte read of it (`Ended::HandedOver`, then `Rewind`), and hyper serves it,
-//! answering its errors (400, 431), for the rest of the connection's life.
+//! over with every byte read of it (`Ended::HandedOver`, put back into its `Watched` socket),
+//! and hyper serves it, answering its errors (400, 431), for the rest of the connection's life.
 
 use super::MAX_HEAD_BYTES;
 use super::activity::{Activity, InFlight};
