@@ -54,7 +54,8 @@ impl<B> PacedBody<B> {
     }
 }
 
-/// The latest moment the next bytes may arrive.
+/// The latest moment the next bytes may arrive: a streamed body's (`PacedBody`) and a small
+/// one's that `plain` reads whole.
 pub(super) fn deadline(
     pace: BodyPace,
     started: Instant,
