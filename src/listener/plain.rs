@@ -265,7 +265,6 @@ fn plain_head(parsed: &httparse::Request<'_, '_>, length: usize) -> Option<Head>
     let uri = Uri::from_maybe_shared(Bytes::copy_from_slice(path.as_bytes())).ok()?;
     let mut headers = HeaderMap::with_capacity(parsed.headers.len());
     let mut content_length = None;
-    let mut close = false;
     for h in parsed.headers.iter() {
         let name = HeaderName::from_bytes(h.name.as_bytes()).ok()?;
         let value = HeaderValue::from_bytes(h.value).ok()?;
@@ -284,26 +283,18 @@ fn plain_head(parsed: &httparse::Request<'_, '_>, length: usize) -> Option<Head>
             || name == header::UPGRADE
         {
             return None;
-        } else if name == header::CONNECTION {
-            for token in value.to_str().ok()?.split(',') {
-                let token = token.trim();
-                if token.eq_ignore_ascii_case("close") {
-                    close = true;
-                } else if token.eq_ignore_ascii_case("upgrade") {
-                    return None;
-                }
-            }
         }
         headers.append(name, value);
     }
     let content_length = content_length.unwrap_or(0);
-    if content_length > PLAIN_BODY_BYTES {
+    if content_length > PLAIN_BODY_BYTES || has_token(&headers, "upgrade") {
         return None;
     }
     let mut request = Request::new(());
     *request.method_mut() = method;
     *request.uri_mut() = uri;
     *request.version_mut() = Version::HTTP_11;
+    let close = has_token(&headers, "close");
     *request.headers_mut() = headers;
     Some(Head {
         request,
@@ -475,7 +466,7 @@ fn date_now() -> HeaderValue {
     })
 }
 
-/// Whether a `connection` header lists `token`.
+/// Whether a `connection` header lists `token` (a request's or an answer's).
 fn has_token(headers: &HeaderMap, token: &str) -> bool {
     headers
         .get_all(header::CONNECTION)
