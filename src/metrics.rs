@@ -69,12 +69,49 @@ impl EncodeLabelValue for MethodLabel {
     }
 }
 
+/// A route as a label: the matched route template, or `unmatched`. It holds the router's own
+/// shared template, so that counting a request copies no string.
+#[derive(Clone, Debug)]
+pub struct RouteLabel(Option<axum::extract::MatchedPath>);
+
+impl RouteLabel {
+    pub fn of(matched: Option<&axum::extract::MatchedPath>) -> Self {
+        RouteLabel(matched.cloned())
+    }
+
+    fn as_str(&self) -> &str {
+        self.0
+            .as_ref()
+            .map_or("unmatched", axum::extract::MatchedPath::as_str)
+    }
+}
+
+impl std::hash::Hash for RouteLabel {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.as_str().hash(state);
+    }
+}
+
+impl PartialEq for RouteLabel {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_str() == other.as_str()
+    }
+}
+
+impl Eq for RouteLabel {}
+
+impl EncodeLabelValue for RouteLabel {
+    fn encode(&self, encoder: &mut LabelValueEncoder) -> Result<(), std::fmt::Error> {
+        self.as_str().encode(encoder)
+    }
+}
+
 /// A request's labels. The route is the matched route template (or `unmatched`) and the
 /// status a number the service itself answered: every label comes from a closed set.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RouteLabels {
     pub method: MethodLabel,
-    pub route: String,
+    pub route: RouteLabel,
     pub status: u16,
 }
 
@@ -428,7 +465,13 @@ impl Metrics {
         }
     }
 
-    pub fn observe_request(&self, method: MethodLabel, route: String, status: u16, seconds: f64) {
+    pub fn observe_request(
+        &self,
+        method: MethodLabel,
+        route: RouteLabel,
+        status: u16,
+        seconds: f64,
+    ) {
         let labels = RouteLabels {
             method,
             route,

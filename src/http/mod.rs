@@ -9,6 +9,7 @@ pub mod forge;
 pub mod forge_bindings;
 pub mod github;
 pub mod json;
+mod latency;
 pub mod lease;
 pub mod merge_patch;
 pub mod operators;
@@ -24,8 +25,7 @@ use crate::app::AppState;
 use crate::problem::ApiError;
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::extract::{MatchedPath, Request, State};
-use axum::middleware::Next;
+use axum::extract::{MatchedPath, Request};
 use axum::response::{IntoResponse, Response};
 use futures_util::future::{BoxFuture, Either, Ready, ready};
 use tower::ServiceBuilder;
@@ -73,10 +73,7 @@ fn with_layers(state: AppState, routes: Router<AppState>) -> Router {
     let max_body = state.settings().max_body_bytes;
     let layers = ServiceBuilder::new()
         .layer(TraceLayer::new_for_http().make_span_with(request_span))
-        .layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            observe_latency,
-        ))
+        .layer(latency::LatencyLayer::new(state.clone()))
         // Outside the body limit, so that its early 413 becomes a problem too.
         .layer(axum::middleware::map_response(finish_answer))
         .map_response(IntoResponse::into_response)
@@ -139,20 +136,4 @@ fn request_span(req: &Request) -> tracing::Span {
         job_id = tracing::field::Empty,
         lease_id = tracing::field::Empty,
     )
-}
-
-/// Request latency per route template (never per id: the cardinality stays low).
-async fn observe_latency(State(state): State<AppState>, req: Request, next: Next) -> Response {
-    let route = req
-        .extensions()
-        .get::<MatchedPath>()
-        .map_or_else(|| "unmatched".to_string(), |p| p.as_str().to_string());
-    let method = crate::metrics::MethodLabel::of(req.method());
-    let started = std::time::Instant::now();
-    let response = next.run(req).await;
-    let seconds = started.elapsed().as_secs_f64();
-    state
-        .metrics()
-        .observe_request(method, route, response.status().as_u16(), seconds);
-    response
 }
