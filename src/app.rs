@@ -153,12 +153,12 @@ impl AppState {
         shutdown: CancellationToken,
     ) -> Self {
         let metrics = Arc::new(Metrics::default());
-        let gate = Gate {
-            store: store.clone(),
-            rules: settings.rules.clone(),
-            probe_max_age_s: settings.probe_max_age_s,
-            metrics: metrics.clone(),
-        };
+        let gate = Gate::new(
+            store.clone(),
+            settings.rules.clone(),
+            settings.probe_max_age_s,
+            metrics.clone(),
+        );
         let throttle = crate::throttle::AuthThrottle::new(
             settings.auth_failure_limit,
             settings.auth_failure_window_s,

@@ -249,15 +249,17 @@ async fn simulate(state: AppState, runner: SimRunner) {
             return;
         }
         let token = attestation(&runner, &audience);
+        let turn = state.gate().turn().await;
         let _ = state
             .gate()
-            .admit(&token, Purpose::Heartbeat, Millis::now())
+            .admit(turn, &token, Purpose::Heartbeat, Millis::now())
             .await;
         if !busy.load(Ordering::SeqCst) {
             let lease_token = attestation(&runner, &audience);
+            let turn = state.gate().turn().await;
             if let Ok(admitted) = state
                 .gate()
-                .admit(&lease_token, Purpose::Lease, Millis::now())
+                .admit(turn, &lease_token, Purpose::Lease, Millis::now())
                 .await
                 && admitted.verdict.is_ok()
             {

@@ -33,6 +33,7 @@ use crate::store::{
 };
 use crate::verifier::{INVALID_SIGNATURE_DETAIL, VerifyError, read_header};
 use std::sync::Arc;
+use tokio::sync::{Semaphore, SemaphorePermit};
 
 /// Why an attestation was not admitted (rules 1–6, or a bad request).
 #[derive(Debug, thiserror::Error)]
@@ -142,6 +143,13 @@ impl Admitted {
     }
 }
 
+/// How many attestations the gate judges at once. The rest wait for a turn, in the order they
+/// came, holding no more than their request: a burst of thousands (a fleet's long polls after
+/// a restart) would otherwise all be judged at once, each holding its runner, its record and
+/// its place in a round, and the allocator keeps the pages of that peak long after it passed
+/// (docs/BENCHMARKS.md, long polls). A few rounds' worth keeps every round full.
+pub const JUDGED_AT_ONCE: usize = 256;
+
 /// The settings and the store the gate judges with.
 #[derive(Clone)]
 pub struct Gate {
@@ -149,18 +157,53 @@ pub struct Gate {
     pub rules: AttestationRules,
     pub probe_max_age_s: i64,
     pub metrics: Arc<crate::metrics::Metrics>,
+    turns: Arc<Semaphore>,
+}
+
+/// A turn to be judged (`Gate::turn`), given back when the admission it was spent on ends.
+pub struct Turn<'a> {
+    _permit: SemaphorePermit<'a>,
 }
 
 impl Gate {
+    pub fn new(
+        store: DynStore,
+        rules: AttestationRules,
+        probe_max_age_s: i64,
+        metrics: Arc<crate::metrics::Metrics>,
+    ) -> Self {
+        Gate {
+            store,
+            rules,
+            probe_max_age_s,
+            metrics,
+            turns: Arc::new(Semaphore::new(JUDGED_AT_ONCE)),
+        }
+    }
+
+    /// Waits for a turn to be judged. Taken before anything of the admission is made, and the
+    /// time it is judged at read after it, so that a wait for a turn is neither held in memory
+    /// nor counted against the attestation's freshness.
+    pub async fn turn(&self) -> Turn<'_> {
+        Turn {
+            _permit: self
+                .turns
+                .acquire()
+                .await
+                .expect("the gate never closes its turns"),
+        }
+    }
+
     /// Rules 1–13 on `token`, recording what the protocol says to record, and counting the
     /// outcome.
     pub async fn admit(
         &self,
+        turn: Turn<'_>,
         token: &str,
         purpose: Purpose,
         now: Millis,
     ) -> Result<Admitted, AdmitError> {
-        let (admitted, _) = self.admit_with(token, purpose, now, |_| None).await?;
+        let (admitted, _) = self.admit_with(turn, token, purpose, now, |_| None).await?;
         Ok(admitted)
     }
 
@@ -168,22 +211,25 @@ impl Gate {
     /// that `claim` describes is made in the same round (one transaction with the record).
     pub async fn admit_and_claim(
         &self,
+        turn: Turn<'_>,
         token: &str,
         now: Millis,
         claim: impl FnOnce(&Admitted) -> Claim + Send,
     ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
-        self.admit_with(token, Purpose::Lease, now, |a| Some(claim(a)))
+        self.admit_with(turn, token, Purpose::Lease, now, |a| Some(claim(a)))
             .await
     }
 
     async fn admit_with(
         &self,
+        turn: Turn<'_>,
         token: &str,
         purpose: Purpose,
         now: Millis,
         claim: impl FnOnce(&Admitted) -> Option<Claim> + Send,
     ) -> Result<(Admitted, Option<(Lease, Job)>), AdmitError> {
         let result = self.judge_and_record(token, purpose, now, claim).await;
+        drop(turn);
         match &result {
             Ok((admitted, _)) => {
                 // Every log line of this request names the runner and its pool.

@@ -32,6 +32,7 @@ mod forge_gate_cache;
 mod forge_gate_paths;
 mod forge_job_ends;
 mod forge_machines;
+mod gate_turns;
 mod github;
 mod history;
 mod http1_wire;

@@ -120,9 +120,10 @@ async fn judge_and_mint(
     client: &str,
     now: Millis,
 ) -> Result<Minted, MintError> {
+    let turn = cx.gate().turn().await;
     let admitted = cx
         .gate()
-        .admit(attestation, Purpose::GithubRunner, now)
+        .admit(turn, attestation, Purpose::GithubRunner, now)
         .await?;
     if let Some(refusal) = admitted.enforced_refusal() {
         return Err(MintError::Refused(refusal.clone()));

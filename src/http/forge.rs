@@ -189,9 +189,10 @@ async fn gate_check(
             pool,
         })
     };
+    let turn = state.gate().turn().await;
     match state
         .gate()
-        .admit(&body.attestation, Purpose::GateCheck, Millis::now())
+        .admit(turn, &body.attestation, Purpose::GateCheck, Millis::now())
         .await
     {
         Ok(admitted) => {

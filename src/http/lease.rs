@@ -16,6 +16,7 @@ use crate::domain::job::Job;
 use crate::domain::lease::{LeaseCall, Outcome};
 use crate::domain::pool_name::PoolName;
 use crate::domain::time::Millis;
+use crate::gate::Turn;
 use crate::problem::ApiError;
 use crate::secrets::{generate_token, hash_token};
 use crate::store::{Claim, Lease};
@@ -77,8 +78,10 @@ async fn lease(
     let wait_s = wait_seconds(body.wait_s)?;
     // Admission runs in a future of its own on the heap, so that what it holds (the token, the
     // runner, the pool, the verdict) is freed before a long poll waits: ten thousand waiting
-    // requests then hold little more than their runner's id and pool.
-    match Box::pin(admit(&state, body.attestation)).await? {
+    // requests then hold little more than their runner's id and pool. Its turn comes first,
+    // so that a request waiting for one has not made that future yet.
+    let turn = state.gate().turn().await;
+    match Box::pin(admit(&state, turn, body.attestation)).await? {
         Admission::Granted(response) => Ok(response),
         Admission::Wait {
             runner_id,
@@ -113,13 +116,17 @@ fn mark_observed(mut response: Response, observed: Option<&'static str>) -> Resp
 }
 
 /// Rules 1–13, and the first claim in the same round as the attestation's record.
-async fn admit(state: &AppState, attestation: String) -> Result<Admission, ApiError> {
+async fn admit(
+    state: &AppState,
+    turn: Turn<'_>,
+    attestation: String,
+) -> Result<Admission, ApiError> {
     // The lease token is made only for a verdict that lets the runner lease: a refusal (the
     // path a broken runner hammers) costs no random bytes and no hash.
     let mut first_token = None;
     let (admitted, first_grant) = state
         .gate()
-        .admit_and_claim(&attestation, Millis::now(), |a| {
+        .admit_and_claim(turn, &attestation, Millis::now(), |a| {
             let token = generate_token("lgl_");
             let claim = claim_for(state, &token, a.runner.id.clone(), a.pool.name.clone());
             first_token = Some(token);

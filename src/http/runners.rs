@@ -178,10 +178,11 @@ async fn heartbeat(
     State(state): State<AppState>,
     JsonBody(body): JsonBody<AttestationBody>,
 ) -> Result<Json<Heartbeat>, ApiError> {
+    let turn = state.gate().turn().await;
     let now = Millis::now();
     let admitted = state
         .gate()
-        .admit(&body.attestation, Purpose::Heartbeat, now)
+        .admit(turn, &body.attestation, Purpose::Heartbeat, now)
         .await?;
     let attested = admitted.state();
     let current = state_current(&attested, &admitted.pool);
