@@ -7,7 +7,9 @@ use crate::common;
 
 use common::*;
 use futures_util::future::join_all;
-use leasegate::store::postgres::{APPLICATION_NAME, ROUNDS_APPLICATION_NAME};
+use leasegate::store::postgres::{
+    APPLICATION_NAME, LISTEN_APPLICATION_NAME, ROUNDS_APPLICATION_NAME,
+};
 use sqlx::Connection;
 
 /// The database an app's URL names.
@@ -72,10 +74,21 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
         "the rounds' connection committed the last round: {sessions:?}"
     );
     assert!(
+        sessions.iter().all(|(name, _)| [
+            ROUNDS_APPLICATION_NAME,
+            LISTEN_APPLICATION_NAME,
+            APPLICATION_NAME
+        ]
+        .contains(&name.as_str())),
+        "{sessions:?}"
+    );
+    assert_eq!(
         sessions
             .iter()
-            .all(|(name, _)| name == ROUNDS_APPLICATION_NAME || name == APPLICATION_NAME),
-        "{sessions:?}"
+            .filter(|(name, _)| name == LISTEN_APPLICATION_NAME)
+            .count(),
+        1,
+        "one connection listens for other replicas' changes: {sessions:?}"
     );
     assert!(
         thread_names().iter().any(|name| name == "pg-rounds"),

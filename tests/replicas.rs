@@ -220,6 +220,72 @@ async fn a_cordon_and_a_pool_change_at_one_replica_reach_the_others_gate_at_once
     );
 }
 
+/// A replica whose `LISTEN` connection went silent (a network dropping packets) hears no other
+/// replica's change on it; it notices within its patience (here 1 s + 1 s: a question asked
+/// after that long without a notification, and that long for the answer), forgets what it
+/// cached, and listens on a new connection, well before the cache's 30 s TTL would expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_whose_listener_went_silent_listens_again_and_catches_up() {
+    let Some((db, proxy, via_proxy)) = pg::behind_proxy().await else {
+        return;
+    };
+    let direct = pg::with_database(&pg::server_url().unwrap(), db.name());
+    let a = spawn_app_on_with(Engine::Postgres, |args| args.database_url = direct)
+        .await
+        .unwrap();
+    let b = spawn_replica_with(&a, |args| {
+        args.database_url = via_proxy;
+        args.db_statement_timeout_ms = 1000;
+        args.db_acquire_timeout_ms = 1000;
+    })
+    .await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let runner = a.register("linux", "r1").await;
+    // B judges the runner once, which caches its pool there.
+    assert_eq!(
+        b.lease(&runner.healthy()).await.status(),
+        StatusCode::NO_CONTENT
+    );
+
+    proxy.silence();
+    let silenced = Instant::now();
+    let roll = a
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}),
+        )
+        .await;
+    assert_eq!(roll.status(), StatusCode::OK);
+    eventually_code(&b, &runner, "image_drift").await;
+    assert!(
+        silenced.elapsed() < Duration::from_secs(10),
+        "B saw the pool change {:?} after its listener went silent",
+        silenced.elapsed()
+    );
+
+    // Listening again: the next change reaches B by notification.
+    let back = a
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [IMAGE_A], "drift_grace_s": 0}),
+        )
+        .await;
+    assert_eq!(back.status(), StatusCode::OK);
+    let started = Instant::now();
+    loop {
+        let r = b.lease(&runner.healthy()).await;
+        if r.status() == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "B did not hear the roll back: {}",
+            r.status()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 /// How long until a lease at `app` is refused with `code`; panics after 10 s.
 async fn eventually_code(app: &TestApp, runner: &TestRunner, code: &str) -> Duration {
     let started = Instant::now();

@@ -51,6 +51,8 @@ pub const RECHECK_INTERVAL: Duration = Duration::from_secs(5);
 /// (`pg_rounds`).
 pub const APPLICATION_NAME: &str = "leasegate";
 pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
+/// The change listener's connection (`LISTEN`), in `pg_stat_activity`.
+pub const LISTEN_APPLICATION_NAME: &str = "leasegate-listen";
 
 /// A pooled connection idle for longer is pinged before it is used.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
@@ -125,10 +127,11 @@ impl PgEngine {
         settings: &PgSettings,
         announced: Arc<dyn Fn(Announced) + Send + Sync>,
     ) -> anyhow::Result<Self> {
-        // The rounds' connections come out of `max_connections`: one per lane.
+        // The rounds' connections come out of `max_connections` (one per lane), and so does
+        // the change listener's.
         let lanes = ROUND_LANES;
         let shared = PgSettings {
-            max_connections: settings.max_connections.saturating_sub(lanes).max(1),
+            max_connections: settings.max_connections.saturating_sub(lanes + 1).max(1),
             ..settings.clone()
         };
         let pool = Self::pool(url, &shared, APPLICATION_NAME).await?;
@@ -142,7 +145,11 @@ impl PgEngine {
             Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME).await
         })
         .await?;
-        let listener = Some(tokio::spawn(listen(pool.clone(), announced)));
+        let listener = Some(tokio::spawn(listen(
+            pool.connect_options(),
+            settings.patience(),
+            announced,
+        )));
         Ok(PgEngine {
             pool,
             patience: settings.patience(),
@@ -722,26 +729,75 @@ fn announced(channel: &str, payload: &str) -> Option<Change> {
 
 /// Hands other replicas' announcements to `apply`, reconnecting with a capped backoff when the
 /// connection drops (and telling `apply` so).
-async fn listen(pool: PgPool, apply: Arc<dyn Fn(Announced) + Send + Sync>) {
+///
+/// A connection may also go silent (a network dropping packets, a failed-over primary that
+/// never closed its sockets): it then hears nothing, and this replica would miss every other
+/// replica's change until its cache's TTL. So when nothing has come for `patience`, the
+/// listener asks its connection a question, and one that does not answer within `patience`
+/// is given up: `apply` is told the changes were lost, and a new connection listens.
+///
+/// Each connection comes from a pool of one of its own, outside the shared pool: a dropped
+/// `PgListener` sends `UNLISTEN` from a task of its own before it gives its connection back,
+/// which on a silent connection waits as long as TCP does, and would hold a shared slot as
+/// long.
+async fn listen(
+    options: Arc<PgConnectOptions>,
+    patience: Duration,
+    apply: Arc<dyn Fn(Announced) + Send + Sync>,
+) {
     let mut backoff = Duration::from_millis(200);
     loop {
-        let mut listener = match PgListener::connect_with(&pool).await {
-            Ok(l) => l,
-            Err(e) => {
+        let own = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(patience)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .connect_lazy_with(
+                options
+                    .as_ref()
+                    .clone()
+                    .application_name(LISTEN_APPLICATION_NAME),
+            );
+        let connected = tokio::time::timeout(patience, async {
+            let mut listener = PgListener::connect_with(&own).await?;
+            listener.listen_all([JOBS, CHANGES]).await?;
+            Ok::<_, sqlx::Error>(listener)
+        })
+        .await;
+        let mut listener = match connected {
+            Ok(Ok(listener)) => listener,
+            Ok(Err(e)) => {
                 tracing::warn!(error = %e, "cannot LISTEN for other replicas' changes; retrying");
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
             }
+            Err(_) => {
+                tracing::warn!(
+                    "PostgreSQL did not answer LISTEN in time for other replicas' changes; retrying"
+                );
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                continue;
+            }
         };
-        if let Err(e) = listener.listen_all([JOBS, CHANGES]).await {
-            tracing::warn!(error = %e, "LISTEN failed; retrying");
-            tokio::time::sleep(backoff).await;
-            continue;
-        }
         backoff = Duration::from_millis(200);
         loop {
-            match listener.try_recv().await {
+            let heard = match tokio::time::timeout(patience, listener.try_recv()).await {
+                Ok(heard) => heard,
+                Err(_quiet) => match still_answers(&mut listener, patience).await {
+                    Ok(()) => continue,
+                    Err(why) => {
+                        tracing::warn!(
+                            error = %why,
+                            "the change listener's connection does not answer; listening on a new one"
+                        );
+                        apply(Announced::Lost);
+                        break;
+                    }
+                },
+            };
+            match heard {
                 Ok(Some(n)) => match announced(n.channel(), n.payload()) {
                     Some(change) => apply(Announced::Change(change)),
                     None => apply(Announced::Lost),
@@ -756,6 +812,15 @@ async fn listen(pool: PgPool, apply: Arc<dyn Fn(Announced) + Send + Sync>) {
                 }
             }
         }
+    }
+}
+
+/// Whether the listener's connection answers a question within `patience`.
+async fn still_answers(listener: &mut PgListener, patience: Duration) -> Result<(), String> {
+    match tokio::time::timeout(patience, sqlx::query("SELECT 1").execute(listener)).await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err(format!("no answer in {} ms", patience.as_millis())),
     }
 }
 
