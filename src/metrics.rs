@@ -69,6 +69,15 @@ impl EncodeLabelValue for MethodLabel {
     }
 }
 
+/// A gauge raised by one while this lives.
+pub struct Raised<'a>(&'a Gauge);
+
+impl Drop for Raised<'_> {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
 /// A route as a label: the matched route template, or `unmatched`. It holds the router's own
 /// shared template, so that counting a request copies no string.
 #[derive(Clone, Debug)]
@@ -158,6 +167,8 @@ pub struct Metrics {
     registry: Registry,
     /// Connections open now, on the service's listeners.
     pub open_connections: Gauge,
+    /// Attestations waiting for a turn to be judged (`gate::JUDGED_AT_ONCE` are at once).
+    pub admissions_waiting: Gauge,
     /// Connections the service closed or turned away, by reason (a closed set).
     pub connections_closed: Family<ReasonLabel, Counter>,
     /// Failed credential checks, by credential.
@@ -203,6 +214,7 @@ impl Default for Metrics {
         let m = Metrics {
             registry: Registry::with_prefix("leasegate"),
             open_connections: Gauge::default(),
+            admissions_waiting: Gauge::default(),
             connections_closed: Family::default(),
             auth_failures: Family::default(),
             auth_throttled: Family::default(),
@@ -329,6 +341,11 @@ impl Metrics {
             "open_connections",
             "HTTP connections open now",
             self.open_connections.clone(),
+        );
+        r.register(
+            "admissions_waiting",
+            "Attestations waiting for a turn to be judged (256 are judged at once)",
+            self.admissions_waiting.clone(),
         );
         r.register(
             "connections_closed",
@@ -478,6 +495,13 @@ impl Metrics {
             status,
         };
         self.requests.get_or_create(&labels).observe(seconds);
+    }
+
+    /// Counts an attestation in `admissions_waiting` for as long as the value lives, however
+    /// its wait ends (a turn, or the client gone).
+    pub fn admission_waiting(&self) -> Raised<'_> {
+        self.admissions_waiting.inc();
+        Raised(&self.admissions_waiting)
     }
 
     /// A connection closed for `reason` (`header_timeout`, `idle_timeout`, `write_stalled`,

@@ -62,6 +62,11 @@ async fn a_burst_larger_than_the_turns_is_judged_whole(engine: common::Engine) {
         assert!(jobs.insert(body["job"]["id"].as_str().unwrap().to_string()));
     }
     assert_eq!(jobs.len(), polls);
+    assert_eq!(
+        series(&app, "leasegate_admissions_waiting").await,
+        Some(0),
+        "no request waits for a turn once the burst is judged"
+    );
 }
 
 async fn every_way_an_admission_ends_gives_its_turn_back(engine: common::Engine) {
@@ -105,8 +110,15 @@ async fn every_way_an_admission_ends_gives_its_turn_back(engine: common::Engine)
 
 /// Attestations accepted so far, from the service's own count.
 async fn accepted(app: &TestApp) -> usize {
+    series(app, "leasegate_attestations_total{result=\"accepted\"}")
+        .await
+        .unwrap_or(0)
+}
+
+/// The value of the series `name` (with its labels) in the service's metrics.
+async fn series(app: &TestApp, name: &str) -> Option<usize> {
     let text = app.metrics_text().await;
     text.lines()
-        .find_map(|l| l.strip_prefix("leasegate_attestations_total{result=\"accepted\"} "))
-        .map_or(0, |n| n.parse().unwrap())
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .map(|n| n.parse().unwrap())
 }
