@@ -206,13 +206,7 @@ async fn a_cordon_and_a_pool_change_at_one_replica_reach_the_others_gate_at_once
         .await;
     assert_eq!(uncordon.status(), StatusCode::OK);
     // A pool roll at A: the runner's image is no longer expected, and B says so.
-    let roll = a
-        .admin_put(
-            "/api/v1/admin/pools/linux",
-            json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}),
-        )
-        .await;
-    assert_eq!(roll.status(), StatusCode::OK);
+    roll_pool(&a, IMAGE_B).await;
     let drift_at = eventually_code(&b, &runner, "image_drift").await;
     assert!(
         drift_at < Duration::from_secs(2),
@@ -249,13 +243,7 @@ async fn a_replica_whose_listener_went_silent_listens_again_and_catches_up() {
 
     proxy.silence();
     let silenced = Instant::now();
-    let roll = a
-        .admin_put(
-            "/api/v1/admin/pools/linux",
-            json!({"expected_image_ids": [IMAGE_B], "drift_grace_s": 0}),
-        )
-        .await;
-    assert_eq!(roll.status(), StatusCode::OK);
+    roll_pool(&a, IMAGE_B).await;
     eventually_code(&b, &runner, "image_drift").await;
     assert!(
         silenced.elapsed() < Duration::from_secs(10),
@@ -264,13 +252,7 @@ async fn a_replica_whose_listener_went_silent_listens_again_and_catches_up() {
     );
 
     // Listening again: the next change reaches B by notification.
-    let back = a
-        .admin_put(
-            "/api/v1/admin/pools/linux",
-            json!({"expected_image_ids": [IMAGE_A], "drift_grace_s": 0}),
-        )
-        .await;
-    assert_eq!(back.status(), StatusCode::OK);
+    roll_pool(&a, IMAGE_A).await;
     let started = Instant::now();
     loop {
         let r = b.lease(&runner.healthy()).await;
@@ -284,6 +266,17 @@ async fn a_replica_whose_listener_went_silent_listens_again_and_catches_up() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// Rolls the pool `linux` at `app` to expect `image` alone, with no grace.
+async fn roll_pool(app: &TestApp, image: &str) {
+    let roll = app
+        .admin_put(
+            "/api/v1/admin/pools/linux",
+            json!({"expected_image_ids": [image], "drift_grace_s": 0}),
+        )
+        .await;
+    assert_eq!(roll.status(), StatusCode::OK);
 }
 
 /// How long until a lease at `app` is refused with `code`; panics after 10 s.
