@@ -758,24 +758,17 @@ async fn listen(
                     .clone()
                     .application_name(LISTEN_APPLICATION_NAME),
             );
-        let connected = tokio::time::timeout(patience, async {
+        // No longer than a statement's patience (`answer`), as every wait on the server is.
+        let connected = answer(patience, async {
             let mut listener = PgListener::connect_with(&own).await?;
             listener.listen_all([JOBS, CHANGES]).await?;
-            Ok::<_, sqlx::Error>(listener)
+            Ok(listener)
         })
         .await;
         let mut listener = match connected {
-            Ok(Ok(listener)) => listener,
-            Ok(Err(e)) => {
+            Ok(listener) => listener,
+            Err(e) => {
                 tracing::warn!(error = %e, "cannot LISTEN for other replicas' changes; retrying");
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(Duration::from_secs(5));
-                continue;
-            }
-            Err(_) => {
-                tracing::warn!(
-                    "PostgreSQL did not answer LISTEN in time for other replicas' changes; retrying"
-                );
                 tokio::time::sleep(backoff).await;
                 backoff = (backoff * 2).min(Duration::from_secs(5));
                 continue;
@@ -785,17 +778,20 @@ async fn listen(
         loop {
             let heard = match tokio::time::timeout(patience, listener.try_recv()).await {
                 Ok(heard) => heard,
-                Err(_quiet) => match still_answers(&mut listener, patience).await {
-                    Ok(()) => continue,
-                    Err(why) => {
-                        tracing::warn!(
-                            error = %why,
-                            "the change listener's connection does not answer; listening on a new one"
-                        );
-                        apply(Announced::Lost);
-                        break;
+                // Nothing heard for a while: is the connection still there?
+                Err(_quiet) => {
+                    match answer(patience, sqlx::query("SELECT 1").execute(&mut listener)).await {
+                        Ok(_) => continue,
+                        Err(e) => {
+                            tracing::warn!(
+                                error = %e,
+                                "the change listener's connection does not answer; listening on a new one"
+                            );
+                            apply(Announced::Lost);
+                            break;
+                        }
                     }
-                },
+                }
             };
             match heard {
                 Ok(Some(n)) => match announced(n.channel(), n.payload()) {
@@ -812,15 +808,6 @@ async fn listen(
                 }
             }
         }
-    }
-}
-
-/// Whether the listener's connection answers a question within `patience`.
-async fn still_answers(listener: &mut PgListener, patience: Duration) -> Result<(), String> {
-    match tokio::time::timeout(patience, sqlx::query("SELECT 1").execute(listener)).await {
-        Ok(Ok(_)) => Ok(()),
-        Ok(Err(e)) => Err(e.to_string()),
-        Err(_) => Err(format!("no answer in {} ms", patience.as_millis())),
     }
 }
 
