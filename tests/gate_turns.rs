@@ -26,18 +26,7 @@ async fn a_burst_larger_than_the_turns_is_judged_whole(engine: common::Engine) {
     let attestations: Vec<String> = (0..polls).map(|_| runner.healthy()).collect();
     let waiting: Vec<_> = attestations
         .into_iter()
-        .map(|attestation| {
-            let client = app.client.clone();
-            let url = app.url("/api/v1/lease");
-            tokio::spawn(async move {
-                client
-                    .post(url)
-                    .json(&serde_json::json!({"attestation": attestation, "wait_s": 30}))
-                    .send()
-                    .await
-                    .unwrap()
-            })
-        })
+        .map(|attestation| app.spawn_lease_wait(attestation, 30))
         .collect();
     // Every poll admitted and waiting, then a job for each.
     let deadline = std::time::Instant::now() + Duration::from_secs(60);

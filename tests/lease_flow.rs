@@ -436,18 +436,7 @@ async fn long_poll_wakes_on_enqueue(engine: common::Engine) {
     let runner = app.register("linux", "r1").await;
     let attestation = runner.healthy();
     let started = std::time::Instant::now();
-    let waiting = {
-        let client = app.client.clone();
-        let url = app.url("/api/v1/lease");
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .json(&json!({"attestation": attestation, "wait_s": 20}))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let waiting = app.spawn_lease_wait(attestation, 20);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let job = app.enqueue("linux").await;
     let r = waiting.await.unwrap();
@@ -473,18 +462,7 @@ async fn long_poll_times_out_with_204_and_shutdown_answers_at_once(engine: commo
     assert!(started.elapsed() >= std::time::Duration::from_millis(900));
 
     let attestation = runner.healthy();
-    let waiting = {
-        let client = app.client.clone();
-        let url = app.url("/api/v1/lease");
-        tokio::spawn(async move {
-            client
-                .post(url)
-                .json(&json!({"attestation": attestation, "wait_s": 30}))
-                .send()
-                .await
-                .unwrap()
-        })
-    };
+    let waiting = app.spawn_lease_wait(attestation, 30);
     tokio::time::sleep(std::time::Duration::from_millis(300)).await;
     let stopping = std::time::Instant::now();
     app.shutdown.cancel();

@@ -518,6 +518,25 @@ impl TestApp {
         .await
     }
 
+    /// A long poll sent from a task of its own (`lease_wait`), for a test that acts while it
+    /// waits and reads its answer after.
+    pub fn spawn_lease_wait(
+        &self,
+        attestation: String,
+        wait_s: u64,
+    ) -> tokio::task::JoinHandle<Response> {
+        let client = self.client.clone();
+        let url = self.url("/api/v1/lease");
+        tokio::spawn(async move {
+            client
+                .post(url)
+                .json(&json!({"attestation": attestation, "wait_s": wait_s}))
+                .send()
+                .await
+                .unwrap()
+        })
+    }
+
     /// Leases a job for `runner`, asserting that one is granted.
     pub async fn grant(&self, runner: &TestRunner) -> Granted {
         let r = self.lease(&runner.healthy()).await;
