@@ -93,9 +93,8 @@ pub async fn mint(
     github: &Github,
     attestation: &str,
     client: &str,
-    now: Millis,
 ) -> Result<Minted, MintError> {
-    let result = judge_and_mint(cx, github, attestation, client, now).await;
+    let result = judge_and_mint(cx, github, attestation, client).await;
     let metrics = cx.metrics();
     match &result {
         Ok(m) => match m.would_refuse {
@@ -118,9 +117,11 @@ async fn judge_and_mint(
     github: &Github,
     attestation: &str,
     client: &str,
-    now: Millis,
 ) -> Result<Minted, MintError> {
     let turn = cx.gate().turn().await;
+    // Read after the turn, as every admission does: a wait for a turn is not held against
+    // the attestation's freshness.
+    let now = Millis::now();
     let admitted = cx
         .gate()
         .admit(turn, attestation, Purpose::GithubRunner, now)

@@ -6,7 +6,6 @@ use super::problem::Problem;
 use super::views::GithubRegistrationGrant;
 use crate::app::AppState;
 use crate::client::Client;
-use crate::domain::time::Millis;
 use crate::github::error::GithubError;
 use crate::github::mint::{MintError, mint};
 use crate::problem::ApiError;
@@ -64,7 +63,6 @@ async fn register(
         &github,
         &body.attestation,
         &client.ip.to_string(),
-        Millis::now(),
     )
     .await
     .map_err(|e| problem(&state, e))?;
