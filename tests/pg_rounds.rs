@@ -219,3 +219,43 @@ async fn connections_gone_silent_are_closed_after_the_statements_patience() {
     );
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }
+
+/// A read on a pooled connection that died while it sat in the pool (the server restarted, an
+/// operator or a proxy ended it) is run again on another, as a write's `BEGIN` is: no request
+/// sees the loss. (A connection that sat idle for a while is pinged before it is lent; these
+/// died a moment ago.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_on_a_pooled_connection_that_died_is_run_again_on_another() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "pooled").await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    // Several reads at once, so that the pool holds several connections.
+    let reads = join_all((0..4).map(|_| app.admin_get("/api/v1/admin/runners"))).await;
+    assert!(reads.iter().all(|r| r.status() == 200));
+
+    let database = database_of(&app.database_url);
+    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
+        .await
+        .unwrap();
+    let ended: Vec<(bool,)> = sqlx::query_as(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE datname = $1 AND application_name = $2",
+    )
+    .bind(&database)
+    .bind(APPLICATION_NAME)
+    .fetch_all(&mut conn)
+    .await
+    .unwrap();
+    assert!(!ended.is_empty(), "the pool's connections were ended");
+    // Their sockets are closed by the time the server has ended them.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+
+    for _ in 0..ended.len() + 1 {
+        let read = app.admin_get("/api/v1/admin/runners").await;
+        assert_eq!(read.status(), 200, "{}", read.text().await.unwrap());
+    }
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+}

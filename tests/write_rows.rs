@@ -106,21 +106,23 @@ async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: b
         }
     }
 
-    let read: Work<E::Db, (Vec<Row>, Vec<Row>)> = Box::new(|db| {
-        Box::pin(async move {
-            let a = db
-                .fetch(Statement::new(
-                    "SELECT id, n, note FROM scratch_a ORDER BY id",
-                ))
-                .await?;
-            let b = db
-                .fetch(Statement::new(
-                    "SELECT a_id, k FROM scratch_b ORDER BY a_id, k",
-                ))
-                .await?;
-            Ok((a, b))
+    let read = || -> Work<E::Db, (Vec<Row>, Vec<Row>)> {
+        Box::new(|db| {
+            Box::pin(async move {
+                let a = db
+                    .fetch(Statement::new(
+                        "SELECT id, n, note FROM scratch_a ORDER BY id",
+                    ))
+                    .await?;
+                let b = db
+                    .fetch(Statement::new(
+                        "SELECT a_id, k FROM scratch_b ORDER BY a_id, k",
+                    ))
+                    .await?;
+                Ok((a, b))
+            })
         })
-    });
+    };
     let (a, b) = engine.read(read).await.expect("read back");
     let got: Vec<A> = a
         .iter()

@@ -171,7 +171,7 @@ pub async fn preload(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<()
             }
             // Outside a transaction: VACUUM cannot run inside one.
             engine
-                .read(work(|db| Box::pin(queue::settle_after_preload(db))))
+                .read(|| work(|db| Box::pin(queue::settle_after_preload(db))))
                 .await?;
         }
     }

@@ -348,10 +348,12 @@ pub trait Engine: Send + Sync + 'static {
         work: Work<Self::Db, T>,
     ) -> impl Future<Output = StoreResult<(T, Vec<Change>)>> + Send;
 
-    /// Runs `work` over a connection that reads.
+    /// Runs the work `make` makes over a connection that reads. A read changes nothing, so
+    /// an engine may make it again and run it on another connection when the first was found
+    /// gone (PostgreSQL: closed by the server or a proxy while it sat in the pool).
     fn read<T: Send + 'static>(
         &self,
-        work: Work<Self::Db, T>,
+        make: impl Fn() -> Work<Self::Db, T> + Send,
     ) -> impl Future<Output = StoreResult<T>> + Send;
 
     /// Whether the database answers (and, for SQLite, may be written).

@@ -8,7 +8,7 @@
 //!   wake-ups (`Held::apply`), the same list other replicas apply from PostgreSQL's `NOTIFY`;
 //! - a write the database aborted for a conflict is run again (`retry`).
 
-use super::engine::{Db, Engine, Work, WorkFuture};
+use super::engine::{Db, Engine, Work, WorkFuture, work};
 use super::group_commit::{GroupCommit, RoundShape};
 use super::held::Held;
 use super::retry::retrying;
@@ -177,7 +177,14 @@ where
         A: Send + Sync + 'static,
         T: Send + 'static,
     {
-        self.engine.read(step(args, f)).await
+        // Shared by each making of the work: a read may be run again on another connection.
+        let args = Arc::new(args);
+        self.engine
+            .read(|| {
+                let args = args.clone();
+                work(move |db| Box::pin(async move { f(db, &args).await }))
+            })
+            .await
     }
 
     /// `write` of a call that may refuse on its own (`Ok(Err(_))`, committed or discarded)

@@ -236,14 +236,31 @@ impl Engine for PgEngine {
         write_on(&self.pool, self.patience, work).await
     }
 
-    async fn read<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
-        let mut db = PgDb::on(Lent::new(self.pool.acquire().await?), self.patience);
-        let result = work(&mut db).await;
-        // Back to the pool, unless a statement got no answer (its error is the result).
-        if !db.silent {
-            db.conn.finish();
+    async fn read<T: Send + 'static>(
+        &self,
+        make: impl Fn() -> Work<PgDb, T> + Send,
+    ) -> StoreResult<T> {
+        // As `begin_again`: one more try than the pool holds, each on a connection found gone
+        // at once (not one that went silent, which has had its patience already).
+        let tries = self.pool.options().get_max_connections() + 1;
+        let mut gone = 0;
+        loop {
+            let mut db = PgDb::on(Lent::new(self.pool.acquire().await?), self.patience);
+            let result = make()(&mut db).await;
+            match db.link {
+                // Back to the pool.
+                Link::Answering => {
+                    db.conn.finish();
+                    return result;
+                }
+                Link::Gone if result.is_err() && gone < tries => {
+                    gone += 1;
+                    tracing::debug!("a connection to PostgreSQL was gone; reading on another");
+                }
+                // Closed as it is dropped; the statement's error is the result.
+                Link::Gone | Link::Silent => return result,
+            }
         }
-        result
     }
 
     async fn ping(&self) -> StoreResult<()> {
@@ -333,7 +350,7 @@ async fn transact<T: Send + 'static>(
     Option<PoolConnection<Postgres>>,
 ) {
     let result = work(&mut db).await;
-    if db.silent {
+    if db.link != Link::Answering {
         return (result, Vec::new(), None);
     }
     let commit = result.is_ok() && !db.discard;
@@ -454,8 +471,18 @@ pub struct PgDb {
     discard: bool,
     /// How long each statement waits for its answer (`answer`).
     patience: Duration,
-    /// A statement got no answer: the connection is not used again.
-    silent: bool,
+    /// Whether the connection still answers; one that does not is not used again.
+    link: Link,
+}
+
+/// What the statements found of a `PgDb`'s connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Link {
+    Answering,
+    /// A statement got no answer within its patience (`answer`).
+    Silent,
+    /// A statement found it closed, or ended by the server (`lost`).
+    Gone,
 }
 
 impl PgDb {
@@ -465,7 +492,7 @@ impl PgDb {
             changes: Vec::new(),
             discard: false,
             patience,
-            silent: false,
+            link: Link::Answering,
         }
     }
 
@@ -475,16 +502,20 @@ impl PgDb {
 }
 
 /// A `PgDb` statement's answer within `patience` (`answer`); one that never came marks the
-/// connection `silent`. Over the fields, not the `PgDb`, since the statement borrows its
-/// connection.
+/// connection `Silent`, a failure that says it is closed or ended marks it `Gone`. Over the
+/// fields, not the `PgDb`, since the statement borrows its connection.
 async fn heard<T>(
     patience: Duration,
-    silent: &mut bool,
+    link: &mut Link,
     statement: impl Future<Output = Result<T, sqlx::Error>>,
 ) -> StoreResult<T> {
     let answered = answer(patience, statement).await;
-    if matches!(&answered, Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut) {
-        *silent = true;
+    match &answered {
+        Err(sqlx::Error::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+            *link = Link::Silent;
+        }
+        Err(e) if lost(e) => *link = Link::Gone,
+        _ => {}
     }
     Ok(answered?)
 }
@@ -582,14 +613,14 @@ impl Db for PgDb {
     async fn execute(&mut self, st: Statement<'_>) -> StoreResult<u64> {
         let sql = pg_sql(&st);
         let statement = query(&sql, &st.params).execute(self.conn.connection());
-        let done = heard(self.patience, &mut self.silent, statement).await?;
+        let done = heard(self.patience, &mut self.link, statement).await?;
         Ok(done.rows_affected())
     }
 
     async fn fetch(&mut self, st: Statement<'_>) -> StoreResult<Vec<Row>> {
         let sql = pg_sql(&st);
         let statement = query(&sql, &st.params).fetch_all(self.conn.connection());
-        let found = heard(self.patience, &mut self.silent, statement).await?;
+        let found = heard(self.patience, &mut self.link, statement).await?;
         let Some(first) = found.first() else {
             return Ok(Vec::new());
         };
@@ -613,7 +644,7 @@ impl Db for PgDb {
             .bind(channel)
             .bind(payload)
             .execute(self.conn.connection());
-        heard(self.patience, &mut self.silent, statement).await?;
+        heard(self.patience, &mut self.link, statement).await?;
         self.changes.push(change);
         Ok(())
     }

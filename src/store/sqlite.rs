@@ -305,8 +305,11 @@ impl Engine for SqliteEngine {
         .await
     }
 
-    async fn read<T: Send + 'static>(&self, work: Work<SqliteDb, T>) -> StoreResult<T> {
-        let spills = self.spills.clone();
+    async fn read<T: Send + 'static>(
+        &self,
+        make: impl Fn() -> Work<SqliteDb, T> + Send,
+    ) -> StoreResult<T> {
+        let (spills, work) = (self.spills.clone(), make());
         Self::on_thread(&self.readers, move |conn| {
             let (conn, result) = transaction(conn, "BEGIN", &spills, work);
             (conn, result.map(|(t, _)| t))
