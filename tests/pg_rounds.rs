@@ -18,6 +18,13 @@ fn database_of(url: &str) -> String {
     url.path().trim_start_matches('/').to_string()
 }
 
+/// A connection of the test's own to the PostgreSQL server, beside the app's.
+async fn server_connection() -> sqlx::PgConnection {
+    sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
+        .await
+        .unwrap()
+}
+
 /// The names of this process's threads.
 fn thread_names() -> Vec<String> {
     std::fs::read_dir("/proc/self/task")
@@ -48,9 +55,7 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
         assert!(reads.iter().all(|r| r.status() == reqwest::StatusCode::OK));
     }
 
-    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
-        .await
-        .unwrap();
+    let mut conn = server_connection().await;
     let sessions: Vec<(String, String)> = sqlx::query_as(
         "SELECT application_name, query FROM pg_stat_activity \
          WHERE datname = $1 AND backend_type = 'client backend'",
@@ -123,9 +128,7 @@ async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
     app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "kept").await;
     let database = database_of(&app.database_url);
-    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
-        .await
-        .unwrap();
+    let mut conn = server_connection().await;
     for _ in 0..3 {
         assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
     }
@@ -237,9 +240,7 @@ async fn a_read_on_a_pooled_connection_that_died_is_run_again_on_another() {
     assert!(reads.iter().all(|r| r.status() == 200));
 
     let database = database_of(&app.database_url);
-    let mut conn = sqlx::PgConnection::connect(&common::pg::server_url().unwrap())
-        .await
-        .unwrap();
+    let mut conn = server_connection().await;
     let ended: Vec<(bool,)> = sqlx::query_as(
         "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
          WHERE datname = $1 AND application_name = $2",
