@@ -4,6 +4,7 @@
 
 use clap::Parser;
 use leasegate::bench::BenchArgs;
+use sqlx::Connection;
 
 /// `leasegate bench`'s arguments, as the binary reads them.
 #[derive(Parser)]
@@ -140,4 +141,42 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
     assert_eq!(written["goals"].as_array().unwrap().len(), 9);
     assert!(written["goals"][0]["goal"].as_f64().unwrap() > 0.0);
     assert!(written["forge"]["upload_gate_mb_per_s"].as_f64().unwrap() > 0.0);
+}
+
+/// On PostgreSQL the bench says up front when the server has no room for the connections its
+/// concurrency needs (the service's pool beside the raw claim's clients), naming the numbers
+/// and what to change, instead of failing midway on "pool timed out".
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_the_postgresql_server_cannot_hold_is_refused_before_anything_runs() {
+    let Some(db) = crate::common::pg::TestDatabase::create().await else {
+        return;
+    };
+    // As many clients as the server allows connections: with the service's pool beside them,
+    // more than it can hold, whatever the server's setting.
+    let mut conn = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    let (max,): (String,) = sqlx::query_as("SHOW max_connections")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    conn.close().await.ok();
+    let Bench { mut args } = Bench::parse_from(["bench", "--quiet", "--concurrency", &max]);
+    args.database_url = Some(db.url.clone());
+    let started = std::time::Instant::now();
+    let refused = leasegate::bench::run(args)
+        .await
+        .map(|_| ())
+        .expect_err("that many clients need more connections than the server allows");
+    let said = format!("{refused:#}");
+    let needed = 2 * max.parse::<u32>().unwrap() + 8;
+    assert!(
+        said.contains(&format!(
+            "--concurrency {max} on PostgreSQL needs up to {needed} connections"
+        )) && said.contains("max_connections")
+            && said.contains("lower --concurrency or raise max_connections"),
+        "{said}"
+    );
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(30),
+        "refused before the fleet was made"
+    );
 }

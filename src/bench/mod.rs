@@ -184,6 +184,25 @@ impl Drop for TempDir {
     }
 }
 
+/// On PostgreSQL, whether the server has room for what the bench may hold open at once: the
+/// service's pool (`pool`), its rounds' lanes and its listener (4 more at most), and the raw
+/// claim's and pgbench's clients (`concurrency`), which run while the service's connections
+/// stay open. Without it a run at 64 clients against a server's default of 100 failed midway
+/// on "pool timed out", the server refusing "too many clients".
+async fn connection_room(url: &str, concurrency: usize, pool: u32) -> anyhow::Result<()> {
+    let (max, used) = crate::store::connection_room(url).await?;
+    let needed = i64::from(pool) + 4 + concurrency as i64;
+    anyhow::ensure!(
+        needed <= max - used,
+        "--concurrency {concurrency} on PostgreSQL needs up to {needed} connections at once \
+         (the service's pool of {pool}, its rounds and listener 4, the raw claim's {concurrency} \
+         clients), and the server has {} free (max_connections {max}, {used} in use): lower \
+         --concurrency or raise max_connections",
+        max - used
+    );
+    Ok(())
+}
+
 /// The service under test; an in-process one forwards Forgejo's calls to `forge` when given.
 async fn start(args: &BenchArgs, forge: Option<&forge::StandIn>) -> anyhow::Result<Target> {
     if let Some(base) = &args.server {
@@ -229,6 +248,9 @@ async fn start(args: &BenchArgs, forge: Option<&forge::StandIn>) -> anyhow::Resu
     serve.admin_token = Some(crate::secrets::generate_token(""));
     serve.forge_token = Some(crate::secrets::generate_token(""));
     serve.db_max_connections = (args.concurrency as u32 + 4).max(8);
+    if database_url.starts_with("postgres") {
+        connection_room(&database_url, args.concurrency, serve.db_max_connections).await?;
+    }
     serve.forgejo_upstream = forge.map(|f| f.base.clone());
     let shutdown = CancellationToken::new();
     let state = crate::server::prepare(&serve, shutdown.clone()).await?;

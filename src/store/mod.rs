@@ -30,6 +30,7 @@ mod vocabulary;
 
 pub use crate::domain::lease::Lease;
 pub use open::{Bare, DatabaseUrl, DatabaseUrlError, open};
+pub use pg_connect::connection_room;
 pub use service::{DynStore, Store};
 pub use signal::JobSignal;
 pub use sql::buildkite::BuildkiteState;

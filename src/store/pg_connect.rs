@@ -28,6 +28,26 @@ pub async fn first_connection(options: &PgConnectOptions, timeout: Duration) -> 
     }
 }
 
+/// The server's `max_connections` and the connections it holds now (every backend a client
+/// opened, whatever its database): what room there is for more, for a tool that is about to
+/// open many (`leasegate bench`).
+pub async fn connection_room(url: &str) -> anyhow::Result<(i64, i64)> {
+    let options: PgConnectOptions = url.parse()?;
+    let at = address(&options);
+    let mut conn = options
+        .connect()
+        .await
+        .map_err(|e| anyhow::anyhow!("{}", explain(&e, &at)))?;
+    let room = sqlx::query_as(
+        "SELECT current_setting('max_connections')::int8, \
+         (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'client backend')",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    conn.close().await.ok();
+    Ok(room)
+}
+
 /// Where the server is, as a person would look for it (never the password).
 fn address(options: &PgConnectOptions) -> String {
     match options.get_socket() {
