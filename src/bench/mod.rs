@@ -248,8 +248,8 @@ async fn start(args: &BenchArgs, forge: Option<&forge::StandIn>) -> anyhow::Resu
     serve.admin_token = Some(crate::secrets::generate_token(""));
     serve.forge_token = Some(crate::secrets::generate_token(""));
     serve.db_max_connections = (args.concurrency as u32 + 4).max(8);
-    if database_url.starts_with("postgres") {
-        connection_room(&database_url, args.concurrency, serve.db_max_connections).await?;
+    if let Ok(DatabaseUrl::Postgres(url)) = DatabaseUrl::parse(&database_url) {
+        connection_room(&url, args.concurrency, serve.db_max_connections).await?;
     }
     serve.forgejo_upstream = forge.map(|f| f.base.clone());
     let shutdown = CancellationToken::new();

@@ -8,7 +8,7 @@
 //!   wake-ups (`Held::apply`), the same list other replicas apply from PostgreSQL's `NOTIFY`;
 //! - a write the database aborted for a conflict is run again (`retry`).
 
-use super::engine::{Db, Engine, Work, WorkFuture, work};
+use super::engine::{Db, Engine, Work, WorkFuture};
 use super::group_commit::{GroupCommit, RoundShape};
 use super::held::Held;
 use super::retry::retrying;
@@ -174,17 +174,11 @@ where
 
     async fn read<A, T>(&self, args: A, f: Step<E::Db, A, T>) -> StoreResult<T>
     where
-        A: Send + Sync + 'static,
+        A: Clone + Send + Sync + 'static,
         T: Send + 'static,
     {
-        // Shared by each making of the work: a read may be run again on another connection.
-        let args = Arc::new(args);
-        self.engine
-            .read(|| {
-                let args = args.clone();
-                work(move |db| Box::pin(async move { f(db, &args).await }))
-            })
-            .await
+        // Made again, as a retried write is, when it is run again on another connection.
+        self.engine.read(|| step(args.clone(), f)).await
     }
 
     /// `write` of a call that may refuse on its own (`Ok(Err(_))`, committed or discarded)
