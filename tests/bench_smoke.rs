@@ -103,6 +103,22 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
         forge.forwarded_p50_added_ms,
         op("forge-forwarded").p50_ms - op("forge-direct").p50_ms
     );
+    // HAProxy, where it is installed, carried the same bodies in the gate's place.
+    if haproxy_installed() {
+        for rate in [
+            forge.upload_haproxy_mb_per_s,
+            forge.download_haproxy_mb_per_s,
+            forge.haproxy_upload_cpu_ratio,
+            forge.haproxy_download_cpu_ratio,
+        ] {
+            assert!(rate.is_some_and(|r| r.is_finite() && r > 0.0), "{forge:?}");
+        }
+        assert_eq!(forge.haproxy_note, None);
+    } else {
+        assert_eq!(forge.upload_haproxy_mb_per_s, None);
+        let note = forge.haproxy_note.as_deref().unwrap_or_default();
+        assert!(note.contains("haproxy is not installed"), "{note}");
+    }
 
     assert!(report.limits.verifications_per_second_per_core > 100.0);
     assert!(report.limits.raw_claims_per_second.unwrap() > 10.0);
@@ -141,6 +157,25 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
     assert_eq!(written["goals"].as_array().unwrap().len(), 9);
     assert!(written["goals"][0]["goal"].as_f64().unwrap() > 0.0);
     assert!(written["forge"]["upload_gate_mb_per_s"].as_f64().unwrap() > 0.0);
+}
+
+/// Whether `haproxy` is on PATH; under `LEASEGATE_REQUIRE_DEPLOY_TOOLS=1` (CI, which installs
+/// it) it must be.
+fn haproxy_installed() -> bool {
+    let found = std::env::var_os("PATH").is_some_and(|paths| {
+        std::env::split_paths(&paths).any(|dir| dir.join("haproxy").is_file())
+    });
+    if !found {
+        assert!(
+            std::env::var("LEASEGATE_REQUIRE_DEPLOY_TOOLS").as_deref() != Ok("1"),
+            "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but haproxy is missing (the bench's forge phase \
+             measures it beside the gate)"
+        );
+        crate::common::skip::skipped(
+            "bench's forge phase: haproxy is not installed here, its transfers are not measured",
+        );
+    }
+    found
 }
 
 /// On PostgreSQL the bench says up front when the server has no room for the connections its

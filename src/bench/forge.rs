@@ -11,9 +11,11 @@
 //! a forwarded byte crosses the kernel's loopback twice where a direct one crosses it once,
 //! and where the cores are busy the ratio of rates follows the ratio of CPU.
 //! The stand-in counts the fetches it gets, which tells a refusal that reached it from one that
-//! did not.
+//! did not. Where HAProxy is installed, the same bodies go through it too (`haproxy`): what a
+//! proxy's own best costs on this machine, beside what the gate costs.
 
 use super::fleet::{self, Fleet};
+use super::haproxy::Haproxy;
 use super::load::{self, Drive, OpReport};
 use super::wire::Wire;
 use axum::Router;
@@ -23,6 +25,7 @@ use axum::routing::{get, post};
 use futures_util::StreamExt;
 use serde::Serialize;
 use serde_json::json;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -61,6 +64,14 @@ pub struct ForgeReport {
     pub upload_cpu_ratio: Option<f64>,
     /// The same for a download.
     pub download_cpu_ratio: Option<f64>,
+    /// The same bodies through HAProxy with kernel splicing in the gate's place (`None` where
+    /// it did not run: `haproxy_note` says why).
+    pub upload_haproxy_mb_per_s: Option<f64>,
+    pub download_haproxy_mb_per_s: Option<f64>,
+    /// CPU time through HAProxy (this process's and HAProxy's) ÷ direct, as above.
+    pub haproxy_upload_cpu_ratio: Option<f64>,
+    pub haproxy_download_cpu_ratio: Option<f64>,
+    pub haproxy_note: Option<String>,
     /// Fetches the stand-in got while refused runners fetched through the gate: 0 when every
     /// refusal was answered without it.
     pub upstream_fetches_while_refused: u64,
@@ -73,6 +84,7 @@ pub struct ForgeReport {
 /// The stand-in forge, serving until dropped.
 pub struct StandIn {
     pub base: String,
+    addr: SocketAddr,
     fetches: Arc<AtomicU64>,
     stop: CancellationToken,
 }
@@ -92,7 +104,8 @@ impl StandIn {
             .route(&format!("{DOWNLOAD}/{{bytes}}"), get(serve_download))
             .with_state(fetches.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-        let base = format!("http://{}", listener.local_addr()?);
+        let addr = listener.local_addr()?;
+        let base = format!("http://{addr}");
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
@@ -104,6 +117,7 @@ impl StandIn {
         });
         Ok(StandIn {
             base,
+            addr,
             fetches,
             stop,
         })
@@ -129,13 +143,18 @@ async fn take_upload(body: Body) -> String {
     n.to_string()
 }
 
-async fn serve_download(Path(bytes): Path<u64>) -> Body {
+/// Streams `bytes` bytes with their length said up front, as a forge serves an artifact (a
+/// proxy can splice a body of known length; a chunked one it must read to find its end).
+async fn serve_download(Path(bytes): Path<u64>) -> impl axum::response::IntoResponse {
     let piece = Bytes::from(vec![b'x'; CHUNK]);
     let pieces = (0..bytes.div_ceil(CHUNK as u64)).map(move |i| {
         let len = (bytes - i * CHUNK as u64).min(CHUNK as u64) as usize;
         Ok::<_, std::convert::Infallible>(piece.slice(..len))
     });
-    Body::from_stream(futures_util::stream::iter(pieces))
+    (
+        [(axum::http::header::CONTENT_LENGTH, bytes.to_string())],
+        Body::from_stream(futures_util::stream::iter(pieces)),
+    )
 }
 
 /// Runs the forge phase against the service at `fleet.base`, which forwards Forgejo's calls
@@ -171,7 +190,19 @@ pub async fn measure(
     let forwarded_p50_added_ms = forwarded.p50_ms - direct.p50_ms;
     ops.extend([forwarded, direct]);
 
-    let transfers = Transfers::measure(client, &fleet.base, &stand_in.base, body_bytes).await?;
+    let (haproxy, haproxy_note) = match Haproxy::start(stand_in.addr).await {
+        Ok(proxy) => (Some(proxy), None),
+        Err(why) => (None, Some(why)),
+    };
+    let transfers = Transfers::measure(
+        client,
+        &fleet.base,
+        &stand_in.base,
+        haproxy.as_ref(),
+        body_bytes,
+    )
+    .await?;
+    drop(haproxy);
     let mb_per_s = |seconds: f64| body_bytes as f64 / 1e6 / seconds.max(1e-9);
     let report = ForgeReport {
         body_bytes,
@@ -181,6 +212,11 @@ pub async fn measure(
         download_direct_mb_per_s: mb_per_s(transfers.download_direct),
         upload_cpu_ratio: transfers.upload_cpu_ratio,
         download_cpu_ratio: transfers.download_cpu_ratio,
+        upload_haproxy_mb_per_s: transfers.upload_haproxy.map(mb_per_s),
+        download_haproxy_mb_per_s: transfers.download_haproxy.map(mb_per_s),
+        haproxy_upload_cpu_ratio: transfers.haproxy_upload_cpu_ratio,
+        haproxy_download_cpu_ratio: transfers.haproxy_download_cpu_ratio,
+        haproxy_note,
         upstream_fetches_while_refused,
         upstream_fetches_while_forwarded,
         forwarded_p50_added_ms,
@@ -268,8 +304,19 @@ struct Transfers {
     upload_direct: f64,
     download_gate: f64,
     download_direct: f64,
+    upload_haproxy: Option<f64>,
+    download_haproxy: Option<f64>,
     upload_cpu_ratio: Option<f64>,
     download_cpu_ratio: Option<f64>,
+    haproxy_upload_cpu_ratio: Option<f64>,
+    haproxy_download_cpu_ratio: Option<f64>,
+}
+
+/// One way a body goes to the stand-in: its base, and the process beside this one whose CPU
+/// counts too (HAProxy's).
+struct Through<'a> {
+    base: &'a str,
+    also: Option<u32>,
 }
 
 impl Transfers {
@@ -277,45 +324,84 @@ impl Transfers {
         client: &reqwest::Client,
         gate: &str,
         direct: &str,
+        haproxy: Option<&Haproxy>,
         bytes: u64,
     ) -> anyhow::Result<Transfers> {
         let body = Bytes::from(vec![b'x'; bytes as usize]);
-        let mut times: [Vec<f64>; 4] = Default::default();
-        let mut cpu: [Vec<u64>; 4] = Default::default();
+        let mut paths = vec![
+            Through {
+                base: direct,
+                also: None,
+            },
+            Through {
+                base: gate,
+                also: None,
+            },
+        ];
+        if let Some(proxy) = haproxy {
+            paths.push(Through {
+                base: &proxy.base,
+                also: proxy.pid(),
+            });
+        }
+        // [path][upload, download]: the rounds' seconds and CPU nanoseconds.
+        let mut times = vec![[Vec::new(), Vec::new()]; paths.len()];
+        let mut cpu = vec![[Vec::new(), Vec::new()]; paths.len()];
         for _ in 0..TRANSFER_ROUNDS {
-            // Alternating, so that the machine's drift touches both alike.
-            for (i, through) in [direct, gate].into_iter().enumerate() {
-                let before = cpu_ns();
-                times[i].push(upload(client, through, body.clone()).await?);
-                cpu[i].extend(cpu_ns().zip(before).map(|(a, b)| a.saturating_sub(b)));
-            }
-            for (i, through) in [direct, gate].into_iter().enumerate() {
-                let before = cpu_ns();
-                times[2 + i].push(download(client, through, bytes).await?);
-                cpu[2 + i].extend(cpu_ns().zip(before).map(|(a, b)| a.saturating_sub(b)));
+            // Alternating, so that the machine's drift touches every path alike.
+            for (way, up) in [(0, true), (1, false)] {
+                for (i, path) in paths.iter().enumerate() {
+                    let before = cpu_ns(path.also);
+                    let seconds = if up {
+                        upload(client, path.base, body.clone()).await?
+                    } else {
+                        download(client, path.base, bytes).await?
+                    };
+                    times[i][way].push(seconds);
+                    let spent = cpu_ns(path.also)
+                        .zip(before)
+                        .map(|(a, b)| a.saturating_sub(b));
+                    cpu[i][way].extend(spent);
+                }
             }
         }
-        let [upload_direct, upload_gate, download_direct, download_gate] = times.map(median);
-        let ratio = |gate: &[u64], direct: &[u64]| {
-            let full = gate.len() == TRANSFER_ROUNDS && direct.len() == TRANSFER_ROUNDS;
+        let time = |i: usize, way: usize| median(times[i][way].clone());
+        let haproxy_time = |way: usize| (times.len() > 2).then(|| time(2, way));
+        let cpu_ratio = |i: usize, way: usize| {
+            let (through, direct) = (&cpu.get(i)?[way], &cpu[0][way]);
+            let full = through.len() == TRANSFER_ROUNDS && direct.len() == TRANSFER_ROUNDS;
             let as_f64 = |v: &[u64]| v.iter().map(|n| *n as f64).collect::<Vec<_>>();
-            full.then(|| median(as_f64(gate)) / median(as_f64(direct)).max(1.0))
+            full.then(|| median(as_f64(through)) / median(as_f64(direct)).max(1.0))
         };
         Ok(Transfers {
-            upload_gate,
-            upload_direct,
-            download_gate,
-            download_direct,
-            upload_cpu_ratio: ratio(&cpu[1], &cpu[0]),
-            download_cpu_ratio: ratio(&cpu[3], &cpu[2]),
+            upload_direct: time(0, 0),
+            download_direct: time(0, 1),
+            upload_gate: time(1, 0),
+            download_gate: time(1, 1),
+            upload_haproxy: haproxy_time(0),
+            download_haproxy: haproxy_time(1),
+            upload_cpu_ratio: cpu_ratio(1, 0),
+            download_cpu_ratio: cpu_ratio(1, 1),
+            haproxy_upload_cpu_ratio: cpu_ratio(2, 0),
+            haproxy_download_cpu_ratio: cpu_ratio(2, 1),
         })
     }
 }
 
-/// The CPU time this process's threads have had, in nanoseconds (Linux).
-fn cpu_ns() -> Option<u64> {
+/// The CPU time this process's threads have had, and `also`'s (another process), in
+/// nanoseconds (Linux).
+fn cpu_ns(also: Option<u32>) -> Option<u64> {
+    let mut total = task_cpu_ns("/proc/self/task")?;
+    if let Some(pid) = also {
+        total += task_cpu_ns(&format!("/proc/{pid}/task"))?;
+    }
+    Some(total)
+}
+
+/// The CPU time of every thread under `tasks` (a `/proc/…/task` directory).
+fn task_cpu_ns(tasks: &str) -> Option<u64> {
     let mut total = 0;
-    for task in std::fs::read_dir("/proc/self/task").ok()? {
+    for task in std::fs::read_dir(tasks).ok()? {
         let path = task.ok()?.path().join("schedstat");
         // A thread that ended meanwhile has nothing more to count.
         let Ok(stat) = std::fs::read_to_string(path) else {

@@ -14,6 +14,7 @@ mod emit;
 mod fleet;
 mod forge;
 mod goals;
+mod haproxy;
 mod io;
 mod limits;
 mod load;
@@ -482,6 +483,21 @@ fn print(r: &Report) {
             ratio(f.upload_cpu_ratio),
             ratio(f.download_cpu_ratio)
         );
+        match (f.upload_haproxy_mb_per_s, f.download_haproxy_mb_per_s) {
+            (Some(up), Some(down)) => println!(
+                "haproxy with kernel splicing in the gate's place: upload {up:.0} MB/s, download \
+                 {down:.0} MB/s; CPU ÷ direct: upload {}, download {}; the gate ÷ haproxy: \
+                 upload {:.2}, download {:.2}",
+                ratio(f.haproxy_upload_cpu_ratio),
+                ratio(f.haproxy_download_cpu_ratio),
+                f.upload_gate_mb_per_s / up.max(1e-9),
+                f.download_gate_mb_per_s / down.max(1e-9),
+            ),
+            _ => println!(
+                "haproxy: not measured: {}",
+                f.haproxy_note.as_deref().unwrap_or("it did not run")
+            ),
+        }
     }
     if let Some(lp) = &r.long_polls {
         let mb = |v: Option<f64>| v.map_or("n/a".to_string(), |v| format!("{v:.1} MiB"));
