@@ -14,6 +14,9 @@
 # all pinned to these, so the load generator shares the service's cores, as in the issue's
 # runs). Each kind of request is bounded in time (wrk's -d) and in count (each thread stops
 # when its share is sent: the attestations written, or 50 000 a second for the others).
+# Then TRANSFER_MB (200) each way with curl, three rounds: to a stand-in forge of Python's
+# (bench/outside_forge.py) directly, through the gate, and through HAProxy with kernel
+# splicing where it is installed (the configuration the bench's forge phase uses).
 # Whatever happens, the server is stopped and the files and databases removed on exit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -36,6 +39,7 @@ if [ $# -gt 0 ]; then
     *) echo "usage: bench/outside.sh [postgres://USER@HOST:PORT]" >&2; exit 64 ;;
   esac
 fi
+transfer_mb="${TRANSFER_MB:-200}"
 for tool in wrk curl python3 taskset /usr/bin/time; do
   command -v "$tool" >/dev/null || { echo "outside: $tool is needed" >&2; exit 1; }
 done
@@ -43,6 +47,7 @@ done
 
 dir="$(mktemp -d)"
 server=""
+helpers=()
 databases=()
 cleanup() {
   status=$?
@@ -50,6 +55,10 @@ cleanup() {
     kill "$server" 2>/dev/null || true
     wait "$server" 2>/dev/null || true
   fi
+  for pid in "${helpers[@]}"; do
+    kill "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
   for db in "${databases[@]}"; do
     psql -q "$pg_server/postgres" -c "DROP DATABASE IF EXISTS $db WITH (FORCE)" >/dev/null 2>&1 ||
       echo "outside: could not drop database $db" >&2
@@ -79,17 +88,46 @@ else
   engine=sqlite
 fi
 
+# The stand-in forge, and HAProxy in front of it where it is installed.
+forge_port="$(free_port)"
+python3 bench/outside_forge.py "$forge_port" >"$dir/forge.log" 2>&1 &
+helpers+=($!)
+proxy=""
+if command -v haproxy >/dev/null; then
+  proxy_port="$(free_port)"
+  cat >"$dir/haproxy.cfg" <<CFG
+global
+    maxconn 256
+    tune.pipesize 1048576
+defaults
+    mode http
+    timeout connect 5s
+    timeout client 600s
+    timeout server 600s
+    option splice-request
+    option splice-response
+frontend bench
+    bind 127.0.0.1:$proxy_port
+    default_backend forge
+backend forge
+    server forge 127.0.0.1:$forge_port
+CFG
+  taskset -c "$cpus" haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
+  helpers+=($!)
+  proxy="http://127.0.0.1:$proxy_port"
+fi
+
 # The service, as the in-process bench starts its own: logging at warn (a line per request
 # would be measured too), as many database connections as clients and a few, and a Forgejo
-# to gate in front of. Nothing listens there: a refused fetch never reaches it, and a fetch
-# that did would fail and be counted as an error.
+# to gate in front of: the stand-in. A refused fetch never reaches it; a fetch that did would
+# be answered 404 and counted as an error.
 port="${PORT:-$(free_port)}"
 base="http://127.0.0.1:$port"
 admin="$(openssl rand -hex 32)"
 forge="$(openssl rand -hex 32)"
 RUST_LOG=warn LEASEGATE_ADMIN_TOKEN="$admin" LEASEGATE_FORGE_TOKEN="$forge" \
   LEASEGATE_DB_MAX_CONNECTIONS="$((clients + 4))" \
-  LEASEGATE_FORGEJO_UPSTREAM="http://127.0.0.1:$(free_port)" \
+  LEASEGATE_FORGEJO_UPSTREAM="http://127.0.0.1:$forge_port" \
   taskset -c "$cpus" "$bin" serve --listen "127.0.0.1:$port" --database-url "$outside_url" >"$dir/serve.log" 2>&1 &
 server=$!  # taskset execs the service: this is its pid
 for _ in $(seq 100); do
@@ -124,13 +162,42 @@ for kind in heartbeats refusals forge-refused readyz livez; do
   curl -fsS "$base/metrics" >"$dir/$kind.metrics-after"
   sleep 1
 done
+# The transfers: each way, direct, through the gate and through HAProxy in turn, three rounds.
+size=$((transfer_mb * 1000000))
+head -c "$size" /dev/zero >"$dir/body"
+artifact=/api/actions_pipeline/outside
+for round in 1 2 3; do
+  for way in upload download; do
+    for path in direct gate haproxy; do
+      case "$path" in
+        direct) to="http://127.0.0.1:$forge_port" ;;
+        gate) to="$base" ;;
+        haproxy) [ -n "$proxy" ] || continue; to="$proxy" ;;
+      esac
+      if [ "$way" = upload ]; then
+        took="$(taskset -c "$cpus" curl -fsS -o "$dir/answer" -w '%{time_total}' -H 'Expect:' \
+          -H 'content-type: application/octet-stream' --data-binary @"$dir/body" "$to$artifact/upload")"
+        [ "$(cat "$dir/answer")" = "$size" ] ||
+          { echo "outside: the upload through $path arrived as $(cat "$dir/answer") bytes" >&2; exit 1; }
+      else
+        took="$(taskset -c "$cpus" curl -fsS -o /dev/null -w '%{time_total} %{size_download}' \
+          "$to$artifact/download/$size")"
+        [ "${took#* }" = "$size" ] ||
+          { echo "outside: the download through $path got ${took#* } bytes" >&2; exit 1; }
+        took="${took%% *}"
+      fi
+      echo "$way $path $took" >>"$dir/transfers"
+    done
+  done
+done
+
 kill "$server"
 wait "$server" || true
 server=""
 
 # The in-process bench on the same phases, right after, on the same cores.
 taskset -c "$cpus" "$bin" bench --quiet --runners "$runners" --broken "$broken" --jobs 0 --concurrency "$clients" \
-  --duration-s "$seconds" --phases "$phases" --forge-body-mb 1 "${inproc_args[@]}" \
+  --duration-s "$seconds" --phases "$phases" --forge-body-mb "$transfer_mb" "${inproc_args[@]}" \
   --json "$dir/inproc.json" >"$dir/inproc.log"
 
-python3 bench/outside_report.py "$dir" "$engine" "$clients" "$wrk_threads" "$seconds" "$(getconf CLK_TCK)"
+python3 bench/outside_report.py "$dir" "$engine" "$clients" "$wrk_threads" "$seconds" "$(getconf CLK_TCK)" "$transfer_mb"

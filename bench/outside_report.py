@@ -1,7 +1,8 @@
 """bench/outside.sh's report: wrk's figures, what the service itself counted, the CPU each side
-used, and the performance goals' ratios from outside beside the in-process bench's, same run.
+used, and the performance goals' ratios from outside beside the in-process bench's, same run;
+then curl's transfers, direct, through the gate and through HAProxy.
 
-    python3 bench/outside_report.py DIR ENGINE CLIENTS WRK_THREADS SECONDS CLK_TCK
+    python3 bench/outside_report.py DIR ENGINE CLIENTS WRK_THREADS SECONDS CLK_TCK TRANSFER_MB
 """
 
 import json
@@ -60,8 +61,32 @@ def fmt(x, digits=2):
     return "n/a" if x is None else f"{x:.{digits}f}"
 
 
+def median(values):
+    values = sorted(values)
+    return values[len(values) // 2] if values else None
+
+
+def transfers(d, mb, inproc):
+    """The transfers' medians (MB/s) per way and path, and their ratios beside the in-process
+    bench's gate ÷ direct."""
+    seconds = {}
+    for line in (d / "transfers").read_text().splitlines():
+        way, path, took = line.split()
+        seconds.setdefault((way, path), []).append(float(took))
+    rate = {k: mb / median(v) for k, v in seconds.items()}
+    forge = inproc.get("forge") or {}
+    print(f"transfers, {mb:g} MB each way (curl, median of 3, MB/s)   direct     gate  haproxy"
+          f"  gate/direct  haproxy/direct  gate/haproxy  in-process gate/direct")
+    for way in ("upload", "download"):
+        direct, gate, proxy = (rate.get((way, p)) for p in ("direct", "gate", "haproxy"))
+        in_gate, in_direct = forge.get(f"{way}_gate_mb_per_s"), forge.get(f"{way}_direct_mb_per_s")
+        print(f"{way:<52} {fmt(direct, 0):>8} {fmt(gate, 0):>8} {fmt(proxy, 0):>8} "
+              f"{fmt(ratio(gate, direct)) + 'x':>12} {fmt(ratio(proxy, direct)) + 'x':>15} "
+              f"{fmt(ratio(gate, proxy)) + 'x':>13} {fmt(ratio(in_gate, in_direct)) + 'x':>22}")
+
+
 def main():
-    d, engine, clients, threads, seconds, tck = sys.argv[1:7]
+    d, engine, clients, threads, seconds, tck, mb = sys.argv[1:8]
     d, tck = Path(d), float(tck)
     emitted = json.loads((d / "emitted.json").read_text())
     inproc = json.loads((d / "inproc.json").read_text())
@@ -122,6 +147,7 @@ def main():
     print(f"{'ratio':<40} {'outside (wrk)':>14} {'in-process':>11}")
     for name, o, i in rows:
         print(f"{name:<40} {fmt(o) + 'x':>14} {fmt(i) + 'x' if i is not None else 'n/a':>11}")
+    transfers(d, float(mb), inproc)
 
 
 if __name__ == "__main__":
