@@ -312,6 +312,14 @@ struct Transfers {
     haproxy_download_cpu_ratio: Option<f64>,
 }
 
+/// The paths a body takes, in the order they are timed (HAProxy's only where it runs), and the
+/// two ways: indices into `Transfers::measure`'s tables.
+const DIRECT: usize = 0;
+const GATE: usize = 1;
+const HAPROXY: usize = 2;
+const UP: usize = 0;
+const DOWN: usize = 1;
+
 /// One way a body goes to the stand-in: its base, and the process beside this one whose CPU
 /// counts too (HAProxy's).
 struct Through<'a> {
@@ -328,6 +336,7 @@ impl Transfers {
         bytes: u64,
     ) -> anyhow::Result<Transfers> {
         let body = Bytes::from(vec![b'x'; bytes as usize]);
+        // In the order DIRECT, GATE, HAPROXY.
         let mut paths = vec![
             Through {
                 base: direct,
@@ -344,15 +353,15 @@ impl Transfers {
                 also: proxy.pid(),
             });
         }
-        // [path][upload, download]: the rounds' seconds and CPU nanoseconds.
+        // [path][way]: the rounds' seconds and CPU nanoseconds.
         let mut times = vec![[Vec::new(), Vec::new()]; paths.len()];
         let mut cpu = vec![[Vec::new(), Vec::new()]; paths.len()];
         for _ in 0..TRANSFER_ROUNDS {
             // Alternating, so that the machine's drift touches every path alike.
-            for (way, up) in [(0, true), (1, false)] {
+            for way in [UP, DOWN] {
                 for (i, path) in paths.iter().enumerate() {
                     let before = cpu_ns(path.also);
-                    let seconds = if up {
+                    let seconds = if way == UP {
                         upload(client, path.base, body.clone()).await?
                     } else {
                         download(client, path.base, bytes).await?
@@ -366,24 +375,24 @@ impl Transfers {
             }
         }
         let time = |i: usize, way: usize| median(times[i][way].clone());
-        let haproxy_time = |way: usize| (times.len() > 2).then(|| time(2, way));
+        let haproxy_time = |way: usize| (times.len() > HAPROXY).then(|| time(HAPROXY, way));
         let cpu_ratio = |i: usize, way: usize| {
-            let (through, direct) = (&cpu.get(i)?[way], &cpu[0][way]);
+            let (through, direct) = (&cpu.get(i)?[way], &cpu[DIRECT][way]);
             let full = through.len() == TRANSFER_ROUNDS && direct.len() == TRANSFER_ROUNDS;
             let as_f64 = |v: &[u64]| v.iter().map(|n| *n as f64).collect::<Vec<_>>();
             full.then(|| median(as_f64(through)) / median(as_f64(direct)).max(1.0))
         };
         Ok(Transfers {
-            upload_direct: time(0, 0),
-            download_direct: time(0, 1),
-            upload_gate: time(1, 0),
-            download_gate: time(1, 1),
-            upload_haproxy: haproxy_time(0),
-            download_haproxy: haproxy_time(1),
-            upload_cpu_ratio: cpu_ratio(1, 0),
-            download_cpu_ratio: cpu_ratio(1, 1),
-            haproxy_upload_cpu_ratio: cpu_ratio(2, 0),
-            haproxy_download_cpu_ratio: cpu_ratio(2, 1),
+            upload_direct: time(DIRECT, UP),
+            download_direct: time(DIRECT, DOWN),
+            upload_gate: time(GATE, UP),
+            download_gate: time(GATE, DOWN),
+            upload_haproxy: haproxy_time(UP),
+            download_haproxy: haproxy_time(DOWN),
+            upload_cpu_ratio: cpu_ratio(GATE, UP),
+            download_cpu_ratio: cpu_ratio(GATE, DOWN),
+            haproxy_upload_cpu_ratio: cpu_ratio(HAPROXY, UP),
+            haproxy_download_cpu_ratio: cpu_ratio(HAPROXY, DOWN),
         })
     }
 }
