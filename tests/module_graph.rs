@@ -4,8 +4,11 @@
 //! keeps it true.
 //!
 //! The graph is read from the source as a newcomer would read it: every `use crate::…`,
-//! `use super::…` and inline `crate::…` path names the deepest module it reaches. Test modules
-//! (`#[cfg(test)]`) and comments are left out: tests may reach anywhere.
+//! `use super::…` and inline `crate::…` path names the deepest module it reaches, and an item
+//! that module re-exports by name (`pub use sub::Item;`) is followed to the module it comes
+//! from, so that a re-export does not hide an import (a glob, `pub use sub::*`, is not
+//! followed). Test modules (`#[cfg(test)]`) and comments are left out: tests may reach
+//! anywhere.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
@@ -17,10 +20,14 @@ fn no_two_sibling_modules_import_each_other() {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     let modules = read_modules(&src);
     let known: BTreeSet<Module> = modules.keys().cloned().collect();
+    let reexports: BTreeMap<Module, Reexports> = modules
+        .iter()
+        .map(|(module, text)| (module.clone(), reexports_in(&code_only(text))))
+        .collect();
     let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
     for (module, text) in &modules {
         for path in paths_in(&code_only(text)) {
-            if let Some(target) = resolve(module, &path, &known)
+            if let Some(target) = follow(module, &path, &known, &reexports)
                 && &target != module
             {
                 edges.entry(module.clone()).or_default().insert(target);
@@ -60,6 +67,47 @@ fn the_reader_sees_a_circle_when_there_is_one() {
         vec!["crate", "v"],
     ];
     assert_eq!(grouped, expected);
+}
+
+#[test]
+fn an_import_through_a_re_export_counts_against_the_module_it_comes_from() {
+    let module = |m: &[&str]| -> Module { m.iter().map(|s| s.to_string()).collect() };
+    let known: BTreeSet<Module> = [module(&["p"]), module(&["p", "x"]), module(&["p", "y"])]
+        .into_iter()
+        .collect();
+    // `p` re-exports `y`'s items; `x` takes one through `p`, `y` takes one from `x`.
+    let sources = [
+        (
+            module(&["p"]),
+            "pub use y::Thing;\npub(crate) use y::{Other as Renamed, self};",
+        ),
+        (
+            module(&["p", "x"]),
+            "use super::Thing;\nfn f() { crate::p::Renamed::new(); }",
+        ),
+        (module(&["p", "y"]), "use super::x::f;"),
+    ];
+    let reexports: BTreeMap<Module, Reexports> = sources
+        .iter()
+        .map(|(m, text)| (m.clone(), reexports_in(&code_only(text))))
+        .collect();
+    assert_eq!(reexports[&module(&["p"])].len(), 2, "{reexports:?}");
+    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (m, text) in &sources {
+        for path in paths_in(&code_only(text)) {
+            if let Some(target) = follow(m, &path, &known, &reexports)
+                && &target != m
+            {
+                edges.entry(m.clone()).or_default().insert(target);
+            }
+        }
+    }
+    assert_eq!(
+        edges[&module(&["p", "x"])],
+        [module(&["p", "y"])].into_iter().collect(),
+        "both of x's imports reach y through p"
+    );
+    assert_eq!(sibling_circles(&known, &edges), ["p: x ↔ y"]);
 }
 
 /// Every module of the crate by its path (`store::sql::round`), with its source.
@@ -229,8 +277,115 @@ fn expand_use(prefix: &[String], tree: &str, paths: &mut Vec<Vec<String>>) {
     }
 }
 
+/// What a module re-exports by name: the name it is known by there, and the path it was
+/// taken from, as written in that module.
+type Reexports = BTreeMap<String, Vec<String>>;
+
+/// The leaves of every `pub use` (or `pub(…) use`) of `code` but globs.
+fn reexports_in(code: &str) -> Reexports {
+    let mut found = Reexports::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("pub") {
+        let tail = &rest[at + 3..];
+        let before = rest[..at].chars().last();
+        let visibility_end = if tail.starts_with('(') {
+            tail.find(')').map_or(0, |i| i + 1)
+        } else {
+            0
+        };
+        let after = tail[visibility_end..].trim_start();
+        rest = tail;
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') || !after.starts_with("use ") {
+            continue;
+        }
+        let tree = &after[4..];
+        let Some(end) = tree.find(';') else { break };
+        let mut leaves = Vec::new();
+        expand_use_named(&[], &tree[..end], &mut leaves);
+        for (name, path) in leaves {
+            if name != "*" && name != "self" {
+                found.insert(name, path);
+            }
+        }
+    }
+    found
+}
+
+/// The leaves of a `use` tree with the name each is known by (its alias, if it has one).
+fn expand_use_named(prefix: &[String], tree: &str, out: &mut Vec<(String, Vec<String>)>) {
+    let mut paths = Vec::new();
+    expand_use(prefix, tree, &mut paths);
+    // The aliases, in the order of the leaves (`a as b` is the leaf `a`, named `b`).
+    let mut aliases = tree
+        .split([',', '{', '}'])
+        .map(str::trim)
+        .filter(|leaf| !leaf.is_empty());
+    for path in paths {
+        let last = path.last().cloned().unwrap_or_default();
+        let name = aliases
+            .by_ref()
+            .find(|leaf| {
+                let named = leaf
+                    .split("::")
+                    .last()
+                    .and_then(|l| l.split_whitespace().next());
+                named == Some(last.as_str())
+            })
+            .and_then(|leaf| leaf.split(" as ").nth(1))
+            .map_or(last, |alias| alias.trim().to_string());
+        out.push((name, path));
+    }
+}
+
+/// The module `path` from `module` reaches, an item the reached module re-exports by name
+/// followed to where it comes from (a few steps at most: re-exports do not chain far).
+fn follow(
+    module: &Module,
+    path: &[String],
+    known: &BTreeSet<Module>,
+    reexports: &BTreeMap<Module, Reexports>,
+) -> Option<Module> {
+    let (mut from, mut path) = (module.clone(), path.to_vec());
+    for _ in 0..4 {
+        let full = absolute(&from, &path)?;
+        let target = deepest_known(&full, known)?;
+        let item = full.get(target.len());
+        let Some(source) = item.and_then(|name| reexports.get(&target)?.get(name)) else {
+            return Some(target);
+        };
+        if !matches!(
+            source.first().map(String::as_str),
+            Some("crate" | "super" | "self")
+        ) {
+            // Re-exported from a child named without a prefix (`pub use sub::Item`).
+            path = ["self".to_string()]
+                .into_iter()
+                .chain(source.iter().cloned())
+                .collect();
+        } else {
+            path = source.clone();
+        }
+        path.extend(full[target.len() + 1..].iter().cloned());
+        from = target;
+    }
+    deepest_known(&absolute(&from, &path)?, known)
+}
+
 /// The deepest module of the crate a path from `module` reaches, if it is the crate's.
 fn resolve(module: &Module, path: &[String], known: &BTreeSet<Module>) -> Option<Module> {
+    deepest_known(&absolute(module, path)?, known)
+}
+
+/// The longest prefix of `full` that is a module of the crate.
+fn deepest_known(full: &[String], known: &BTreeSet<Module>) -> Option<Module> {
+    (1..=full.len())
+        .rev()
+        .map(|n| full[..n].to_vec())
+        .find(|candidate| known.contains(candidate))
+}
+
+/// `path`, named in `module`, from the crate's root; `None` when it is not the crate's.
+fn absolute(module: &Module, path: &[String]) -> Option<Module> {
     let (mut full, rest): (Module, &[String]) = match path.first()?.as_str() {
         "crate" => (Vec::new(), &path[1..]),
         "super" | "self" => {
@@ -251,10 +406,7 @@ fn resolve(module: &Module, path: &[String], known: &BTreeSet<Module>) -> Option
         _ => return None,
     };
     full.extend(rest.iter().cloned());
-    (1..=full.len())
-        .rev()
-        .map(|n| full[..n].to_vec())
-        .find(|candidate| known.contains(candidate))
+    Some(full)
 }
 
 /// For each parent, the circles among its children, an edge between two children standing for
