@@ -147,17 +147,24 @@ printf 'GET /readyz\n' >"$dir/requests/readyz.head"
 printf 'GET /livez\n' >"$dir/requests/livez.head"
 
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-for kind in heartbeats refusals forge-refused readyz livez; do
+# The admitted runner's fetch (forge-forwarded) and the same fetch sent to the stand-in directly
+# (forge-direct) go one at a time, over one connection, right after the refusals: its
+# attestation, made when the requests were written, is fresh for a minute.
+for kind in heartbeats refusals forge-forwarded forge-direct forge-refused readyz livez; do
+  request="$kind" to="$base" threads="$wrk_threads" connections="$clients"
   case "$kind" in
     heartbeats | refusals) bodies="$dir/requests/$kind.bodies" ;;
+    forge-forwarded | forge-direct)
+      request=forge-forwarded threads=1 connections=1 bodies="$dir/requests/forge-forwarded.body"
+      [ "$kind" = forge-direct ] && to="http://127.0.0.1:$forge_port" ;;
     forge-refused) bodies="$dir/requests/$kind.body" ;;
     *) bodies=- ;;
   esac
   curl -fsS "$base/metrics" >"$dir/$kind.metrics-before"
   before="$(cpu_ticks "$server")"
   taskset -c "$cpus" /usr/bin/time -f '%U %S' -o "$dir/$kind.wrk-cpu" \
-    wrk -t "$wrk_threads" -c "$clients" -d "${seconds}s" --timeout 10s -s bench/outside.lua "$base" \
-    -- "$dir/requests/$kind.head" "$bodies" "$wrk_threads" "$((50000 * seconds))" >"$dir/$kind.wrk"
+    wrk -t "$threads" -c "$connections" -d "${seconds}s" --timeout 10s -s bench/outside.lua "$to" \
+    -- "$dir/requests/$request.head" "$bodies" "$threads" "$((50000 * seconds))" >"$dir/$kind.wrk"
   echo "$before $(cpu_ticks "$server")" >"$dir/$kind.service-cpu"
   curl -fsS "$base/metrics" >"$dir/$kind.metrics-after"
   sleep 1

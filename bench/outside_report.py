@@ -10,13 +10,16 @@ import re
 import sys
 from pathlib import Path
 
-KINDS = ["heartbeats", "refusals", "forge-refused", "readyz", "livez"]
+KINDS = ["heartbeats", "refusals", "forge-forwarded", "forge-direct", "forge-refused", "readyz",
+         "livez"]
 # The status each kind counts as ok (a refused lease is a 409 probe_failed).
-EXPECT = {"heartbeats": 200, "refusals": 409, "forge-refused": 200, "readyz": 200, "livez": 200}
+EXPECT = {"heartbeats": 200, "refusals": 409, "forge-forwarded": 200, "forge-direct": 200,
+          "forge-refused": 200, "readyz": 200, "livez": 200}
 # What the service counts, per kind, beside its answers by route and status.
 COUNTERS = {
     "heartbeats": "leasegate_attestations_total",
     "refusals": "leasegate_lease_refusals_total",
+    "forge-forwarded": "leasegate_forge_fetches_total",
     "forge-refused": "leasegate_forge_fetches_total",
 }
 SAMPLE = re.compile(r"^([a-z_]+)\{(.*)\} ([0-9.e+]+)$")
@@ -96,7 +99,7 @@ def main():
           f"{seconds} s per kind, the service, wrk and the bench on the same cores")
     print(f"{'kind':<14} {'requests':>9} {'ok':>9} {'per s':>8} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'service CPU':>12} {'wrk CPU':>9} {'in-process':>10}  the service counted")
-    out = {}
+    out, p50 = {}, {}
     for kind in KINDS:
         w = wrk_result(d, kind)
         seconds_run = w["duration_us"] / 1e6
@@ -128,6 +131,7 @@ def main():
             print(f"  {kind}: {w['threads_out_of_requests']} wrk threads ran out of requests: "
                   f"the rate is a lower bound")
         out[kind] = rate
+        p50[kind] = w["p50_ms"]
 
     v_out = emitted["limits"]["verifications_per_second_all_cores"]
     v_in = inproc["limits"]["verifications_per_second_all_cores"]
@@ -147,6 +151,9 @@ def main():
     print(f"{'ratio':<40} {'outside (wrk)':>14} {'in-process':>11}")
     for name, o, i in rows:
         print(f"{name:<40} {fmt(o) + 'x':>14} {fmt(i) + 'x' if i is not None else 'n/a':>11}")
+    added = p50["forge-forwarded"] - p50["forge-direct"]
+    in_added = (inproc.get("forge") or {}).get("forwarded_p50_added_ms")
+    print(f"{'forwarded fetch p50 added (1 client, ms)':<40} {fmt(added):>14} {fmt(in_added):>11}")
     transfers(d, float(mb), inproc)
 
 

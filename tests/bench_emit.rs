@@ -1,7 +1,7 @@
 //! `leasegate bench --emit-requests`, the Rust side of `bench/outside.sh`: the files it writes
 //! parse, a live service takes each signed body once (a heartbeat accepted, a broken runner's
 //! lease refused for its probe) and refuses it again as a replay, and the refused forge fetch
-//! is answered by the gate without the forge. Never a timing.
+//! is answered by the gate without the forge, the admitted one's by the forge. Never a timing.
 
 use crate::common;
 
@@ -142,5 +142,30 @@ async fn emitted_requests_are_taken_once_then_refused_as_replays(engine: Engine)
         forgejo.calls_to(FETCH_TASK),
         0,
         "a refused fetch never reaches the forge"
+    );
+
+    // The admitted runner's fetch goes on to the forge, every time (the forge knows the runner
+    // as Forgejo would: by the uuid and token the fetch carries).
+    let (_, path, headers) = head(&dir, "forge-forwarded");
+    assert_eq!(path, FETCH_TASK);
+    let (_, _, refused_headers) = head(&dir, "forge-refused");
+    assert_ne!(headers, refused_headers, "a forge runner of its own");
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
+    };
+    forgejo.add_runner(&header("x-runner-uuid"), &header("x-runner-token"));
+    let body = std::fs::read_to_string(dir.join("forge-forwarded.body")).unwrap();
+    for _ in 0..3 {
+        let r = send(&app, &dir, "forge-forwarded", &body).await;
+        assert_eq!(r.status(), StatusCode::OK);
+    }
+    assert_eq!(
+        forgejo.calls_to(FETCH_TASK),
+        3,
+        "an admitted runner's fetch reaches the forge"
     );
 }

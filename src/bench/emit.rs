@@ -11,8 +11,10 @@
 //!
 //! Kinds: `grants`, `heartbeats` and `refusals` as their phases send them (as many bodies as
 //! the phase would sign ahead: `--rate`, or 25 000 a second, for `--duration-s`, at most
-//! 20 s); `forge-refused` for the phase `forge`: Forgejo's `FetchTask` from a forge runner
-//! bound to a runner whose probe failed, which the gate answers without asking the forge.
+//! 20 s); for the phase `forge`, Forgejo's `FetchTask` from a forge runner bound to a runner
+//! whose probe failed (`forge-refused`, which the gate answers without asking the forge) and
+//! from one bound to a runner that attested healthy (`forge-forwarded`, which the gate hands
+//! on to the forge while that attestation is fresh: a minute).
 
 use super::fleet::Fleet;
 use super::forge;
@@ -33,11 +35,13 @@ pub async fn write(
     let mut written = Vec::new();
     for phase in phases.iter().filter(|p| !p.is_empty()) {
         if phase == "forge" {
-            let runner = forge::bound_runner(fleet, client, admin, "forge-refused", false).await?;
-            let headers: Vec<&str> = runner.headers.lines().collect();
-            head(dir, "forge-refused", "POST", forge::FETCH_TASK, &headers)?;
-            std::fs::write(dir.join("forge-refused.body"), forge::FETCH_BODY)?;
-            written.push("forge-refused: one fetch, sent as often as wanted".to_string());
+            for (name, healthy) in [("forge-refused", false), ("forge-forwarded", true)] {
+                let runner = forge::bound_runner(fleet, client, admin, name, healthy).await?;
+                let headers: Vec<&str> = runner.headers.lines().collect();
+                head(dir, name, "POST", forge::FETCH_TASK, &headers)?;
+                std::fs::write(dir.join(format!("{name}.body")), forge::FETCH_BODY)?;
+                written.push(format!("{name}: one fetch, sent as often as wanted"));
+            }
             continue;
         }
         let (path, bodies) = fleet.presigned(phase, drive).await.ok_or_else(|| {
