@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bench's attestation and forge figures measured again from outside the service's process:
+# The bench's grant, attestation and forge figures measured again from outside the service's process:
 # a `leasegate serve` of its own (release build, 127.0.0.1 only) driven by wrk with requests
 # that `leasegate bench --emit-requests` signed before any clock started, then the in-process
 # `leasegate bench` on the same phases right after, and each ratio of the performance goals
@@ -31,7 +31,10 @@ if [ "$seconds" -gt 10 ]; then
   echo "outside: SECONDS_PER_PHASE is at most 10 (the attestations, signed first, live 60 s)" >&2
   exit 64
 fi
-phases=heartbeats,refusals,forge
+phases=grants,heartbeats,refusals,forge
+# Jobs queued for the grants (each grant takes one): more than 5 s of grants at this machine's
+# rates; JOBS overrides.
+jobs="${JOBS:-60000}"
 pg_server=""
 if [ $# -gt 0 ]; then
   case "$1" in
@@ -140,7 +143,7 @@ curl -fsS "$base/readyz" >/dev/null
 # The fleet registered with the service and its requests written; then, the service idle, the
 # raw verification rate (the bench's limit, with the same check the service makes).
 taskset -c "$cpus" "$bin" bench --server "$base" --admin-token "$admin" --forge-token "$forge" --quiet \
-  --runners "$runners" --broken "$broken" --jobs 0 --concurrency "$clients" \
+  --runners "$runners" --broken "$broken" --jobs "$jobs" --concurrency "$clients" \
   --duration-s "$seconds" --phases "$phases" --emit-requests "$dir/requests" \
   --json "$dir/emitted.json" >"$dir/emitted.log"
 printf 'GET /readyz\n' >"$dir/requests/readyz.head"
@@ -150,10 +153,10 @@ cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
 # The admitted runner's fetch (forge-forwarded) and the same fetch sent to the stand-in directly
 # (forge-direct) go one at a time, over one connection, right after the refusals: its
 # attestation, made when the requests were written, is fresh for a minute.
-for kind in heartbeats refusals forge-forwarded forge-direct forge-refused readyz livez; do
+for kind in grants heartbeats refusals forge-forwarded forge-direct forge-refused readyz livez; do
   request="$kind" to="$base" threads="$wrk_threads" connections="$clients"
   case "$kind" in
-    heartbeats | refusals) bodies="$dir/requests/$kind.bodies" ;;
+    grants | heartbeats | refusals) bodies="$dir/requests/$kind.bodies" ;;
     forge-forwarded | forge-direct)
       request=forge-forwarded threads=1 connections=1 bodies="$dir/requests/forge-forwarded.body"
       [ "$kind" = forge-direct ] && to="http://127.0.0.1:$forge_port" ;;
@@ -203,7 +206,7 @@ wait "$server" || true
 server=""
 
 # The in-process bench on the same phases, right after, on the same cores.
-taskset -c "$cpus" "$bin" bench --quiet --runners "$runners" --broken "$broken" --jobs 0 --concurrency "$clients" \
+taskset -c "$cpus" "$bin" bench --quiet --runners "$runners" --broken "$broken" --jobs "$jobs" --concurrency "$clients" \
   --duration-s "$seconds" --phases "$phases" --forge-body-mb "$transfer_mb" "${inproc_args[@]}" \
   --json "$dir/inproc.json" >"$dir/inproc.log"
 

@@ -10,11 +10,11 @@ import re
 import sys
 from pathlib import Path
 
-KINDS = ["heartbeats", "refusals", "forge-forwarded", "forge-direct", "forge-refused", "readyz",
-         "livez"]
+KINDS = ["grants", "heartbeats", "refusals", "forge-forwarded", "forge-direct", "forge-refused",
+         "readyz", "livez"]
 # The status each kind counts as ok (a refused lease is a 409 probe_failed).
-EXPECT = {"heartbeats": 200, "refusals": 409, "forge-forwarded": 200, "forge-direct": 200,
-          "forge-refused": 200, "readyz": 200, "livez": 200}
+EXPECT = {"grants": 200, "heartbeats": 200, "refusals": 409, "forge-forwarded": 200,
+          "forge-direct": 200, "forge-refused": 200, "readyz": 200, "livez": 200}
 # What the service counts, per kind, beside its answers by route and status.
 COUNTERS = {
     "heartbeats": "leasegate_attestations_total",
@@ -138,7 +138,14 @@ def main():
     cores = emitted["limits"]["cores"]
     print(f"raw EdDSA verifications x {cores} cores: {v_out:.0f}/s (outside run, before wrk), "
           f"{v_in:.0f}/s (in-process run, after its phases)")
+    # The claim limits are the in-process run's (it has the database): the raw claim loop on
+    # SQLite, pgbench running the gate's claim on PostgreSQL.
+    claims = inproc["limits"].get("pgbench_claims_per_second") if engine == "postgres" \
+        else inproc["limits"].get("raw_claims_per_second")
+    claims_name = "pgbench's claim" if engine == "postgres" else "raw claim loop"
     rows = [
+        (f"grants / {claims_name} (in-process's)", ratio(out["grants"], claims),
+         ratio(in_rate.get("grants", {}).get("per_second"), claims)),
         ("heartbeats / (verifications x cores)", ratio(out["heartbeats"], v_out),
          ratio(in_rate.get("heartbeats", {}).get("per_second"), v_in)),
         ("refusals / (verifications x cores)", ratio(out["refusals"], v_out),
