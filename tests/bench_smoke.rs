@@ -104,7 +104,11 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
         op("forge-forwarded").p50_ms - op("forge-direct").p50_ms
     );
     // HAProxy, where it is installed, carried the same bodies in the gate's place.
-    if haproxy_installed() {
+    let haproxy = crate::common::skip::deploy_tool(
+        "haproxy",
+        "the bench's forge phase measures HAProxy's transfers beside the gate's",
+    );
+    if haproxy.is_some() {
         for rate in [
             forge.upload_haproxy_mb_per_s,
             forge.download_haproxy_mb_per_s,
@@ -157,25 +161,6 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
     assert_eq!(written["goals"].as_array().unwrap().len(), 9);
     assert!(written["goals"][0]["goal"].as_f64().unwrap() > 0.0);
     assert!(written["forge"]["upload_gate_mb_per_s"].as_f64().unwrap() > 0.0);
-}
-
-/// Whether `haproxy` is on PATH; under `LEASEGATE_REQUIRE_DEPLOY_TOOLS=1` (CI, which installs
-/// it) it must be.
-fn haproxy_installed() -> bool {
-    let found = std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join("haproxy").is_file())
-    });
-    if !found {
-        assert!(
-            std::env::var("LEASEGATE_REQUIRE_DEPLOY_TOOLS").as_deref() != Ok("1"),
-            "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but haproxy is missing (the bench's forge phase \
-             measures it beside the gate)"
-        );
-        crate::common::skip::skipped(
-            "bench's forge phase: haproxy is not installed here, its transfers are not measured",
-        );
-    }
-    found
 }
 
 /// On PostgreSQL the bench says up front when the server has no room for the connections its

@@ -25,25 +25,6 @@ fn read(path: &str) -> String {
     std::fs::read_to_string(repo(path)).unwrap_or_else(|e| panic!("{path}: {e}"))
 }
 
-/// The tool's path when it is on PATH; otherwise prints what is skipped and why.
-fn tool(name: &str, check: &str) -> Option<PathBuf> {
-    let found = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|dir| dir.join(name))
-            .find(|p| p.is_file())
-    });
-    if found.is_none() {
-        // CI installs the tools and sets this, so that nothing skips there.
-        let required = std::env::var("LEASEGATE_REQUIRE_DEPLOY_TOOLS").is_ok_and(|v| v == "1");
-        assert!(
-            !required,
-            "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but `{name}` is missing ({check})"
-        );
-        common::skip::skipped(format!("{check}: `{name}` is not installed here"));
-    }
-    found
-}
-
 fn run(cmd: &mut Command) -> (bool, String, String) {
     let out = cmd
         .output()
@@ -156,7 +137,7 @@ fn systemd_unit_is_hardened_and_runs_serve_on_its_state_directory() {
 
 #[test]
 fn systemd_analyze_verifies_the_unit_and_rates_its_sandbox() {
-    let Some(analyze) = tool(
+    let Some(analyze) = common::skip::deploy_tool(
         "systemd-analyze",
         "systemd-analyze verify of deploy/systemd/leasegate.service",
     ) else {
@@ -496,7 +477,7 @@ fn exposure(analyze: &Path, path: &Path) -> Option<f64> {
 
 #[test]
 fn systemd_analyze_verifies_the_runner_units_and_the_preflight_drop_in() {
-    let Some(analyze) = tool(
+    let Some(analyze) = common::skip::deploy_tool(
         "systemd-analyze",
         "systemd-analyze verify of the runner units and the preflight drop-in",
     ) else {
@@ -987,7 +968,9 @@ fn haproxy_config_balances_round_robin_checks_readyz_and_outlasts_long_polls() {
     // Lease long polls wait up to 30 s.
     assert!(haproxy_timeout(&config, "server") >= 35);
     assert!(haproxy_timeout(&config, "client") >= 35);
-    let Some(haproxy) = tool("haproxy", "haproxy -c of deploy/compose/haproxy.cfg") else {
+    let Some(haproxy) =
+        common::skip::deploy_tool("haproxy", "haproxy -c of deploy/compose/haproxy.cfg")
+    else {
         return;
     };
     let (ok, _, stderr) = run(Command::new(haproxy)
@@ -1033,7 +1016,7 @@ async fn served(app: &TestApp, route: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn haproxy_in_front_of_two_replicas_balances_hides_metrics_holds_long_polls_and_fails_over() {
-    let Some(haproxy) = tool(
+    let Some(haproxy) = common::skip::deploy_tool(
         "haproxy",
         "deploy/compose/haproxy.cfg in front of two live replicas",
     ) else {
@@ -1217,7 +1200,7 @@ fn kubernetes_manifest_has_probes_pdb_service_and_a_placeholder_secret() {
 
     // kubectl's own reading, offline. (`kubectl apply --dry-run=client` needs an API server for
     // discovery even with --validate=false; `kubectl kustomize` does not.)
-    let Some(kubectl) = tool(
+    let Some(kubectl) = common::skip::deploy_tool(
         "kubectl",
         "kubectl kustomize of deploy/kubernetes/leasegate.yaml",
     ) else {
@@ -1382,7 +1365,9 @@ fn prometheus_rules_are_well_formed_and_pass_promtool_where_installed() {
         assert!(exprs.contains(needle), "no alert on {needle}");
     }
 
-    let Some(promtool) = tool("promtool", "promtool check/test rules of deploy/prometheus") else {
+    let Some(promtool) =
+        common::skip::deploy_tool("promtool", "promtool check/test rules of deploy/prometheus")
+    else {
         return;
     };
     let (ok, stdout, stderr) = run(Command::new(&promtool)

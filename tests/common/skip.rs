@@ -16,3 +16,24 @@ pub fn skipped(reason: impl std::fmt::Display) {
     // Straight to the file descriptor: `std::io::stderr()` is not redirected by the capture.
     let _ = std::io::stderr().lock().write_all(line.as_bytes());
 }
+
+/// The path of `name`, a tool `.ci/run` installs with the deployment checkers (haproxy,
+/// promtool, docker-compose, systemd-analyze, kubectl), when it is on PATH; otherwise says what
+/// is skipped (`check`) and why, or fails under `LEASEGATE_REQUIRE_DEPLOY_TOOLS=1`, which CI
+/// sets so that nothing skips there.
+pub fn deploy_tool(name: &str, check: &str) -> Option<std::path::PathBuf> {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    if found.is_none() {
+        let required = std::env::var("LEASEGATE_REQUIRE_DEPLOY_TOOLS").is_ok_and(|v| v == "1");
+        assert!(
+            !required,
+            "LEASEGATE_REQUIRE_DEPLOY_TOOLS=1 but `{name}` is missing ({check})"
+        );
+        skipped(format!("{check}: `{name}` is not installed here"));
+    }
+    found
+}
