@@ -131,13 +131,7 @@ async fn emitted_requests_are_taken_once_then_refused_as_replays(engine: Engine)
         }
     }
 
-    let (_, path, _) = head(&dir, "forge-refused");
-    assert_eq!(path, FETCH_TASK);
-    let body = std::fs::read_to_string(dir.join("forge-refused.body")).unwrap();
-    for _ in 0..3 {
-        let r = send(&app, &dir, "forge-refused", &body).await;
-        assert_eq!(r.status(), StatusCode::OK);
-    }
+    fetch_three_times(&app, &dir, "forge-refused").await;
     assert_eq!(
         forgejo.calls_to(FETCH_TASK),
         0,
@@ -146,8 +140,7 @@ async fn emitted_requests_are_taken_once_then_refused_as_replays(engine: Engine)
 
     // The admitted runner's fetch goes on to the forge, every time (the forge knows the runner
     // as Forgejo would: by the uuid and token the fetch carries).
-    let (_, path, headers) = head(&dir, "forge-forwarded");
-    assert_eq!(path, FETCH_TASK);
+    let (_, _, headers) = head(&dir, "forge-forwarded");
     let (_, _, refused_headers) = head(&dir, "forge-refused");
     assert_ne!(headers, refused_headers, "a forge runner of its own");
     let header = |name: &str| {
@@ -158,14 +151,22 @@ async fn emitted_requests_are_taken_once_then_refused_as_replays(engine: Engine)
             .unwrap_or_else(|| panic!("no {name} in {headers:?}"))
     };
     forgejo.add_runner(&header("x-runner-uuid"), &header("x-runner-token"));
-    let body = std::fs::read_to_string(dir.join("forge-forwarded.body")).unwrap();
-    for _ in 0..3 {
-        let r = send(&app, &dir, "forge-forwarded", &body).await;
-        assert_eq!(r.status(), StatusCode::OK);
-    }
+    fetch_three_times(&app, &dir, "forge-forwarded").await;
     assert_eq!(
         forgejo.calls_to(FETCH_TASK),
         3,
         "an admitted runner's fetch reaches the forge"
     );
+}
+
+/// Sends the written fetch `name` (a `FetchTask`, one body for every request) three times;
+/// each is answered 200, by the gate or by the forge.
+async fn fetch_three_times(app: &TestApp, dir: &Path, name: &str) {
+    let (_, path, _) = head(dir, name);
+    assert_eq!(path, FETCH_TASK);
+    let body = std::fs::read_to_string(dir.join(format!("{name}.body"))).unwrap();
+    for _ in 0..3 {
+        let r = send(app, dir, name, &body).await;
+        assert_eq!(r.status(), StatusCode::OK, "{name}");
+    }
 }

@@ -24,16 +24,7 @@ fn no_two_sibling_modules_import_each_other() {
         .iter()
         .map(|(module, text)| (module.clone(), reexports_in(&code_only(text))))
         .collect();
-    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-    for (module, text) in &modules {
-        for path in paths_in(&code_only(text)) {
-            if let Some(target) = follow(module, &path, &known, &reexports)
-                && &target != module
-            {
-                edges.entry(module.clone()).or_default().insert(target);
-            }
-        }
-    }
+    let edges = edges_of(&modules, &known, &reexports);
     let circles = sibling_circles(&known, &edges);
     assert!(
         circles.is_empty(),
@@ -92,22 +83,37 @@ fn an_import_through_a_re_export_counts_against_the_module_it_comes_from() {
         .map(|(m, text)| (m.clone(), reexports_in(&code_only(text))))
         .collect();
     assert_eq!(reexports[&module(&["p"])].len(), 2, "{reexports:?}");
-    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
-    for (m, text) in &sources {
-        for path in paths_in(&code_only(text)) {
-            if let Some(target) = follow(m, &path, &known, &reexports)
-                && &target != m
-            {
-                edges.entry(m.clone()).or_default().insert(target);
-            }
-        }
-    }
+    let sources: BTreeMap<Module, String> = sources
+        .into_iter()
+        .map(|(m, text)| (m, text.to_string()))
+        .collect();
+    let edges = edges_of(&sources, &known, &reexports);
     assert_eq!(
         edges[&module(&["p", "x"])],
         [module(&["p", "y"])].into_iter().collect(),
         "both of x's imports reach y through p"
     );
     assert_eq!(sibling_circles(&known, &edges), ["p: x ↔ y"]);
+}
+
+/// Which modules each module's code imports from, re-exports followed; a module's imports of
+/// itself left out.
+fn edges_of(
+    modules: &BTreeMap<Module, String>,
+    known: &BTreeSet<Module>,
+    reexports: &BTreeMap<Module, Reexports>,
+) -> BTreeMap<Module, BTreeSet<Module>> {
+    let mut edges: BTreeMap<Module, BTreeSet<Module>> = BTreeMap::new();
+    for (module, text) in modules {
+        for path in paths_in(&code_only(text)) {
+            if let Some(target) = follow(module, &path, known, reexports)
+                && &target != module
+            {
+                edges.entry(module.clone()).or_default().insert(target);
+            }
+        }
+    }
+    edges
 }
 
 /// Every module of the crate by its path (`store::sql::round`), with its source.
