@@ -6,7 +6,7 @@
 //! that what the gate costs is judged against what forwarding itself costs on this machine.
 //! Where `haproxy` is not installed the bench says so and goes on.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
@@ -14,12 +14,15 @@ use std::time::{Duration, Instant};
 /// How long HAProxy may take to listen.
 const START_PATIENCE: Duration = Duration::from_secs(10);
 
-/// A running HAProxy, stopped (and its configuration removed) when dropped.
+/// A running HAProxy, stopped (and its configuration and log removed) when dropped.
 pub struct Haproxy {
     /// Where it listens: `http://127.0.0.1:PORT`.
     pub base: String,
     child: tokio::process::Child,
     config: PathBuf,
+    /// Its stderr: a file, not a pipe nobody reads while it runs, which a chatty HAProxy could
+    /// fill and stall on in the middle of a transfer.
+    log: PathBuf,
 }
 
 impl Haproxy {
@@ -31,8 +34,20 @@ impl Haproxy {
             "leasegate-bench-haproxy-{}.cfg",
             uuid::Uuid::now_v7().simple()
         ));
+        let log = config.with_extension("log");
         std::fs::write(&config, config_text(port, upstream))
             .map_err(|e| format!("cannot write haproxy's configuration: {e}"))?;
+        let cleanup = || {
+            std::fs::remove_file(&config).ok();
+            std::fs::remove_file(&log).ok();
+        };
+        let stderr = match std::fs::File::create(&log) {
+            Ok(file) => file,
+            Err(e) => {
+                cleanup();
+                return Err(format!("cannot write haproxy's log: {e}"));
+            }
+        };
         // `-db`: in the foreground, a child of the bench, killed with it.
         let spawned = tokio::process::Command::new("haproxy")
             .arg("-db")
@@ -40,13 +55,13 @@ impl Haproxy {
             .arg(&config)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
+            .stderr(stderr)
             .kill_on_drop(true)
             .spawn();
         let child = match spawned {
             Ok(child) => child,
             Err(e) => {
-                std::fs::remove_file(&config).ok();
+                cleanup();
                 return Err(if e.kind() == std::io::ErrorKind::NotFound {
                     "haproxy is not installed (Debian: haproxy)".into()
                 } else {
@@ -58,20 +73,18 @@ impl Haproxy {
             base: format!("http://127.0.0.1:{port}"),
             child,
             config,
+            log,
         };
         let started = Instant::now();
         let listening = SocketAddr::from(([127, 0, 0, 1], port));
         loop {
-            if TcpStream::connect_timeout(&listening, Duration::from_millis(100)).is_ok() {
+            let connect = tokio::net::TcpStream::connect(listening);
+            if let Ok(Ok(_)) = tokio::time::timeout(Duration::from_millis(100), connect).await {
                 return Ok(proxy);
             }
             if let Ok(Some(status)) = proxy.child.try_wait() {
-                let mut stderr = String::new();
-                if let Some(mut pipe) = proxy.child.stderr.take() {
-                    use tokio::io::AsyncReadExt;
-                    pipe.read_to_string(&mut stderr).await.ok();
-                }
-                return Err(format!("haproxy stopped ({status}): {}", stderr.trim()));
+                let said = std::fs::read_to_string(&proxy.log).unwrap_or_default();
+                return Err(format!("haproxy stopped ({status}): {}", said.trim()));
             }
             if started.elapsed() > START_PATIENCE {
                 return Err(format!(
@@ -92,6 +105,7 @@ impl Drop for Haproxy {
     fn drop(&mut self) {
         self.child.start_kill().ok();
         std::fs::remove_file(&self.config).ok();
+        std::fs::remove_file(&self.log).ok();
     }
 }
 
