@@ -22,6 +22,8 @@ class Conn:
     def __init__(self, sock):
         self.sock = sock
         self.buf = bytearray()
+        # Where body bytes are read to be dropped: one buffer for the connection's life.
+        self.scratch = memoryview(bytearray(PIECE))
 
     def fill(self):
         data = self.sock.recv(PIECE)
@@ -42,10 +44,8 @@ class Conn:
         take = min(n, len(self.buf))
         del self.buf[:take]
         n -= take
-        scratch = bytearray(PIECE)
-        view = memoryview(scratch)
         while n > 0:
-            got = self.sock.recv_into(view, min(n, PIECE))
+            got = self.sock.recv_into(self.scratch, min(n, PIECE))
             if got == 0:
                 raise EOFError
             n -= got
