@@ -74,10 +74,21 @@ async fn rounds_are_written_over_their_own_connections_within_the_replicas_budge
         .collect();
     // One lane (`ROUND_LANES`), with one connection of its own.
     assert_eq!(rounds.len(), 1, "{sessions:?}");
-    assert_eq!(
-        rounds[0].1, "COMMIT",
-        "the rounds' connection committed the last round: {sessions:?}"
+    // Heartbeats' rounds are written without a transaction (`round::write_unlocked`): the
+    // last statement was the round's write, which committed by itself.
+    assert!(
+        rounds[0].1.contains("UPDATE runners"),
+        "the rounds' connection wrote the last round: {sessions:?}"
     );
+    let (state,): (String,) = sqlx::query_as(
+        "SELECT state FROM pg_stat_activity WHERE application_name = $1 AND datname = $2",
+    )
+    .bind(ROUNDS_APPLICATION_NAME)
+    .bind(database_of(&app.database_url))
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(state, "idle", "no transaction left open between rounds");
     assert!(
         sessions.iter().all(|(name, _)| [
             ROUNDS_APPLICATION_NAME,
@@ -259,4 +270,103 @@ async fn a_read_on_a_pooled_connection_that_died_is_run_again_on_another() {
         assert_eq!(read.status(), 200, "{}", read.text().await.unwrap());
     }
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+}
+
+/// The statement the rounds' connection waits on a row lock in, once it waits.
+async fn round_waiting_on_a_lock(database: &str) -> String {
+    let mut conn = server_connection().await;
+    for _ in 0..500 {
+        let waiting: Option<(String,)> = sqlx::query_as(
+            "SELECT query FROM pg_stat_activity WHERE datname = $1 \
+             AND application_name = $2 AND wait_event_type = 'Lock'",
+        )
+        .bind(database)
+        .bind(ROUNDS_APPLICATION_NAME)
+        .fetch_optional(&mut conn)
+        .await
+        .unwrap();
+        if let Some((query,)) = waiting {
+            return query;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    panic!("the round never waited on the row held open");
+}
+
+/// `change` made to the runner's row in a transaction held open while a heartbeat's round is
+/// written, committed once the round waits on it; the heartbeat's answer.
+async fn heartbeat_beside(app: &TestApp, runner: &TestRunner, change: &str) -> reqwest::Response {
+    let database = database_of(&app.database_url);
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    let mut held = conn.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(change))
+        .bind(&runner.id)
+        .execute(&mut *held)
+        .await
+        .unwrap();
+    let release = async {
+        let waiting = round_waiting_on_a_lock(&database).await;
+        // The round read the row unlocked, and its one write found the row held: the write
+        // that changes the row only where its version is the one read.
+        assert!(
+            waiting.contains("UPDATE runners") && waiting.contains("row_version"),
+            "the unlocked round's write waits, not a locked read: {waiting}"
+        );
+        held.commit().await.unwrap();
+    };
+    let attestation = runner.healthy();
+    let (beat, ()) = tokio::join!(app.heartbeat(&attestation), release);
+    beat
+}
+
+/// A heartbeat's round reads its runner's row without a lock, then writes it only where the
+/// row is still the version it read (`round::write_unlocked`). A change committed between the
+/// two is neither overwritten nor overlooked: the write finds the row changed, keeps nothing,
+/// and the round is written again under the row's lock. A change the gate does not judge
+/// leaves the heartbeat accepted, once; a revocation refuses it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_committed_between_a_rounds_read_and_its_write_is_not_lost() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "between").await;
+    // The first heartbeat changes the runner's status (a locked round); the rest do not.
+    for _ in 0..2 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+
+    let beat = heartbeat_beside(
+        &app,
+        &runner,
+        "UPDATE runners SET cordoned = cordoned WHERE id = $1",
+    )
+    .await;
+    assert_eq!(beat.status(), 200, "{}", beat.text().await.unwrap());
+    let attestation = runner.healthy();
+    assert_eq!(app.heartbeat(&attestation).await.status(), 200);
+    assert_eq!(
+        code_of(
+            app.heartbeat(&attestation).await,
+            reqwest::StatusCode::UNAUTHORIZED
+        )
+        .await,
+        "attestation_replayed",
+        "an attestation accepted after a round written again is remembered"
+    );
+
+    let now_ms = now_s() * 1000;
+    let beat = heartbeat_beside(
+        &app,
+        &runner,
+        &format!("UPDATE runners SET revoked_at = {now_ms} WHERE id = $1"),
+    )
+    .await;
+    assert_eq!(
+        code_of(beat, reqwest::StatusCode::FORBIDDEN).await,
+        "runner_revoked",
+        "a revocation committed before the round's write is the round's verdict"
+    );
 }

@@ -3,7 +3,10 @@
 //! (the rounds' writes, `store/sql/round.rs`). Either way every row arrives as written, NULLs
 //! included, an `UPDATE … FROM` of rows changes what it names and nothing else, more rows than
 //! a slice holds are not cut, and a write with no rows writes nothing. On PostgreSQL the same
-//! holds over the rounds' kept connection (`Engine::write_round`), round after round.
+//! holds over the rounds' kept connection (`Engine::write_round`), round after round. A write
+//! that must write every one of its rows (`RowsWrite::every_row`) and finds one missing fails
+//! as a conflict, and nothing given with it is kept: in a transaction, and on PostgreSQL
+//! without one too (`Engine::write_round_unlocked`, where the statement is all there is).
 
 use crate::common::{self, Engine};
 use leasegate::store::engine::{Db, Engine as _, Param, Row, RowsWrite, Statement, Work};
@@ -176,4 +179,131 @@ async fn every_row_arrives_as_written(engine: Engine) {
     }
 }
 
-common::each_engine!(every_row_arrives_as_written);
+/// Three of the rows updated with `every_row`, and a row of the other table beside them;
+/// `missing`: one of the three names no row.
+fn guarded_update<D: Db + 'static>(missing: bool) -> Work<D, ()> {
+    Box::new(move |db| {
+        Box::pin(async move {
+            let mut changed: Vec<A> = ["a-001", "a-002", "a-003"]
+                .iter()
+                .map(|id| (id.to_string(), -1, Some("guarded".to_string())))
+                .collect();
+            if missing {
+                changed[1].0 = "a-999".to_string();
+            }
+            let b = vec![("a-002".to_string(), 77)];
+            db.write_rows(vec![
+                RowsWrite::of(&changed, 3, update_a, bind_a).every_row(),
+                RowsWrite::of(&b, 2, insert_b, bind_b),
+            ])
+            .await
+        })
+    })
+}
+
+/// What the guarded update may have changed: the rows' notes and the other table's row.
+async fn guarded_state<E: leasegate::store::engine::Engine>(engine: &E) -> (Vec<String>, i64) {
+    let read = || -> Work<E::Db, (Vec<String>, i64)> {
+        Box::new(|db| {
+            Box::pin(async move {
+                let notes = db
+                    .fetch(Statement::new(
+                        "SELECT COALESCE(note, '') AS note FROM scratch_a \
+                         WHERE id IN ('a-001', 'a-002', 'a-003') ORDER BY id",
+                    ))
+                    .await?
+                    .iter()
+                    .map(|r| r.text("note"))
+                    .collect::<StoreResult<Vec<String>>>()?;
+                let b = db
+                    .fetch(Statement::new(
+                        "SELECT COUNT(*) AS n FROM scratch_b WHERE k = 77",
+                    ))
+                    .await?;
+                Ok((notes, b[0].int("n")?))
+            })
+        })
+    };
+    engine.read(read).await.expect("read back")
+}
+
+async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine) {
+    async fn check<E: leasegate::store::engine::Engine>(engine: &E, unlocked: bool)
+    where
+        E::Db: 'static,
+    {
+        let setup: Work<E::Db, ()> = Box::new(|db| {
+            Box::pin(async move {
+                for table in ["scratch_a", "scratch_b"] {
+                    db.execute(Statement::built(format!("DROP TABLE IF EXISTS {table}")))
+                        .await?;
+                }
+                db.execute(Statement::new(
+                    "CREATE TABLE scratch_a (id TEXT PRIMARY KEY, n BIGINT NOT NULL, note TEXT)",
+                ))
+                .await?;
+                db.execute(Statement::new(
+                    "CREATE TABLE scratch_b (a_id TEXT NOT NULL, k BIGINT NOT NULL, \
+                     PRIMARY KEY (a_id, k))",
+                ))
+                .await?;
+                let a = a_rows();
+                db.write_rows(vec![RowsWrite::of(&a, 3, insert_a, bind_a)])
+                    .await
+            })
+        });
+        engine.write(setup).await.expect("the first write");
+        let before = guarded_state(engine).await;
+        assert!(!before.0.contains(&"guarded".to_string()) && before.1 == 0);
+        let write = |missing| async move {
+            if unlocked {
+                engine.write_round_unlocked(guarded_update(missing)).await
+            } else {
+                engine.write(guarded_update(missing)).await.map(|_| ())
+            }
+        };
+
+        let failed = write(true).await;
+        assert!(
+            matches!(failed, Err(StoreError::Conflict(_))),
+            "a row that wrote nothing is a conflict: {failed:?}"
+        );
+        assert_eq!(
+            guarded_state(engine).await,
+            before,
+            "nothing of the failed write is kept, the rows that were found included"
+        );
+
+        write(false).await.expect("every row found");
+        let notes = vec!["guarded".to_string(); 3];
+        assert_eq!(guarded_state(engine).await, (notes, 1));
+    }
+
+    match engine {
+        Engine::Sqlite => {
+            let dir = tempfile::tempdir().unwrap();
+            let sqlite = SqliteEngine::open(&dir.path().join("rows.db"), Synchronous::Normal)
+                .expect("open SQLite");
+            check(&sqlite, false).await;
+        }
+        Engine::Postgres => {
+            let Some(db) = common::pg::TestDatabase::create().await else {
+                return;
+            };
+            let pg = PgEngine::open(&db.url, &PgSettings::default(), Arc::new(|_| {}))
+                .await
+                .expect("open PostgreSQL");
+            assert!(
+                pg.unlocked_rounds(),
+                "the service's engine writes unlocked rounds"
+            );
+            check(&pg, false).await;
+            check(&pg, true).await;
+        }
+    }
+}
+
+common::each_engine!(
+    every_row_arrives_as_written,
+    a_write_of_every_row_fails_whole_when_one_finds_nothing,
+);

@@ -174,6 +174,10 @@ pub struct RowsWrite<'a> {
     pub sql: fn(&str) -> String,
     pub cols: usize,
     pub params: Vec<Param<'a>>,
+    /// Each row must write one row of the table (an `UPDATE`'s rows each find theirs): when
+    /// one does not, the whole `write_rows` fails as a conflict and writes nothing
+    /// (`every_row`).
+    pub every_row: bool,
 }
 
 impl<'a> RowsWrite<'a> {
@@ -186,7 +190,20 @@ impl<'a> RowsWrite<'a> {
     ) -> Self {
         let params: Vec<Param<'a>> = rows.iter().flat_map(bind).collect();
         debug_assert_eq!(params.len(), rows.len() * cols);
-        RowsWrite { sql, cols, params }
+        RowsWrite {
+            sql,
+            cols,
+            params,
+            every_row: false,
+        }
+    }
+
+    /// This write, which fails whole, with every write given beside it, when one of its rows
+    /// writes nothing: an update guarded by the version of the row it read
+    /// (`sql::round::write_unlocked`) finds the row changed since.
+    pub fn every_row(mut self) -> Self {
+        self.every_row = true;
+        self
     }
 
     pub fn rows(&self) -> usize {
@@ -300,7 +317,10 @@ pub trait Db: Send {
     /// best: SQLite as `VALUES` lists in slices of a few sizes that stay prepared, PostgreSQL
     /// all of them in one statement over arrays, one round trip whatever their number and
     /// size. One statement on PostgreSQL means the writes cannot see each other's rows: give
-    /// it only writes that do not read what another of them writes.
+    /// it only writes that do not read what another of them writes. A write marked
+    /// `every_row` that writes fewer rows than it has fails the call with
+    /// `StoreError::Conflict`, and nothing of it is kept (PostgreSQL: the statement fails;
+    /// SQLite: its transaction is rolled back as the work fails).
     fn write_rows(
         &mut self,
         writes: Vec<RowsWrite<'_>>,
@@ -372,6 +392,25 @@ pub trait Engine: Send + Sync + 'static {
         work: Work<Self::Db, T>,
     ) -> impl Future<Output = StoreResult<(T, Vec<Change>)>> + Send {
         self.write(work)
+    }
+
+    /// Whether group commit first tries a round with no claim without a transaction around it
+    /// (`sql::round::write_unlocked`, through `write_round_unlocked`): PostgreSQL, where a
+    /// round's `BEGIN`, row locks and `COMMIT` cost round trips and WAL of their own; not
+    /// SQLite, whose one writer holds the whole database for every round anyway.
+    fn unlocked_rounds(&self) -> bool {
+        false
+    }
+
+    /// Runs `work` over the rounds' connection with no transaction around it: each of its
+    /// statements commits by itself, and what it notes as `changed` is not announced (such a
+    /// round changes nothing that is). By default in a transaction, which is as correct and
+    /// only holds its rows' locks longer; engines that say `unlocked_rounds` write without.
+    fn write_round_unlocked<T: Send + 'static>(
+        &self,
+        work: Work<Self::Db, T>,
+    ) -> impl Future<Output = StoreResult<T>> + Send {
+        async move { self.write_round(work).await.map(|(value, _)| value) }
     }
 }
 

@@ -14,7 +14,7 @@
 use super::engine::{Engine, work};
 use super::held::Held;
 use super::retry::retrying;
-use super::sql::round;
+use super::sql::round::{self, Unlocked};
 use super::vocabulary::{RoundItem, RoundOutcome};
 use super::{StoreError, StoreResult};
 use std::sync::Arc;
@@ -121,22 +121,50 @@ fn lane_of(item: &RoundItem, lanes: usize) -> usize {
     (hasher.finish() % lanes as u64) as usize
 }
 
-/// `items` as one round in one transaction; what it changed applied to `held` after, and the
-/// attestations it accepted written through to the cache.
+/// `items` as one round: first without a transaction where the engine writes rounds so and
+/// the round may be (`round::write_unlocked`), else, or when a row changed between its read and
+/// its write, in one transaction under its rows' locks (`round::write`); what it changed
+/// applied to `held` after, and the attestations it accepted written through to the cache.
 async fn write<E: Engine>(
     engine: &E,
     held: &Held,
     items: Arc<Vec<RoundItem>>,
 ) -> StoreResult<Vec<RoundOutcome>> {
     let written = items.clone();
-    let (outcomes, changes) = engine
-        .write_round(work(move |db| {
-            Box::pin(async move { round::write(db, &items).await })
-        }))
-        .await?;
-    for change in &changes {
-        held.apply(change);
-    }
+    let unlocked = if engine.unlocked_rounds() {
+        let items = items.clone();
+        match engine
+            .write_round_unlocked(work(move |db| {
+                Box::pin(async move { round::write_unlocked(db, &items).await })
+            }))
+            .await
+        {
+            Ok(Unlocked::Written(outcomes)) => Some(outcomes),
+            Ok(Unlocked::NeedsLock) => None,
+            Err(e) if e.is_conflict() => {
+                tracing::debug!(error = %e, "a round's rows changed between its read and its \
+                    write; writing it under their locks");
+                None
+            }
+            Err(e) => return Err(e),
+        }
+    } else {
+        None
+    };
+    let outcomes = match unlocked {
+        Some(outcomes) => outcomes,
+        None => {
+            let (outcomes, changes) = engine
+                .write_round(work(move |db| {
+                    Box::pin(async move { round::write(db, &items).await })
+                }))
+                .await?;
+            for change in &changes {
+                held.apply(change);
+            }
+            outcomes
+        }
+    };
     for (item, outcome) in written.iter().zip(&outcomes) {
         if let (Some(record), Some(Ok(()))) = (&item.attestation, &outcome.attestation) {
             held.cache

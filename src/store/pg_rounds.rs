@@ -17,7 +17,7 @@
 //!
 //! A lane keeps its connection from one round to the next (`take`, `keep`) rather than
 //! giving it back to the pool: sqlx pings every connection given back, one more round trip
-//! between two rounds, where a heartbeat round is four. A connection whose round did not end
+//! between two rounds, where a heartbeat round is two (`sql::round::write_unlocked`). A connection whose round did not end
 //! cleanly (its commit or rollback failed, or the round was cancelled and may have left it in
 //! a transaction) is closed, and so is one kept for `KEEP_FOR`, so that none lives for ever;
 //! the pool opens the next. One that died while kept (a proxy or an operator ended it) is

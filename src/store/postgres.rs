@@ -67,10 +67,12 @@ pub struct PgSettings {
 
 /// How many group-commit rounds a replica writes at once, each over a connection of its own on
 /// the rounds' thread (`pg_rounds`): one. A round is four round trips whatever its size (begin,
-/// lock and read, every write in one statement, commit), so one lane writes larger rounds
-/// where two wrote smaller ones that waited on each other's row locks: heartbeats and
-/// refusals 1.4x with one lane against two, grants level (`docs/BENCHMARKS.md`, "PostgreSQL's
-/// rounds in four round trips"). Two lanes were worth it while a round was eight round trips.
+/// lock and read, every write in one statement, commit), or two when it may be written
+/// unlocked (`sql::round::write_unlocked`), so one lane writes larger rounds where two wrote
+/// smaller ones: heartbeats and refusals 1.4x with one lane against two, grants level
+/// (`docs/BENCHMARKS.md`, "PostgreSQL's rounds in four round trips"), and with unlocked rounds
+/// two lanes gained nothing ("Rounds in two round trips"). Two lanes were worth it while a
+/// round was eight round trips.
 pub const ROUND_LANES: u32 = 1;
 
 impl PgSettings {
@@ -287,6 +289,17 @@ impl Engine for PgEngine {
             None => write_on(&self.pool, self.patience, work).await,
         }
     }
+
+    fn unlocked_rounds(&self) -> bool {
+        self.rounds.is_some()
+    }
+
+    async fn write_round_unlocked<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
+        match &self.rounds {
+            Some(rounds) => write_kept_unlocked(rounds, self.patience, work).await,
+            None => self.write_round(work).await.map(|(value, _)| value),
+        }
+    }
 }
 
 /// Runs `work` in a transaction on the connection the rounds' lane keeps (`pg_rounds`), and
@@ -305,6 +318,27 @@ async fn write_kept<T: Send + 'static>(
         rounds.keep(kept);
     }
     result.map(|value| (value, changes))
+}
+
+/// Runs `work` on the connection the rounds' lane keeps with no transaction around it: each
+/// statement commits by itself. The connection is kept for the next round when every statement
+/// was answered (an error the server answered included: no transaction is left open); one
+/// that did not answer, or was found gone, is closed. A kept connection that died since is
+/// found so by the work's first statement, a read (`sql::round::write_unlocked`), and the
+/// round is then written the locked way, whose `BEGIN` takes another (`begin_kept`).
+async fn write_kept_unlocked<T: Send + 'static>(
+    rounds: &RoundThread,
+    patience: Duration,
+    work: Work<PgDb, T>,
+) -> StoreResult<T> {
+    let mut kept = rounds.take().await?;
+    let mut db = PgDb::on(Lent::new(kept.conn), patience);
+    let result = work(&mut db).await;
+    if db.link == Link::Answering {
+        kept.conn = db.conn.finish();
+        rounds.keep(kept);
+    }
+    result
 }
 
 /// Begins a transaction on the rounds' connection, kept or the pool's (`begin_again`).
@@ -654,9 +688,13 @@ impl Db for PgDb {
     /// whatever the number of rows. (A round used to send a statement per write and per
     /// power-of-two slice of its rows, each a round trip: a round of ten heartbeats sent
     /// eight.)
+    ///
+    /// A write marked `every_row` returns a row for each it wrote, and the statement ends by
+    /// counting them (`leasegate_all_rows_written`), which fails it whole when one is missing.
     async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
         let mut params = Vec::new();
         let mut parts = Vec::new();
+        let mut checks = Vec::new();
         for write in writes.iter().filter(|w| w.rows() > 0) {
             let mut columns = Vec::with_capacity(write.cols);
             for c in 0..write.cols {
@@ -664,21 +702,32 @@ impl Db for PgDb {
                 params.push(values);
                 columns.push(format!("${}::{element}[]", params.len()));
             }
-            parts.push((write.sql)(&format!(
-                "SELECT * FROM unnest({})",
-                columns.join(", ")
-            )));
+            let mut part = (write.sql)(&format!("SELECT * FROM unnest({})", columns.join(", ")));
+            if write.every_row {
+                part.push_str(" RETURNING 1");
+                checks.push(format!(
+                    "leasegate_all_rows_written((SELECT count(*) FROM w{}), {})",
+                    parts.len(),
+                    write.rows()
+                ));
+            }
+            parts.push(part);
         }
         let sql = match parts.len() {
             0 => return Ok(()),
-            1 => parts.swap_remove(0),
+            1 if checks.is_empty() => parts.swap_remove(0),
             _ => {
                 let named: Vec<String> = parts
                     .iter()
                     .enumerate()
                     .map(|(i, part)| format!("w{i} AS ({part})"))
                     .collect();
-                format!("WITH {} SELECT 1", named.join(", "))
+                let result = if checks.is_empty() {
+                    "1".to_string()
+                } else {
+                    checks.join(", ")
+                };
+                format!("WITH {} SELECT {result}", named.join(", "))
             }
         };
         self.execute(Statement::built(sql).params(params)).await?;

@@ -473,13 +473,21 @@ impl Db for SqliteDb {
     /// few sizes that stay prepared, and the writer's statements cost no round trip.
     async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
         for write in writes {
-            let (rows, cols) = (write.rows(), write.cols);
+            let (rows, cols, every_row) = (write.rows(), write.cols, write.every_row);
             let mut params = write.params.into_iter();
+            let mut written = 0;
             for size in chunk_sizes(rows) {
                 let values = format!("VALUES {}", values_list(size, cols, 1));
                 let part: Vec<Param> = params.by_ref().take(size * cols).collect();
-                self.execute(Statement::built((write.sql)(&values)).params(part))
+                written += self
+                    .execute(Statement::built((write.sql)(&values)).params(part))
                     .await?;
+            }
+            // The work fails with this, and its transaction is rolled back.
+            if every_row && written != rows as u64 {
+                return Err(StoreError::Conflict(format!(
+                    "a row changed since it was read: {written} of {rows} written"
+                )));
             }
         }
         Ok(())

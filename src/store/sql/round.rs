@@ -9,10 +9,17 @@
 //! here; this file holds only the round's statements: `write` locks and reads the rows, writes
 //! the plan and makes the claims, over any engine. On PostgreSQL the first step (lock the
 //! rows, then read them and the spilled jtis asked) is one call of the function
-//! `leasegate_lock_round`, one round trip whatever the round's size; SQLite, whose one writer
+//! `leasegate_read_round`, one round trip whatever the round's size; SQLite, whose one writer
 //! holds the whole database and whose spills are looked up in memory, reads the rows. The
 //! round's writes then go to the engine together (`Db::write_rows`): on PostgreSQL one
-//! statement, so that a round is four round trips whatever its size.
+//! statement, so that a round is four round trips whatever its size (begin, lock and read,
+//! write, commit).
+//!
+//! On PostgreSQL most rounds take two: a round of attestations that claims nothing and
+//! changes nothing the gate judges (steady heartbeats, refused leases) is first offered to
+//! `write_unlocked`, which reads the rows unlocked with their versions and writes them in one
+//! statement only where no version changed since, with no transaction around the two. When one
+//! did (another replica, a revocation) nothing of it is kept, and `write` writes the round.
 
 use super::replay::{self, RecentJtis, jti_key};
 use super::rows;
@@ -20,7 +27,7 @@ use super::{chunks, param_list, queue, write_rows};
 use crate::domain::ids::RunnerId;
 use crate::domain::lease::Lease;
 use crate::domain::record::{
-    AttestationRecord, HistoryEntry, REFUSAL_HISTORY, RefusalRun, RefusalWrite, Rejection,
+    AttestationRecord, HistoryEntry, Plan, REFUSAL_HISTORY, RefusalRun, RefusalWrite, Rejection,
     RunnerRow, RunnerUpdate, STATUS_CHANGE_HISTORY, Sampled, StatusChangeEntry, plan,
 };
 use crate::domain::time::Millis;
@@ -28,7 +35,7 @@ use crate::store::engine::{Change, Db, Param, Row, RowsWrite, Statement};
 use crate::store::{Claim, RoundItem, RoundOutcome, StoreError, StoreResult};
 use std::collections::{BTreeMap, BTreeSet, HashSet};
 
-/// A runner's row as `read_runners` and `leasegate_lock_round` select it.
+/// A runner's row as `read_runners` and `leasegate_read_round` select it.
 fn runner_row(row: &Row) -> StoreResult<(RunnerId, RunnerRow)> {
     let ok = row.opt_int("probe_ok")?;
     Ok((
@@ -67,18 +74,34 @@ pub type RoundResult = Result<Vec<RoundOutcome>, StoreError>;
 
 // ---- The round's steps ----------------------------------------------------------------------
 
-/// The round's runners' rows and which of its attestations' jtis their runners spilled: on
-/// PostgreSQL locked and read in one call, elsewhere (one writer) read, and the spills asked
-/// of the engine's index in memory.
-async fn lock_round<D: Db>(
+/// The round's runners' rows as read, and what else the round needs of them.
+struct Read {
+    rows: BTreeMap<RunnerId, RunnerRow>,
+    /// Each row's version where the engine has one (PostgreSQL's `xmin`): an unlocked round
+    /// writes a row only if it is still this (`write_unlocked`).
+    versions: BTreeMap<RunnerId, String>,
+    /// Which of the round's attestations' jtis their runners spilled.
+    spilled: HashSet<(RunnerId, String)>,
+}
+
+/// The round's runners' rows, which of its attestations' jtis their runners spilled, and the
+/// rows' versions: on PostgreSQL read (and, with `lock`, first locked) in one call, elsewhere
+/// (one writer, whose transaction holds the whole database) read, and the spills asked of the
+/// engine's index in memory.
+async fn read_round<D: Db>(
     db: &mut D,
     ids: &[&str],
     attestations: &[(usize, &AttestationRecord)],
-) -> StoreResult<(BTreeMap<RunnerId, RunnerRow>, HashSet<(RunnerId, String)>)> {
+    lock: bool,
+) -> StoreResult<Read> {
     if db.spill_index().is_some() {
         let rows = read_runners(db, ids).await?;
         let spilled = spilled_jtis(db, &rows, attestations).await?;
-        return Ok((rows, spilled));
+        return Ok(Read {
+            rows,
+            versions: BTreeMap::new(),
+            spilled,
+        });
     }
     // Both forms of each jti: its key, and itself (as remembered before keys were); the
     // function asks only those of runners whose row says they spilled since.
@@ -91,17 +114,24 @@ async fn lock_round<D: Db>(
             at.push(r.received_at.0);
         }
     }
+    let sql = if lock {
+        "SELECT * FROM leasegate_read_round(true, $1, $2, $3, $4)"
+    } else {
+        "SELECT * FROM leasegate_read_round(false, $1, $2, $3, $4)"
+    };
     let found = db
-        .fetch(
-            Statement::new("SELECT * FROM leasegate_lock_round($1, $2, $3, $4)").params(vec![
-                Param::Texts(ids.iter().map(|id| Some(*id)).collect()),
-                Param::Texts(runners.iter().map(|r| Some(*r)).collect()),
-                Param::Texts(asked.iter().map(|k| Some(*k)).collect()),
-                Param::Ints(at.into_iter().map(Some).collect()),
-            ]),
-        )
+        .fetch(Statement::new(sql).params(vec![
+            Param::Texts(ids.iter().map(|id| Some(*id)).collect()),
+            Param::Texts(runners.iter().map(|r| Some(*r)).collect()),
+            Param::Texts(asked.iter().map(|k| Some(*k)).collect()),
+            Param::Ints(at.into_iter().map(Some).collect()),
+        ]))
         .await?;
-    let (mut rows, mut spilled) = (BTreeMap::new(), HashSet::new());
+    let mut read = Read {
+        rows: BTreeMap::new(),
+        versions: BTreeMap::new(),
+        spilled: HashSet::new(),
+    };
     for row in &found {
         // The positions (from 1) of the asked keys that `seen_jtis` holds.
         for hit in row.opt_text("spilled_hits")?.unwrap_or_default().split(' ') {
@@ -112,15 +142,16 @@ async fn lock_round<D: Db>(
             else {
                 continue;
             };
-            spilled.insert((
+            read.spilled.insert((
                 RunnerId(runners[n - 1].to_string()),
                 asked[n - 1].to_string(),
             ));
         }
         let (id, r) = runner_row(row)?;
-        rows.insert(id, r);
+        read.versions.insert(id.clone(), row.text("row_version")?);
+        read.rows.insert(id, r);
     }
-    Ok((rows, spilled))
+    Ok(read)
 }
 
 /// Reads the rows of `ids` (SQLite: the write transaction holds the whole database).
@@ -178,66 +209,99 @@ async fn spilled_jtis<D: Db>(
 
 /// Each runner's row as its attestations in the round left it: one row update per runner.
 fn runner_updates<'a>(updates: &'a [RunnerUpdate<'a>]) -> RowsWrite<'a> {
-    let sql = |rows: &str| {
-        format!(
-            "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
-             probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
-             image_ref, images, agent, last_status, attestation_seq, quarantined_at, \
-             ejected_until, recent_jtis, \
-             jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
-             refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at) \
-             AS ({rows}) \
-             UPDATE runners SET attested_at = v.attested_at, probe_ok = v.probe_ok, \
-             probe_runtime = v.probe_runtime, probe_runtime_version = v.probe_runtime_version, \
-             probe_checked_at = v.probe_checked_at, probe_error = v.probe_error, \
-             probe_exit_code = v.probe_exit_code, probe_disk = v.probe_disk, \
-             image_id = v.image_id, images = v.images, \
-             image_digest = v.image_digest, image_ref = v.image_ref, agent = v.agent, \
-             last_status = v.last_status, attestation_seq = v.attestation_seq, \
-             quarantined_at = v.quarantined_at, ejected_until = v.ejected_until, \
-             recent_jtis = v.recent_jtis, \
-             jtis_spilled_until = v.jtis_spilled_until, \
-             history_sampled_at = v.history_sampled_at, refusal_seq = v.refusal_seq, \
-             refusal_code = v.refusal_code, refusal_detail = v.refusal_detail, \
-             refusal_count = v.refusal_count, refusal_first_at = v.refusal_first_at, \
-             refusal_last_at = v.refusal_last_at, refusal_synced_at = v.refusal_synced_at \
-             FROM v WHERE runners.id = v.id"
-        )
-    };
-    RowsWrite::of(updates, 28, sql, |u| {
-        let rec = u.latest;
-        let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
-        vec![
-            Param::Text(u.runner_id.as_str()),
-            Param::Int(rec.received_at.0),
-            Param::Int(i64::from(probe.ok)),
-            Param::Text(&probe.runtime),
-            Param::OptText(probe.runtime_version.as_deref()),
-            Param::Int(probe.checked_at.0),
-            Param::OptText(probe.error.as_deref()),
-            Param::OptInt(probe.exit_code),
-            Param::Owned(rows::probe_disk_json(&probe.disk)),
-            Param::OptText(image.id.as_ref().map(|d| d.as_str())),
-            Param::OptText(image.digest.as_ref().map(|d| d.as_str())),
-            Param::OptText(image.image_ref.as_deref()),
-            Param::Owned(rows::attested_images_json(&rec.state.images)),
-            Param::OptText(u.agent.as_deref()),
-            Param::Text(rec.status.as_str()),
-            Param::Int(u.row.attestation_seq),
-            Param::OptInt(u.row.quarantined_at.map(|m| m.0)),
-            Param::OptInt(u.row.ejected_until.map(|m| m.0)),
-            Param::Owned(Some(u.row.recent_jtis.format())),
-            Param::OptInt(u.row.jtis_spilled_until.map(|m| m.0)),
-            Param::OptInt(u.row.history_sampled_at.map(|m| m.0)),
-            Param::Int(run.seq),
-            Param::OptText(run.code.as_deref()),
-            Param::OptText(run.detail.as_deref()),
-            Param::Int(run.count),
-            Param::OptInt(run.first_at.map(|m| m.0)),
-            Param::OptInt(run.last_at.map(|m| m.0)),
-            Param::OptInt(run.synced_at.map(|m| m.0)),
-        ]
+    RowsWrite::of(
+        updates,
+        28,
+        |rows| runner_update_sql(rows, false),
+        runner_update_values,
+    )
+}
+
+/// `runner_updates`, each only where its row's version is still `versions`' (read with it),
+/// and all or none: a row changed since fails the round's write whole (`write_unlocked`).
+fn runner_updates_as_read<'a>(
+    updates: &'a [RunnerUpdate<'a>],
+    versions: &'a BTreeMap<RunnerId, String>,
+) -> RowsWrite<'a> {
+    let sql = |rows: &str| runner_update_sql(rows, true);
+    RowsWrite::of(updates, 29, sql, |u| {
+        let mut values = runner_update_values(u);
+        values.push(Param::OptText(
+            versions.get(u.runner_id).map(String::as_str),
+        ));
+        values
     })
+    .every_row()
+}
+
+/// The runners' update over `rows`; `guarded`, each row's last value is the version (`xmin`)
+/// its runner's row must still have to be written.
+fn runner_update_sql(rows: &str, guarded: bool) -> String {
+    let (guard_column, guard_test) = if guarded {
+        (", row_version", " AND runners.xmin = v.row_version::xid")
+    } else {
+        ("", "")
+    };
+    format!(
+        "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
+         probe_checked_at, probe_error, probe_exit_code, probe_disk, image_id, image_digest, \
+         image_ref, images, agent, last_status, attestation_seq, quarantined_at, \
+         ejected_until, recent_jtis, \
+         jtis_spilled_until, history_sampled_at, refusal_seq, refusal_code, refusal_detail, \
+         refusal_count, refusal_first_at, refusal_last_at, refusal_synced_at{guard_column}) \
+         AS ({rows}) \
+         UPDATE runners SET attested_at = v.attested_at, probe_ok = v.probe_ok, \
+         probe_runtime = v.probe_runtime, probe_runtime_version = v.probe_runtime_version, \
+         probe_checked_at = v.probe_checked_at, probe_error = v.probe_error, \
+         probe_exit_code = v.probe_exit_code, probe_disk = v.probe_disk, \
+         image_id = v.image_id, images = v.images, \
+         image_digest = v.image_digest, image_ref = v.image_ref, agent = v.agent, \
+         last_status = v.last_status, attestation_seq = v.attestation_seq, \
+         quarantined_at = v.quarantined_at, ejected_until = v.ejected_until, \
+         recent_jtis = v.recent_jtis, \
+         jtis_spilled_until = v.jtis_spilled_until, \
+         history_sampled_at = v.history_sampled_at, refusal_seq = v.refusal_seq, \
+         refusal_code = v.refusal_code, refusal_detail = v.refusal_detail, \
+         refusal_count = v.refusal_count, refusal_first_at = v.refusal_first_at, \
+         refusal_last_at = v.refusal_last_at, refusal_synced_at = v.refusal_synced_at \
+         FROM v WHERE runners.id = v.id{guard_test}"
+    )
+}
+
+/// A runner update's 28 values, in `runner_update_sql`'s order.
+fn runner_update_values<'a>(u: &'a RunnerUpdate<'a>) -> Vec<Param<'a>> {
+    let rec = u.latest;
+    let (probe, image, run) = (&rec.state.probe, &rec.state.image, &u.row.refusals);
+    vec![
+        Param::Text(u.runner_id.as_str()),
+        Param::Int(rec.received_at.0),
+        Param::Int(i64::from(probe.ok)),
+        Param::Text(&probe.runtime),
+        Param::OptText(probe.runtime_version.as_deref()),
+        Param::Int(probe.checked_at.0),
+        Param::OptText(probe.error.as_deref()),
+        Param::OptInt(probe.exit_code),
+        Param::Owned(rows::probe_disk_json(&probe.disk)),
+        Param::OptText(image.id.as_ref().map(|d| d.as_str())),
+        Param::OptText(image.digest.as_ref().map(|d| d.as_str())),
+        Param::OptText(image.image_ref.as_deref()),
+        Param::Owned(rows::attested_images_json(&rec.state.images)),
+        Param::OptText(u.agent.as_deref()),
+        Param::Text(rec.status.as_str()),
+        Param::Int(u.row.attestation_seq),
+        Param::OptInt(u.row.quarantined_at.map(|m| m.0)),
+        Param::OptInt(u.row.ejected_until.map(|m| m.0)),
+        Param::Owned(Some(u.row.recent_jtis.format())),
+        Param::OptInt(u.row.jtis_spilled_until.map(|m| m.0)),
+        Param::OptInt(u.row.history_sampled_at.map(|m| m.0)),
+        Param::Int(run.seq),
+        Param::OptText(run.code.as_deref()),
+        Param::OptText(run.detail.as_deref()),
+        Param::Int(run.count),
+        Param::OptInt(run.first_at.map(|m| m.0)),
+        Param::OptInt(run.last_at.map(|m| m.0)),
+        Param::OptInt(run.synced_at.map(|m| m.0)),
+    ]
 }
 
 /// The attestations kept in the history ring: each upserted into its slot.
@@ -439,8 +503,9 @@ async fn claim<D: Db>(
     Ok(())
 }
 
-/// Writes `items` as one round inside `db`'s transaction, and says what became of each.
-pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
+/// The ids of the runners `items` name (sorted, once each), and their attestations with
+/// their places in the round.
+fn round_of(items: &[RoundItem]) -> (Vec<&str>, Vec<(usize, &AttestationRecord)>) {
     let ids: Vec<&str> = items
         .iter()
         .flat_map(|i| {
@@ -456,10 +521,12 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .enumerate()
         .filter_map(|(i, item)| item.attestation.as_ref().map(|a| (i, a)))
         .collect();
-    let (rows, spilled) = lock_round(db, &ids, &attestations).await?;
-    let plan = plan(&rows, &attestations, &spilled);
+    (ids, attestations)
+}
 
-    let mut outcomes: Vec<RoundOutcome> = items
+/// Each item's outcome as the plan judged its attestation (claims are made after).
+fn outcomes_of(items: &[RoundItem], plan: &Plan<'_>) -> Vec<RoundOutcome> {
+    items
         .iter()
         .enumerate()
         .map(|(i, item)| RoundOutcome {
@@ -471,12 +538,24 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
             }),
             granted: None,
         })
-        .collect();
-    let spills: Vec<(&RunnerId, Millis, &str)> = plan
-        .spills
+        .collect()
+}
+
+/// The plan's spilled jtis, as `replay` writes them.
+fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
+    plan.spills
         .iter()
         .map(|(r, u, k)| (*r, *u, k.as_str()))
-        .collect();
+        .collect()
+}
+
+/// Writes `items` as one round inside `db`'s transaction, and says what became of each.
+pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
+    let (ids, attestations) = round_of(items);
+    let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
+    let plan = plan(&rows, &attestations, &spilled);
+    let mut outcomes = outcomes_of(items, &plan);
+    let spills = spills_of(&plan);
     // The round's row writes together: on PostgreSQL one statement, one round trip. None of
     // them reads what another writes (runners, the two rings, the spilled jtis).
     db.write_rows(vec![
@@ -510,4 +589,61 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
         .collect();
     claim(db, items, &mut outcomes, &rows, &released).await?;
     Ok(outcomes)
+}
+
+/// What became of a round offered to `write_unlocked`.
+pub enum Unlocked {
+    Written(Vec<RoundOutcome>),
+    /// Nothing was written: the round is `write`'s, in a transaction under its rows' locks.
+    NeedsLock,
+}
+
+/// A round of attestations and no claim, written with no transaction around it: two
+/// statements, each committed by itself, where `write` sends four (`BEGIN`, the locked read,
+/// the writes, `COMMIT`) and writes its row locks to the WAL. The runners' rows are read with
+/// their versions (`xmin`); then every write of the round goes in one statement that changes
+/// a runner's row only where its version is still the one read, and fails whole, as a
+/// conflict, when any is not (`RowsWrite::every_row`). So whatever another writer did in
+/// between (a jti accepted at another replica, a revocation, a cordon, another round) is
+/// neither overwritten nor overlooked: the round is then written again by `write`, locked,
+/// and judged on what it finds.
+///
+/// A round that would change what the gate judges (announced with its commit in `write`) or
+/// record a status change (two statements, the trim reading the insert), or whose engine
+/// keeps no row versions (SQLite), or whose read found the connection gone, writes nothing
+/// here (`NeedsLock`).
+pub async fn write_unlocked<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Unlocked> {
+    if items.iter().any(|i| i.claim.is_some()) {
+        return Ok(Unlocked::NeedsLock);
+    }
+    let (ids, attestations) = round_of(items);
+    let read = match read_round(db, &ids, &attestations, false).await {
+        Ok(read) => read,
+        // Nothing was written; the locked way begins on another connection.
+        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::NeedsLock),
+        Err(e) => return Err(e),
+    };
+    let plan = plan(&read.rows, &attestations, &read.spilled);
+    let needs_lock = !plan.status_changes.is_empty()
+        || plan.updates.iter().any(|u| {
+            !read.versions.contains_key(u.runner_id)
+                || read
+                    .rows
+                    .get(u.runner_id)
+                    .is_none_or(|before| u.changes_gate(before))
+        });
+    if needs_lock {
+        return Ok(Unlocked::NeedsLock);
+    }
+    let outcomes = outcomes_of(items, &plan);
+    let spills = spills_of(&plan);
+    db.write_rows(vec![
+        runner_updates_as_read(&plan.updates, &read.versions),
+        history_upserts(&plan.history),
+        refusal_upserts(&plan.refusals),
+        replay::spills(&spills),
+    ])
+    .await?;
+    replay::note_spilled(db, &spills).await?;
+    Ok(Unlocked::Written(outcomes))
 }
