@@ -59,18 +59,33 @@ async fn a_long_poll_on_one_replica_wakes_on_an_enqueue_at_another() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn one_attestation_posted_to_two_replicas_at_once_is_accepted_once() {
+/// One attestation posted to replica `a` as a heartbeat and at once to `b`, as a heartbeat
+/// too (`lease`: as a lease): exactly one is accepted, the other refused as a replay. Two
+/// heartbeats' rounds are both written unlocked (`round::write_unlocked`), so one of them
+/// finds the row changed and is written again under its lock; a lease's round is locked.
+async fn posted_to_two_replicas_at_once(lease: bool) {
     let Some(a) = spawn_app_on(Engine::Postgres).await else {
         return;
     };
     let b = spawn_replica(&a).await;
     a.pool("linux", &[IMAGE_A]).await;
     let runner = a.register("linux", "r1").await;
+    // The first heartbeat changes the runner's status, which a locked round writes.
+    assert_eq!(
+        a.heartbeat(&runner.healthy()).await.status(),
+        StatusCode::OK
+    );
 
     for round in 0..20 {
         let attestation = runner.healthy();
-        let (ra, rb) = tokio::join!(a.heartbeat(&attestation), b.lease(&attestation));
+        let at_b = async {
+            if lease {
+                b.lease(&attestation).await
+            } else {
+                b.heartbeat(&attestation).await
+            }
+        };
+        let (ra, rb) = tokio::join!(a.heartbeat(&attestation), at_b);
         let statuses = [ra.status(), rb.status()];
         let accepted = statuses.iter().filter(|s| s.is_success()).count();
         assert_eq!(accepted, 1, "round {round}: {statuses:?}");
@@ -80,6 +95,16 @@ async fn one_attestation_posted_to_two_replicas_at_once_is_accepted_once() {
             "attestation_replayed"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_attestation_posted_to_two_replicas_at_once_is_accepted_once() {
+    posted_to_two_replicas_at_once(true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_heartbeat_posted_to_two_replicas_at_once_is_accepted_once() {
+    posted_to_two_replicas_at_once(false).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
