@@ -704,11 +704,13 @@ impl Db for PgDb {
             }
             let mut part = (write.sql)(&format!("SELECT * FROM unnest({})", columns.join(", ")));
             if write.every_row {
+                // The count a parameter, so that the text stays one whatever the rows.
                 part.push_str(" RETURNING 1");
+                params.push(Param::Int(write.rows() as i64));
                 checks.push(format!(
-                    "leasegate_all_rows_written((SELECT count(*) FROM w{}), {})",
+                    "leasegate_all_rows_written((SELECT count(*) FROM w{}), ${}::int8)",
                     parts.len(),
-                    write.rows()
+                    params.len()
                 ));
             }
             parts.push(part);
