@@ -98,23 +98,9 @@ helpers+=($!)
 proxy=""
 if command -v haproxy >/dev/null; then
   proxy_port="$(free_port)"
-  cat >"$dir/haproxy.cfg" <<CFG
-global
-    maxconn 256
-    tune.pipesize 1048576
-defaults
-    mode http
-    timeout connect 5s
-    timeout client 600s
-    timeout server 600s
-    option splice-request
-    option splice-response
-frontend bench
-    bind 127.0.0.1:$proxy_port
-    default_backend forge
-backend forge
-    server forge 127.0.0.1:$forge_port
-CFG
+  # The configuration the in-process bench's forge phase runs HAProxy with.
+  sed -e "s/@PORT@/$proxy_port/" -e "s/@UPSTREAM@/127.0.0.1:$forge_port/" \
+    bench/haproxy-splice.cfg >"$dir/haproxy.cfg"
   taskset -c "$cpus" haproxy -db -f "$dir/haproxy.cfg" >"$dir/haproxy.log" 2>&1 &
   helpers+=($!)
   proxy="http://127.0.0.1:$proxy_port"

@@ -116,18 +116,12 @@ fn free_port() -> std::io::Result<u16> {
         .port())
 }
 
-/// HTTP mode (it reads each request as the gate does), splicing both ways through pipes of
-/// 1 MiB (with the kernel's default of 64 KiB, a 200 MB download through it ran at half the
-/// speed here), timeouts longer than any transfer of the bench, and its default of a thread
-/// per core.
+/// `bench/haproxy-splice.cfg` (why each setting, there), with its ports put in; the same file
+/// `bench/outside.sh` runs HAProxy with.
 fn config_text(port: u16, upstream: SocketAddr) -> String {
-    format!(
-        "global\n    maxconn 256\n    tune.pipesize 1048576\n\
-         defaults\n    mode http\n    timeout connect 5s\n    timeout client 600s\n    \
-         timeout server 600s\n    option splice-request\n    option splice-response\n\
-         frontend bench\n    bind 127.0.0.1:{port}\n    default_backend forge\n\
-         backend forge\n    server forge {upstream}\n"
-    )
+    include_str!("../../bench/haproxy-splice.cfg")
+        .replace("@PORT@", &port.to_string())
+        .replace("@UPSTREAM@", &upstream.to_string())
 }
 
 #[cfg(test)]
@@ -141,5 +135,6 @@ mod tests {
         assert!(
             text.contains("option splice-request\n") && text.contains("option splice-response\n")
         );
+        assert!(!text.contains('@'), "every place filled: {text}");
     }
 }
