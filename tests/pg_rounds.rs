@@ -370,3 +370,40 @@ async fn a_change_committed_between_a_rounds_read_and_its_write_is_not_lost() {
         "a revocation committed before the round's write is the round's verdict"
     );
 }
+
+/// Replicas of the previous version still read and lock their rounds' rows with
+/// `leasegate_lock_round` during a rolling upgrade: it answers as `leasegate_read_round` does
+/// (without the versions), and the rows stay locked until its transaction ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_previous_versions_round_read_still_locks_and_reads() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "previous").await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+
+    let mut old = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    let mut round = old.begin().await.unwrap();
+    let rows: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT id, last_status, spilled_hits FROM leasegate_lock_round(ARRAY[$1], \
+         ARRAY[]::text[], ARRAY[]::text[], ARRAY[]::bigint[])",
+    )
+    .bind(&runner.id)
+    .fetch_all(&mut *round)
+    .await
+    .unwrap();
+    assert_eq!(rows, vec![(runner.id.clone(), "healthy".to_string(), None)]);
+
+    let mut other = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    let locked = sqlx::query("SELECT 1 FROM runners WHERE id = $1 FOR UPDATE NOWAIT")
+        .bind(&runner.id)
+        .execute(&mut other)
+        .await;
+    assert!(locked.is_err(), "the row is locked by the old round's read");
+    round.rollback().await.unwrap();
+}

@@ -149,21 +149,31 @@ async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: b
     assert_eq!(pairs, want);
 }
 
+/// A SQLite engine on a file of `dir`.
+fn sqlite_in(dir: &tempfile::TempDir) -> SqliteEngine {
+    SqliteEngine::open(&dir.path().join("rows.db"), Synchronous::Normal).expect("open SQLite")
+}
+
+/// A PostgreSQL engine as the service opens it (its rounds' thread and connection included),
+/// on a database of its own; `None` where the test skips PostgreSQL.
+async fn postgres() -> Option<(common::pg::TestDatabase, PgEngine)> {
+    let db = common::pg::TestDatabase::create().await?;
+    let pg = PgEngine::open(&db.url, &PgSettings::default(), Arc::new(|_| {}))
+        .await
+        .expect("open PostgreSQL");
+    Some((db, pg))
+}
+
 async fn every_row_arrives_as_written(engine: Engine) {
     match engine {
         Engine::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
-            let sqlite = SqliteEngine::open(&dir.path().join("rows.db"), Synchronous::Normal)
-                .expect("open SQLite");
-            check_engine(&sqlite, false).await;
+            check_engine(&sqlite_in(&dir), false).await;
         }
         Engine::Postgres => {
-            let Some(db) = common::pg::TestDatabase::create().await else {
+            let Some((_db, pg)) = postgres().await else {
                 return;
             };
-            let pg = PgEngine::open(&db.url, &PgSettings::default(), Arc::new(|_| {}))
-                .await
-                .expect("open PostgreSQL");
             check_engine(&pg, false).await;
             let drop: Work<leasegate::store::postgres::PgDb, ()> = Box::new(|db| {
                 Box::pin(async move {
@@ -282,17 +292,12 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
     match engine {
         Engine::Sqlite => {
             let dir = tempfile::tempdir().unwrap();
-            let sqlite = SqliteEngine::open(&dir.path().join("rows.db"), Synchronous::Normal)
-                .expect("open SQLite");
-            check(&sqlite, false).await;
+            check(&sqlite_in(&dir), false).await;
         }
         Engine::Postgres => {
-            let Some(db) = common::pg::TestDatabase::create().await else {
+            let Some((_db, pg)) = postgres().await else {
                 return;
             };
-            let pg = PgEngine::open(&db.url, &PgSettings::default(), Arc::new(|_| {}))
-                .await
-                .expect("open PostgreSQL");
             assert!(
                 pg.unlocked_rounds(),
                 "the service's engine writes unlocked rounds"
