@@ -56,20 +56,30 @@ fn bind_b(r: &(String, i64)) -> Vec<Param<'_>> {
     vec![Param::Text(&r.0), Param::Int(r.1)]
 }
 
+/// The two tables the writes go to, made afresh.
+async fn create_tables<D: Db>(db: &mut D) -> StoreResult<()> {
+    for table in ["scratch_a", "scratch_b"] {
+        db.execute(Statement::built(format!("DROP TABLE IF EXISTS {table}")))
+            .await?;
+    }
+    db.execute(Statement::new(
+        "CREATE TABLE scratch_a (id TEXT PRIMARY KEY, n BIGINT NOT NULL, note TEXT)",
+    ))
+    .await?;
+    db.execute(Statement::new(
+        "CREATE TABLE scratch_b (a_id TEXT NOT NULL, k BIGINT NOT NULL, \
+         PRIMARY KEY (a_id, k))",
+    ))
+    .await?;
+    Ok(())
+}
+
 /// Creates the tables and writes rows into both in one call, then updates some of them in
 /// three more (as rounds, when `rounds`), and reads everything back.
 async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: bool) {
     let setup: Work<E::Db, ()> = Box::new(|db| {
         Box::pin(async move {
-            db.execute(Statement::new(
-                "CREATE TABLE scratch_a (id TEXT PRIMARY KEY, n BIGINT NOT NULL, note TEXT)",
-            ))
-            .await?;
-            db.execute(Statement::new(
-                "CREATE TABLE scratch_b (a_id TEXT NOT NULL, k BIGINT NOT NULL, \
-                 PRIMARY KEY (a_id, k))",
-            ))
-            .await?;
+            create_tables(db).await?;
             let a = a_rows();
             let b: Vec<(String, i64)> = (0..5).map(|k| ("a-000".to_string(), k)).collect();
             db.write_rows(vec![
@@ -175,15 +185,8 @@ async fn every_row_arrives_as_written(engine: Engine) {
                 return;
             };
             check_engine(&pg, false).await;
-            let drop: Work<leasegate::store::postgres::PgDb, ()> = Box::new(|db| {
-                Box::pin(async move {
-                    db.execute(Statement::new("DROP TABLE scratch_a")).await?;
-                    db.execute(Statement::new("DROP TABLE scratch_b")).await?;
-                    Ok(())
-                })
-            });
-            pg.write(drop).await.expect("drop the tables");
-            // The same through the rounds' lane and its kept connection.
+            // The same, the tables made afresh, through the rounds' lane and its kept
+            // connection.
             check_engine(&pg, true).await;
         }
     }
@@ -244,19 +247,7 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
     {
         let setup: Work<E::Db, ()> = Box::new(|db| {
             Box::pin(async move {
-                for table in ["scratch_a", "scratch_b"] {
-                    db.execute(Statement::built(format!("DROP TABLE IF EXISTS {table}")))
-                        .await?;
-                }
-                db.execute(Statement::new(
-                    "CREATE TABLE scratch_a (id TEXT PRIMARY KEY, n BIGINT NOT NULL, note TEXT)",
-                ))
-                .await?;
-                db.execute(Statement::new(
-                    "CREATE TABLE scratch_b (a_id TEXT NOT NULL, k BIGINT NOT NULL, \
-                     PRIMARY KEY (a_id, k))",
-                ))
-                .await?;
+                create_tables(db).await?;
                 let a = a_rows();
                 db.write_rows(vec![RowsWrite::of(&a, 3, insert_a, bind_a)])
                     .await
