@@ -394,23 +394,18 @@ pub trait Engine: Send + Sync + 'static {
         self.write(work)
     }
 
-    /// Whether group commit first tries a round with no claim without a transaction around it
-    /// (`sql::round::write_unlocked`, through `write_round_unlocked`): PostgreSQL, where a
-    /// round's `BEGIN`, row locks and `COMMIT` cost round trips and WAL of their own; not
-    /// SQLite, whose one writer holds the whole database for every round anyway.
-    fn unlocked_rounds(&self) -> bool {
-        false
-    }
-
-    /// Runs `work` over the rounds' connection with no transaction around it: each of its
-    /// statements commits by itself, and what it notes as `changed` is not announced (such a
-    /// round changes nothing that is). By default in a transaction, which is as correct and
-    /// only holds its rows' locks longer; engines that say `unlocked_rounds` write without.
+    /// Runs the work `make` makes over the rounds' connection with no transaction around it,
+    /// each of its statements committed by itself (`sql::round::write_unlocked`), where the
+    /// engine writes rounds so: PostgreSQL, where a round's `BEGIN`, row locks and `COMMIT`
+    /// cost round trips and WAL of their own. `None`, `make` not called, where it does not:
+    /// SQLite, whose one writer holds the whole database for every round anyway. What such
+    /// work notes as `changed` is not announced (a round written so changes nothing that is).
     fn write_round_unlocked<T: Send + 'static>(
         &self,
-        work: Work<Self::Db, T>,
-    ) -> impl Future<Output = StoreResult<T>> + Send {
-        async move { self.write_round(work).await.map(|(value, _)| value) }
+        make: impl FnOnce() -> Work<Self::Db, T> + Send,
+    ) -> Option<impl Future<Output = StoreResult<T>> + Send> {
+        let _ = make;
+        None::<std::future::Ready<StoreResult<T>>>
     }
 }
 

@@ -131,14 +131,13 @@ async fn write<E: Engine>(
     items: Arc<Vec<RoundItem>>,
 ) -> StoreResult<Vec<RoundOutcome>> {
     let written = items.clone();
-    let unlocked = if engine.unlocked_rounds() {
-        let items = items.clone();
-        match engine
-            .write_round_unlocked(work(move |db| {
-                Box::pin(async move { round::write_unlocked(db, &items).await })
-            }))
-            .await
-        {
+    let unlocked_items = items.clone();
+    let unlocked = engine.write_round_unlocked(move || {
+        work(move |db| Box::pin(async move { round::write_unlocked(db, &unlocked_items).await }))
+    });
+    let unlocked = match unlocked {
+        None => None,
+        Some(written) => match written.await {
             Ok(Unlocked::Written(outcomes)) => Some(outcomes),
             Ok(Unlocked::NeedsLock) => None,
             Err(e) if e.is_conflict() => {
@@ -147,9 +146,7 @@ async fn write<E: Engine>(
                 None
             }
             Err(e) => return Err(e),
-        }
-    } else {
-        None
+        },
     };
     let outcomes = match unlocked {
         Some(outcomes) => outcomes,

@@ -290,15 +290,14 @@ impl Engine for PgEngine {
         }
     }
 
-    fn unlocked_rounds(&self) -> bool {
-        self.rounds.is_some()
-    }
-
-    async fn write_round_unlocked<T: Send + 'static>(&self, work: Work<PgDb, T>) -> StoreResult<T> {
-        match &self.rounds {
-            Some(rounds) => write_kept_unlocked(rounds, self.patience, work).await,
-            None => self.write_round(work).await.map(|(value, _)| value),
-        }
+    /// On the rounds' kept connection; the bench's bare engine, which writes no rounds, has
+    /// none.
+    fn write_round_unlocked<T: Send + 'static>(
+        &self,
+        make: impl FnOnce() -> Work<PgDb, T> + Send,
+    ) -> Option<impl Future<Output = StoreResult<T>> + Send> {
+        let rounds = self.rounds.as_ref()?;
+        Some(write_kept_unlocked(rounds, self.patience, make()))
     }
 }
 
