@@ -28,6 +28,7 @@ use crate::domain::runner::Runner;
 use crate::domain::status::RunnerStatus;
 use crate::domain::time::Millis;
 use crate::domain::verdict::{AttestedState, Refusal, judge};
+use crate::signature_batches::SignatureChecks;
 use crate::store::{
     AttestationRecord, Claim, DynStore, GateRunner, Lease, Rejection, RoundItem, StoreError,
 };
@@ -158,6 +159,7 @@ pub struct Gate {
     pub probe_max_age_s: i64,
     pub metrics: Arc<crate::metrics::Metrics>,
     turns: Arc<Semaphore>,
+    signatures: SignatureChecks,
 }
 
 /// A turn to be judged (`Gate::turn`), given back when the admission it was spent on ends.
@@ -176,6 +178,7 @@ impl Gate {
             store,
             rules,
             probe_max_age_s,
+            signatures: SignatureChecks::new(metrics.clone()),
             metrics,
             turns: Arc::new(Semaphore::new(JUDGED_AT_ONCE)),
         }
@@ -282,7 +285,10 @@ impl Gate {
             .gate_runner(&unverified.kid)
             .await?
             .ok_or_else(|| AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()))?;
-        let attestation = match unverified.verify(&key, &self.rules, now) {
+        if !self.signatures.holds(unverified.signature(&key)?).await {
+            return Err(AdmitError::Invalid(INVALID_SIGNATURE_DETAIL.into()));
+        }
+        let attestation = match unverified.claims(&self.rules, now) {
             Ok(a) => a,
             Err(VerifyError::Claims(e)) => {
                 // Signed by the runner's own key: what it sent is wrong (its clock, most

@@ -52,6 +52,8 @@ pub mod registry;
 pub mod retention;
 pub mod secrets;
 pub mod server;
+pub mod signature;
+pub mod signature_batches;
 pub mod startup;
 pub mod store;
 pub mod sweeper;

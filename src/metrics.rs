@@ -169,6 +169,10 @@ pub struct Metrics {
     pub open_connections: Gauge,
     /// Attestations waiting for a turn to be judged (`gate::JUDGED_AT_ONCE` are at once).
     pub admissions_waiting: Gauge,
+    /// Attestation signatures checked, and the batches they were checked in
+    /// (`signature_batches`): their ratio is the batches' mean size.
+    pub signatures_checked: Counter,
+    pub signature_batches: Counter,
     /// Connections the service closed or turned away, by reason (a closed set).
     pub connections_closed: Family<ReasonLabel, Counter>,
     /// Failed credential checks, by credential.
@@ -215,6 +219,8 @@ impl Default for Metrics {
             registry: Registry::with_prefix("leasegate"),
             open_connections: Gauge::default(),
             admissions_waiting: Gauge::default(),
+            signatures_checked: Counter::default(),
+            signature_batches: Counter::default(),
             connections_closed: Family::default(),
             auth_failures: Family::default(),
             auth_throttled: Family::default(),
@@ -346,6 +352,16 @@ impl Metrics {
             "admissions_waiting",
             "Attestations waiting for a turn to be judged (256 are judged at once)",
             self.admissions_waiting.clone(),
+        );
+        r.register(
+            "signatures_checked",
+            "Attestation signatures checked",
+            self.signatures_checked.clone(),
+        );
+        r.register(
+            "signature_batches",
+            "Batches the attestation signatures were checked in (signatures_checked over this: their mean size)",
+            self.signature_batches.clone(),
         );
         r.register(
             "connections_closed",
@@ -502,6 +518,12 @@ impl Metrics {
     pub fn admission_waiting(&self) -> Raised<'_> {
         self.admissions_waiting.inc();
         Raised(&self.admissions_waiting)
+    }
+
+    /// A batch of `signatures` attestation signatures checked together.
+    pub fn signature_batch(&self, signatures: usize) {
+        self.signature_batches.inc();
+        self.signatures_checked.inc_by(signatures as u64);
     }
 
     /// A connection closed for `reason` (`header_timeout`, `idle_timeout`, `write_stalled`,

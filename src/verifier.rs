@@ -5,10 +5,12 @@
 //! exactly `leasegate-attestation+jwt`, a `kid`, and no `crit` or `b64`: RFC 7515 §4.1.11
 //! says to reject critical extensions one does not understand, and this service understands
 //! none), so that no header can choose the algorithm, the key or the payload's encoding. The
-//! signature is checked as `ed25519-dalek`'s `verify_strict` checks it, over the exact bytes
-//! received (`signature_valid` says how, without its square root): it refuses a small-order
-//! (weak) key, a small-order `R` and a non-canonical `S`, where the plain Ed25519 check (what
-//! JWT libraries call) lets a forged signature pass for a weak key.
+//! signature is checked over the exact bytes received by `crate::signature`'s rule (RFC 8032's
+//! cofactored equation; the gate checks it in batches of whatever arrives together,
+//! `crate::signature_batches`):
+//! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S` as
+//! `ed25519-dalek`'s `verify_strict` does, where the plain Ed25519 check (what JWT libraries
+//! call) lets a forged signature pass for a weak key.
 //! The claims are then parsed strictly by `domain::attestation`. Not a JWT library's `decode`
 //! with its validation: its defaults are not the protocol's (its own leeway, no `aud`, `iss` or
 //! `sub` checked, no `jti` kept), and here every claim rule is `domain`'s, unit-tested there.
@@ -17,15 +19,16 @@
 //!
 //! The runner's key arrives decoded (`RunnerKey`): decompressing its point costs a good part
 //! of a verification, so it is done once, when the runner's record enters the gate's cache,
-//! and each attestation is verified straight with the decompressed point.
+//! and each attestation is checked straight with the decompressed point.
 
 use crate::domain::attestation::{Attestation, AttestationRules, ClaimsError, check_claims};
 use crate::domain::ids::RunnerId;
 use crate::domain::json_object::parse_object;
 use crate::domain::time::Millis;
+use crate::signature::{KeyPoint, Signed};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use ed25519_dalek::{Signature, Verifier, VerifyingKey};
+use ed25519_dalek::VerifyingKey;
 
 /// The only `typ` an attestation may carry.
 pub const ATTESTATION_TYP: &str = "leasegate-attestation+jwt";
@@ -132,60 +135,45 @@ pub fn runner_key(public_key_x: &str) -> Option<VerifyingKey> {
 }
 
 /// A runner's registered key, decoded and its point decompressed once (`runner_key`). A key
-/// that is not a point is kept as such: every signature is refused for it.
+/// that is not a point, or is weak, is kept as such: every signature is refused for it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct RunnerKey(Option<VerifyingKey>);
+pub struct RunnerKey(Option<KeyPoint>);
 
 impl RunnerKey {
     pub fn parse(public_key_x: &str) -> Self {
-        RunnerKey(runner_key(public_key_x))
+        RunnerKey(runner_key(public_key_x).as_ref().and_then(KeyPoint::new))
     }
 }
 
-/// Rule 2: `signature_b64` is `key`'s signature of `signing_input`, checked strictly (no weak
-/// key, no small-order `R`, no non-canonical `S`): what `verify_strict` accepts, and nothing
-/// else, without decompressing `R` (a square root, about a tenth of a verification).
-///
-/// `verify` (non-canonical `S` refused) recomputes `R` from `S`, the key and the message and
-/// accepts only when the signature's `R` is that point's canonical encoding; so an accepted
-/// `R` is a point, and it is of small order exactly when its bytes are one of the eight
-/// small-order points' canonical encodings, compared here instead.
-pub fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: &str) -> bool {
-    let Some(bytes) = URL_SAFE_NO_PAD
+/// Rule 2's reading: `signature_b64` over `signing_input` for `key`, ready for its equation
+/// (`crate::signature`); `None` when it cannot hold whatever the equation says.
+pub fn read_signature(
+    key: &RunnerKey,
+    signing_input: &[u8],
+    signature_b64: &str,
+) -> Option<Signed> {
+    let key = key.0.as_ref()?;
+    let bytes = URL_SAFE_NO_PAD
         .decode(signature_b64)
         .ok()
-        .and_then(|b| <[u8; 64]>::try_from(b).ok())
-    else {
-        return false;
-    };
-    let r: &[u8; 32] = bytes[..32].try_into().expect("64 bytes hold 32");
-    !key.is_weak()
-        && !small_order_encodings().contains(r)
-        && key
-            .verify(signing_input, &Signature::from_bytes(&bytes))
-            .is_ok()
-}
-
-/// The canonical encodings of the eight points of small order (the identity among them).
-fn small_order_encodings() -> &'static [[u8; 32]; 8] {
-    static ENCODINGS: std::sync::LazyLock<[[u8; 32]; 8]> = std::sync::LazyLock::new(|| {
-        curve25519_dalek::constants::EIGHT_TORSION.map(|point| point.compress().to_bytes())
-    });
-    &ENCODINGS
+        .and_then(|b| <[u8; 64]>::try_from(b).ok())?;
+    crate::signature::read(key, signing_input, &bytes)
 }
 
 impl Unverified<'_> {
-    /// Rules 2–4 with the key registered for `kid`.
-    pub fn verify(
+    /// Rule 2's first half: the signature read for the key registered for `kid`, ready for
+    /// its equation (which the gate checks in whatever batch it falls into:
+    /// `crate::signature_batches`).
+    pub fn signature(&self, key: &RunnerKey) -> Result<Signed, VerifyError> {
+        read_signature(key, self.signing_input.as_bytes(), self.signature_b64).ok_or_else(invalid)
+    }
+
+    /// Rules 3–4, once the signature held.
+    pub fn claims(
         &self,
-        key: &RunnerKey,
         rules: &AttestationRules,
         now: Millis,
     ) -> Result<Attestation, VerifyError> {
-        let key = key.0.as_ref().ok_or_else(invalid)?;
-        if !signature_valid(key, self.signing_input.as_bytes(), self.signature_b64) {
-            return Err(invalid());
-        }
         let payload = URL_SAFE_NO_PAD
             .decode(self.payload_b64)
             .map_err(|_| VerifyError::Invalid("the JWS payload is not base64url".into()))?;
@@ -196,7 +184,13 @@ impl Unverified<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ed25519_dalek::{Signer, SigningKey, Verifier};
+    use ed25519_dalek::{Signature, Signer, SigningKey, Verifier};
+
+    /// Rule 2 for one signature, as the gate checks it (alone or in a batch: the same rule).
+    fn signature_valid(key: &VerifyingKey, signing_input: &[u8], signature_b64: &str) -> bool {
+        read_signature(&RunnerKey(KeyPoint::new(key)), signing_input, signature_b64)
+            .is_some_and(|signed| signed.holds())
+    }
 
     const IDENTITY: [u8; 32] = {
         let mut b = [0u8; 32];
@@ -253,59 +247,6 @@ mod tests {
             b"msg",
             &URL_SAFE_NO_PAD.encode(signature)
         ));
-    }
-
-    #[test]
-    fn the_small_order_encodings_are_the_eight_points_of_small_order() {
-        let encodings = small_order_encodings();
-        for encoding in encodings {
-            let point = curve25519_dalek::edwards::CompressedEdwardsY(*encoding)
-                .decompress()
-                .unwrap();
-            assert!(point.is_small_order());
-            assert_eq!(point.compress().to_bytes(), *encoding, "canonical");
-        }
-        let mut distinct = encodings.to_vec();
-        distinct.sort();
-        distinct.dedup();
-        assert_eq!(distinct.len(), 8);
-        assert!(encodings.contains(&IDENTITY));
-    }
-
-    proptest::proptest! {
-        /// The check agrees with `verify_strict` on sound signatures, on every byte of them
-        /// changed, on an `R` swapped for any small-order point, and for every weak key.
-        #[test]
-        fn the_check_accepts_exactly_what_verify_strict_accepts(
-            seed in proptest::array::uniform32(proptest::prelude::any::<u8>()),
-            message in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..64),
-            position in 0usize..64,
-            xor in 1u8..=255,
-            torsion in 0usize..8,
-        ) {
-            let signing = SigningKey::from_bytes(&seed);
-            let key = signing.verifying_key();
-            let sound = signing.sign(&message).to_bytes();
-            let mut changed = sound;
-            changed[position] ^= xor;
-            let mut small_r = sound;
-            small_r[..32].copy_from_slice(&small_order_encodings()[torsion]);
-            let weak = VerifyingKey::from_bytes(&small_order_encodings()[torsion]).unwrap();
-            let (identity_key, identity_r) = identity_r_signature(seed, &message);
-            for (key, signature) in [
-                (key, sound),
-                (key, changed),
-                (key, small_r),
-                (weak, sound),
-                (weak, small_r),
-                (identity_key, identity_r),
-            ] {
-                let strict = key.verify_strict(&message, &Signature::from_bytes(&signature)).is_ok();
-                let ours = signature_valid(&key, &message, &URL_SAFE_NO_PAD.encode(signature));
-                proptest::prop_assert_eq!(ours, strict);
-            }
-            proptest::prop_assert!(signature_valid(&key, &message, &URL_SAFE_NO_PAD.encode(sound)));
-        }
     }
 
     #[test]
