@@ -2,20 +2,18 @@
 //! requests themselves.
 //!
 //! Each attestation's signature is read and hashed where its request is handled
-//! (`signature::read`). When no other check is waiting or under way, its equation is checked
-//! at once. Otherwise it is put among the checks waiting, and the request yields once to the
-//! other ready tasks (`yield_now`) before it takes every check still waiting and checks them
-//! together, answering each; its own may have been taken by another request meanwhile, and it
-//! then waits for that batch's answer. So a batch holds whatever reached the gate during one
-//! pass over the ready tasks while checks were under way: many when the cores are busy (the
-//! pass is long, and CPU is what a batch saves), none when they are not (a check alone waits
-//! for nothing). Any worker thread may check a batch, so checks never queue behind one task.
-//! The equation is the same alone and in a batch, so an answer never depends on the load
-//! (`signature`'s header).
+//! (`signature::read`); what is left, its equation, is put among the checks waiting, and the
+//! request yields once to the other ready tasks (`yield_now`) before it takes every check
+//! still waiting and checks them together, answering each. Its own check may have been taken
+//! by another request meanwhile: then it waits for that batch's answer. So a batch holds
+//! whatever reached the gate during one pass over the ready tasks: many when the cores are
+//! busy (the pass is long, and CPU is what a batch saves), one when they are not (the pass is
+//! a look at the sockets, and the check is made at once). Any worker thread may
+//! check a batch, so checks are never queued behind one task. The equation is the same alone
+//! and in a batch, so an answer never depends on the load (`signature`'s header).
 
 use crate::metrics::Metrics;
 use crate::signature::{Signed, which_hold};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::sync::oneshot;
 
@@ -27,8 +25,6 @@ const LARGEST_BATCH: usize = 32;
 #[derive(Clone)]
 pub struct SignatureChecks {
     waiting: Arc<Mutex<Vec<Waiting>>>,
-    /// Checks being made now, alone or in a batch.
-    checking: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
 }
 
@@ -41,7 +37,6 @@ impl SignatureChecks {
     pub fn new(metrics: Arc<Metrics>) -> Self {
         SignatureChecks {
             waiting: Arc::default(),
-            checking: Arc::default(),
             metrics,
         }
     }
@@ -49,18 +44,7 @@ impl SignatureChecks {
     /// Whether `signed` holds, answered by the batch it falls into.
     pub async fn holds(&self, signed: Signed) -> bool {
         let (answer, mut answered) = oneshot::channel();
-        {
-            let mut waiting = self.lock();
-            if waiting.is_empty() && self.checking.load(Ordering::Acquire) == 0 {
-                // Nothing else under way: a batch would be this check alone, after a wait.
-                self.checking.fetch_add(1, Ordering::AcqRel);
-                drop(waiting);
-                let _checked = Checking(&self.checking);
-                self.metrics.signature_batch(1);
-                return signed.holds();
-            }
-            waiting.push(Waiting { signed, answer });
-        }
+        self.lock().push(Waiting { signed, answer });
         tokio::task::yield_now().await;
         loop {
             if let Ok(held) = answered.try_recv() {
@@ -83,8 +67,6 @@ impl SignatureChecks {
     }
 
     fn check(&self, batch: Vec<Waiting>) {
-        self.checking.fetch_add(1, Ordering::AcqRel);
-        let _checked = Checking(&self.checking);
         let signed: Vec<Signed> = batch.iter().map(|w| w.signed).collect();
         self.metrics.signature_batch(signed.len());
         for (waiting, held) in batch.into_iter().zip(which_hold(&signed)) {
@@ -98,15 +80,6 @@ impl SignatureChecks {
         self.waiting
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
-
-/// Counts a check as under way for as long as it lives (a panic in it included).
-struct Checking<'a>(&'a AtomicUsize);
-
-impl Drop for Checking<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
