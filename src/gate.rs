@@ -174,11 +174,13 @@ impl Gate {
         probe_max_age_s: i64,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Self {
+        // Measured per engine: `SignatureChecks::new`.
+        let gather_signatures = store.engine() == "sqlite";
         Gate {
             store,
             rules,
             probe_max_age_s,
-            signatures: SignatureChecks::new(metrics.clone()),
+            signatures: SignatureChecks::new(metrics.clone(), gather_signatures),
             metrics,
             turns: Arc::new(Semaphore::new(JUDGED_AT_ONCE)),
         }
