@@ -12,7 +12,7 @@
 //! signature's encoding.
 //!
 //! Why cofactored: a batch is checked as one random linear combination of its equations, a
-//! single multiscalar multiplication that costs about half of what its signatures cost one
+//! single multiscalar multiplication that costs about 0.6 of what its signatures cost one
 //! by one from eight of them up (docs/BENCHMARKS.md). With the cofactorless equation, whether
 //! such a holder-made signature passed would depend on the batch it fell into and on the
 //! random coefficients; with the cofactored one on both sides a signature holds alone exactly

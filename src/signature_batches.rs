@@ -8,10 +8,10 @@
 //! by another request meanwhile: then it waits for that batch's answer. So a batch holds
 //! whatever reached the gate during one pass over the ready tasks: many when the cores are
 //! busy (the pass is long, and CPU is what a batch saves), one when they are not (the pass is
-//! a look at the sockets, and the check is made at once). Any worker thread may
-//! check a batch, so checks are never queued behind one task. The equation is the same alone
-//! and in a batch, so an answer never depends on the load (`signature`'s header). On
-//! PostgreSQL each check is made at once (`SignatureChecks::new` says why).
+//! a look at the sockets, and the check is made at once). Any worker thread may check a
+//! batch, so checks never queue behind one task. The equation is the same alone and in a
+//! batch, so an answer never depends on the load (`signature`'s header). On PostgreSQL each
+//! check is made at once (`SignatureChecks::new` says why).
 
 use crate::metrics::Metrics;
 use crate::signature::{Signed, which_hold};
