@@ -6,11 +6,10 @@
 //! says to reject critical extensions one does not understand, and this service understands
 //! none), so that no header can choose the algorithm, the key or the payload's encoding. The
 //! signature is checked over the exact bytes received by `crate::signature`'s rule (RFC 8032's
-//! cofactored equation; the gate checks it in batches of whatever arrives together,
-//! `crate::signature_batches`):
-//! it refuses a small-order (weak) key, a small-order `R` and a non-canonical `S` as
-//! `ed25519-dalek`'s `verify_strict` does, where the plain Ed25519 check (what JWT libraries
-//! call) lets a forged signature pass for a weak key.
+//! cofactored equation; on SQLite the gate checks it in a batch of whatever arrives with it,
+//! `crate::signature_batches`): it refuses a small-order (weak) key, a small-order `R` and a
+//! non-canonical `S` as `ed25519-dalek`'s `verify_strict` does, where the plain Ed25519 check
+//! (what JWT libraries call) lets a forged signature pass for a weak key.
 //! The claims are then parsed strictly by `domain::attestation`. Not a JWT library's `decode`
 //! with its validation: its defaults are not the protocol's (its own leeway, no `aud`, `iss` or
 //! `sub` checked, no `jti` kept), and here every claim rule is `domain`'s, unit-tested there.
