@@ -39,7 +39,9 @@ pub async fn measure(
     })
 }
 
-/// Verifications per second on one core, and the number of cores.
+/// Verifications per second on one core, and the number of cores: `ed25519-dalek`'s own
+/// `verify`, the fastest check it offers, written out in the loop (taken as a closure, the
+/// release build measured it a fifth slower: docs/BENCHMARKS.md).
 pub fn verifications_per_second(sample: &(String, String)) -> (f64, usize) {
     let (token, x) = sample;
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
