@@ -129,18 +129,25 @@ const SMALLEST_BATCH: usize = 3;
 /// about half again, never a wrong answer. One whose `R` is no point, or of small order,
 /// fails by itself and does not spoil the others' batch.
 pub fn which_hold(batch: &[Signed]) -> Vec<bool> {
-    if batch.len() >= SMALLEST_BATCH {
-        let points: Vec<Option<EdwardsPoint>> = batch.iter().map(Signed::r).collect();
-        let members: Vec<(&Signed, EdwardsPoint)> = batch
-            .iter()
-            .zip(&points)
-            .filter_map(|(signed, r)| r.map(|r| (signed, r)))
-            .collect();
-        if all_hold(&members, &mut rand::thread_rng()) {
-            return points.iter().map(Option::is_some).collect();
-        }
+    if batch.len() < SMALLEST_BATCH {
+        return batch.iter().map(Signed::holds).collect();
     }
-    batch.iter().map(Signed::holds).collect()
+    let points: Vec<Option<EdwardsPoint>> = batch.iter().map(Signed::r).collect();
+    let members: Vec<(&Signed, EdwardsPoint)> = batch
+        .iter()
+        .zip(&points)
+        .filter_map(|(signed, r)| r.map(|r| (signed, r)))
+        .collect();
+    if all_hold(&members, &mut rand::thread_rng()) {
+        return points.iter().map(Option::is_some).collect();
+    }
+    // Whatever the equation says, an `R` with no point fails: only the members are checked
+    // again.
+    batch
+        .iter()
+        .zip(&points)
+        .map(|(signed, r)| r.is_some() && signed.holds())
+        .collect()
 }
 
 /// `Σ zᵢ([8]([Sᵢ]B − [kᵢ]Aᵢ − Rᵢ))` is the identity for random 128-bit `zᵢ`, which, when any
@@ -291,6 +298,14 @@ mod tests {
         assert_eq!(
             batch.iter().map(Signed::holds).collect::<Vec<_>>(),
             [true, false, false, false, true, true]
+        );
+        // With a member that fails too, the batch fails and is checked again: the same answers.
+        let (key, other) = signed(9, b"other");
+        let mut failing = batch.clone();
+        failing.push(read(&key, b"msg", &other).unwrap());
+        assert_eq!(
+            which_hold(&failing),
+            [true, false, false, false, true, true, false]
         );
     }
 

@@ -146,11 +146,7 @@ impl RunnerKey {
 
 /// Rule 2's reading: `signature_b64` over `signing_input` for `key`, ready for its equation
 /// (`crate::signature`); `None` when it cannot hold whatever the equation says.
-pub fn read_signature(
-    key: &RunnerKey,
-    signing_input: &[u8],
-    signature_b64: &str,
-) -> Option<Signed> {
+fn read_signature(key: &RunnerKey, signing_input: &[u8], signature_b64: &str) -> Option<Signed> {
     let key = key.0.as_ref()?;
     let bytes = URL_SAFE_NO_PAD
         .decode(signature_b64)
