@@ -10,7 +10,7 @@
 //! or `NAME.body`, one body for every request (a forge fetch carries no nonce).
 //!
 //! Kinds: `grants`, `heartbeats` and `refusals` as their phases send them (as many bodies as
-//! the phase would sign ahead: `--rate`, or 25 000 a second, for `--duration-s`, at most
+//! the phase would sign ahead: `--rate`, or 50 000 a second, for `--duration-s`, at most
 //! 20 s); for the phase `forge`, Forgejo's `FetchTask` from a forge runner bound to a runner
 //! whose probe failed (`forge-refused`, which the gate answers without asking the forge) and
 //! from one bound to a runner that attested healthy (`forge-forwarded`, which the gate hands
