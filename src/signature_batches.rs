@@ -12,15 +12,28 @@
 //! batch, so checks never queue behind one task. The equation is the same alone and in a
 //! batch, so an answer never depends on the load (`signature`'s header). On PostgreSQL each
 //! check is made at once (`SignatureChecks::new` says why).
+//!
+//! A batch with a bad signature in it fails whole, and each of its members is then checked
+//! alone: its sound checks cost a batch and a check each. Someone sending bad signatures for
+//! a registered runner's `kid` beside the fleet's requests would make every batch fail, each
+//! of their requests costing the gate several checks, and the fleet's checks more than without
+//! batches. So after a batch fails, every check is made alone for `ALONE_AFTER_FAILURE`: bad
+//! signatures then cost a check each, as they would without batches, and at most one batch a
+//! second is spent on them.
 
 use crate::metrics::Metrics;
 use crate::signature::{Signed, which_hold};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use tokio::sync::oneshot;
 
 /// The most checks in one batch: past a few dozen the multiplication's cost per signature
 /// rises again, and a batch's last answer waits for all of it (docs/BENCHMARKS.md).
 const LARGEST_BATCH: usize = 32;
+
+/// How long checks are made alone after a batch failed (the module's header says why).
+const ALONE_AFTER_FAILURE: Duration = Duration::from_secs(1);
 
 /// The checks waiting for a batch; cheap to clone.
 #[derive(Clone)]
@@ -28,6 +41,10 @@ pub struct SignatureChecks {
     waiting: Arc<Mutex<Vec<Waiting>>>,
     /// Whether checks wait for a batch at all (`SignatureChecks::new`).
     gather: bool,
+    /// Until when (milliseconds since `since`) checks are made alone, after a batch failed.
+    alone_until_ms: Arc<AtomicU64>,
+    since: Instant,
+    alone_for: Duration,
     metrics: Arc<Metrics>,
 }
 
@@ -44,16 +61,27 @@ impl SignatureChecks {
     /// them, the batches stayed near four, the service's CPU per heartbeat did not fall, and
     /// the wait for a batch lowered the rates.
     pub fn new(metrics: Arc<Metrics>, gather: bool) -> Self {
+        Self::alone_after_failure(metrics, gather, ALONE_AFTER_FAILURE)
+    }
+
+    fn alone_after_failure(metrics: Arc<Metrics>, gather: bool, alone_for: Duration) -> Self {
         SignatureChecks {
             waiting: Arc::default(),
             gather,
+            alone_until_ms: Arc::default(),
+            since: Instant::now(),
+            alone_for,
             metrics,
         }
     }
 
+    fn millis(&self) -> u64 {
+        self.since.elapsed().as_millis() as u64
+    }
+
     /// Whether `signed` holds, answered by the batch it falls into.
     pub async fn holds(&self, signed: Signed) -> bool {
-        if !self.gather {
+        if !self.gather || self.millis() < self.alone_until_ms.load(Ordering::Relaxed) {
             self.metrics.signature_batch(1);
             return signed.holds();
         }
@@ -83,7 +111,12 @@ impl SignatureChecks {
     fn check(&self, batch: Vec<Waiting>) {
         let signed: Vec<Signed> = batch.iter().map(|w| w.signed).collect();
         self.metrics.signature_batch(signed.len());
-        for (waiting, held) in batch.into_iter().zip(which_hold(&signed)) {
+        let held = which_hold(&signed);
+        if signed.len() > 1 && held.contains(&false) {
+            let until = self.millis() + self.alone_for.as_millis() as u64;
+            self.alone_until_ms.fetch_max(until, Ordering::Relaxed);
+        }
+        for (waiting, held) in batch.into_iter().zip(held) {
             // Its request may be gone (the client left): nobody to answer.
             let _ = waiting.answer.send(held);
         }
@@ -103,39 +136,81 @@ mod tests {
     use crate::signature::{KeyPoint, read};
     use ed25519_dalek::{Signer, SigningKey};
 
+    /// A sound signature of `i`'s message, or, with `bad`, a sound signature of another
+    /// message (the key one of 50).
+    fn signed(i: u32, bad: bool) -> Signed {
+        let signing = SigningKey::from_bytes(&[(i % 50) as u8 + 1; 32]);
+        let key = KeyPoint::new(&signing.verifying_key()).unwrap();
+        let message = i.to_le_bytes();
+        let signature = signing.sign(&message).to_bytes();
+        let checked = if bad { (i + 1).to_le_bytes() } else { message };
+        read(&key, &checked, &signature).unwrap()
+    }
+
+    /// `count` checks at once from as many tasks, every `bad_every`th bad (0: none), each
+    /// answered with its own answer; and how many batches they made.
+    async fn check_at_once(checks: &SignatureChecks, count: u32, bad_every: u32) -> u64 {
+        let batches = checks.metrics.signature_batches.get();
+        let is_bad = move |i: u32| bad_every != 0 && i % bad_every == 3;
+        let tasks: Vec<_> = (0..count)
+            .map(|i| {
+                let checks = checks.clone();
+                tokio::spawn(async move { (i, checks.holds(signed(i, is_bad(i))).await) })
+            })
+            .collect();
+        for task in tasks {
+            let (i, held) = task.await.unwrap();
+            assert_eq!(held, !is_bad(i), "check {i}");
+        }
+        assert!(checks.lock().is_empty());
+        checks.metrics.signature_batches.get() - batches
+    }
+
     /// Many checks at once from many tasks on two threads: every one answered, each with its
     /// own answer, whatever batch it fell into; and batches of more than one were made.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn concurrent_checks_each_get_their_own_answer() {
         let metrics = Arc::new(Metrics::default());
         let checks = SignatureChecks::new(metrics.clone(), true);
-        let tasks: Vec<_> = (0..400u32)
-            .map(|i| {
-                let checks = checks.clone();
-                tokio::spawn(async move {
-                    let signing = SigningKey::from_bytes(&[(i % 50) as u8 + 1; 32]);
-                    let key = KeyPoint::new(&signing.verifying_key()).unwrap();
-                    let message = i.to_le_bytes();
-                    let signature = signing.sign(&message).to_bytes();
-                    // Every seventh is a sound signature of another message.
-                    let checked = if i % 7 == 3 {
-                        (i + 1).to_le_bytes()
-                    } else {
-                        message
-                    };
-                    let signed = read(&key, &checked, &signature).unwrap();
-                    (i, checks.holds(signed).await)
-                })
+        let batches = check_at_once(&checks, 400, 0).await;
+        assert_eq!(metrics.signatures_checked.get(), 400);
+        assert!(batches < 400, "{batches} batches for 400 checks");
+        // Every seventh bad: still each its own answer.
+        check_at_once(&checks, 400, 7).await;
+        assert_eq!(metrics.signatures_checked.get(), 800);
+    }
+
+    /// After a batch fails, checks are made alone for a while (bad signatures then cost a
+    /// check each, not a batch's), and in batches again after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_failed_batch_checks_are_made_alone_for_a_while() {
+        let metrics = Arc::new(Metrics::default());
+        let alone_for = Duration::from_secs(2);
+        let checks = SignatureChecks::alone_after_failure(metrics.clone(), true, alone_for);
+        let failed: Vec<_> = (0..4).map(|i| signed(i, i == 3)).collect();
+        let answers: Vec<_> = failed
+            .iter()
+            .map(|s| {
+                let (answer, answered) = oneshot::channel();
+                (Waiting { signed: *s, answer }, answered)
             })
             .collect();
-        for task in tasks {
-            let (i, held) = task.await.unwrap();
-            assert_eq!(held, i % 7 != 3, "check {i}");
+        let (batch, mut answered): (Vec<_>, Vec<_>) = answers.into_iter().unzip();
+        let failed_at = Instant::now();
+        checks.check(batch);
+        let held: Vec<bool> = answered.iter_mut().map(|a| a.try_recv().unwrap()).collect();
+        assert_eq!(held, [true, true, true, false]);
+
+        let batches = check_at_once(&checks, 200, 0).await;
+        if failed_at.elapsed() < alone_for {
+            assert_eq!(batches, 200, "each check alone");
         }
-        let checked = metrics.signatures_checked.get();
-        let batches = metrics.signature_batches.get();
-        assert_eq!(checked, 400);
-        assert!(batches < checked, "{batches} batches for {checked} checks");
-        assert!(checks.lock().is_empty());
+        tokio::time::sleep(alone_for).await;
+        let batches = check_at_once(&checks, 400, 0).await;
+        assert!(batches < 400, "{batches} batches for 400 checks");
+        // A failed check alone does not stop the batches.
+        assert!(!checks.holds(signed(9, true)).await);
+        let batches = check_at_once(&checks, 400, 0).await;
+        assert!(batches < 400, "{batches} batches for 400 checks");
     }
 }
