@@ -103,13 +103,6 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
         forge.forwarded_p50_added_ms,
         op("forge-forwarded").p50_ms - op("forge-direct").p50_ms
     );
-    // A bare relay carried the same bodies in the gate's place.
-    for rate in [forge.upload_relay_mb_per_s, forge.download_relay_mb_per_s] {
-        assert!(rate.is_finite() && rate > 0.0, "{forge:?}");
-    }
-    for ratio in [forge.relay_upload_cpu_ratio, forge.relay_download_cpu_ratio] {
-        assert!(ratio.is_some_and(|r| r.is_finite() && r > 0.0), "{forge:?}");
-    }
     // HAProxy, where it is installed, carried the same bodies in the gate's place.
     let haproxy = crate::common::skip::deploy_tool(
         "haproxy",

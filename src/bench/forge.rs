@@ -11,14 +11,12 @@
 //! a forwarded byte crosses the kernel's loopback twice where a direct one crosses it once,
 //! and where the cores are busy the ratio of rates follows the ratio of CPU.
 //! The stand-in counts the fetches it gets, which tells a refusal that reached it from one that
-//! did not. The same bodies go through a bare relay in the gate's place (`relay`: copying and
-//! nothing else, the floor of any proxy), and, where HAProxy is installed, through it too
-//! (`haproxy`): what forwarding itself costs on this machine, beside what the gate costs.
+//! did not. Where HAProxy is installed, the same bodies go through it too (`haproxy`): what a
+//! proxy's own best costs on this machine, beside what the gate costs.
 
 use super::fleet::{self, Fleet};
 use super::haproxy::Haproxy;
 use super::load::{self, Drive, OpReport};
-use super::relay::Relay;
 use super::wire::Wire;
 use axum::Router;
 use axum::body::{Body, Bytes};
@@ -66,13 +64,6 @@ pub struct ForgeReport {
     pub upload_cpu_ratio: Option<f64>,
     /// The same for a download.
     pub download_cpu_ratio: Option<f64>,
-    /// The same bodies through a bare relay in the gate's place (`relay`: each byte copied
-    /// through its memory, no HTTP): the floor of any proxy that copies.
-    pub upload_relay_mb_per_s: f64,
-    pub download_relay_mb_per_s: f64,
-    /// CPU time through the relay ÷ direct, as above.
-    pub relay_upload_cpu_ratio: Option<f64>,
-    pub relay_download_cpu_ratio: Option<f64>,
     /// The same bodies through HAProxy with kernel splicing in the gate's place (`None` where
     /// it did not run: `haproxy_note` says why).
     pub upload_haproxy_mb_per_s: Option<f64>,
@@ -199,7 +190,6 @@ pub async fn measure(
     let forwarded_p50_added_ms = forwarded.p50_ms - direct.p50_ms;
     ops.extend([forwarded, direct]);
 
-    let relay = Relay::start(stand_in.addr)?;
     let (haproxy, haproxy_note) = match Haproxy::start(stand_in.addr).await {
         Ok(proxy) => (Some(proxy), None),
         Err(why) => (None, Some(why)),
@@ -208,12 +198,11 @@ pub async fn measure(
         client,
         &fleet.base,
         &stand_in.base,
-        &relay,
         haproxy.as_ref(),
         body_bytes,
     )
     .await?;
-    drop((relay, haproxy));
+    drop(haproxy);
     let mb_per_s = |seconds: f64| body_bytes as f64 / 1e6 / seconds.max(1e-9);
     let report = ForgeReport {
         body_bytes,
@@ -223,10 +212,6 @@ pub async fn measure(
         download_direct_mb_per_s: mb_per_s(transfers.download_direct),
         upload_cpu_ratio: transfers.upload_cpu_ratio,
         download_cpu_ratio: transfers.download_cpu_ratio,
-        upload_relay_mb_per_s: mb_per_s(transfers.upload_relay),
-        download_relay_mb_per_s: mb_per_s(transfers.download_relay),
-        relay_upload_cpu_ratio: transfers.relay_upload_cpu_ratio,
-        relay_download_cpu_ratio: transfers.relay_download_cpu_ratio,
         upload_haproxy_mb_per_s: transfers.upload_haproxy.map(mb_per_s),
         download_haproxy_mb_per_s: transfers.download_haproxy.map(mb_per_s),
         haproxy_upload_cpu_ratio: transfers.haproxy_upload_cpu_ratio,
@@ -319,14 +304,10 @@ struct Transfers {
     upload_direct: f64,
     download_gate: f64,
     download_direct: f64,
-    upload_relay: f64,
-    download_relay: f64,
     upload_haproxy: Option<f64>,
     download_haproxy: Option<f64>,
     upload_cpu_ratio: Option<f64>,
     download_cpu_ratio: Option<f64>,
-    relay_upload_cpu_ratio: Option<f64>,
-    relay_download_cpu_ratio: Option<f64>,
     haproxy_upload_cpu_ratio: Option<f64>,
     haproxy_download_cpu_ratio: Option<f64>,
 }
@@ -335,8 +316,7 @@ struct Transfers {
 /// two ways: indices into `Transfers::measure`'s tables.
 const DIRECT: usize = 0;
 const GATE: usize = 1;
-const RELAY: usize = 2;
-const HAPROXY: usize = 3;
+const HAPROXY: usize = 2;
 const UP: usize = 0;
 const DOWN: usize = 1;
 
@@ -352,12 +332,11 @@ impl Transfers {
         client: &reqwest::Client,
         gate: &str,
         direct: &str,
-        relay: &Relay,
         haproxy: Option<&Haproxy>,
         bytes: u64,
     ) -> anyhow::Result<Transfers> {
         let body = Bytes::from(vec![b'x'; bytes as usize]);
-        // In the order DIRECT, GATE, RELAY, HAPROXY.
+        // In the order DIRECT, GATE, HAPROXY.
         let mut paths = vec![
             Through {
                 base: direct,
@@ -365,10 +344,6 @@ impl Transfers {
             },
             Through {
                 base: gate,
-                also: None,
-            },
-            Through {
-                base: &relay.base,
                 also: None,
             },
         ];
@@ -412,14 +387,10 @@ impl Transfers {
             download_direct: time(DIRECT, DOWN),
             upload_gate: time(GATE, UP),
             download_gate: time(GATE, DOWN),
-            upload_relay: time(RELAY, UP),
-            download_relay: time(RELAY, DOWN),
             upload_haproxy: haproxy_time(UP),
             download_haproxy: haproxy_time(DOWN),
             upload_cpu_ratio: cpu_ratio(GATE, UP),
             download_cpu_ratio: cpu_ratio(GATE, DOWN),
-            relay_upload_cpu_ratio: cpu_ratio(RELAY, UP),
-            relay_download_cpu_ratio: cpu_ratio(RELAY, DOWN),
             haproxy_upload_cpu_ratio: cpu_ratio(HAPROXY, UP),
             haproxy_download_cpu_ratio: cpu_ratio(HAPROXY, DOWN),
         })

@@ -21,7 +21,6 @@ mod load;
 mod long_polls;
 mod page;
 mod pgbench;
-mod relay;
 mod wire;
 
 use crate::config::ServeArgs;
@@ -483,17 +482,6 @@ fn print(r: &Report) {
             f.upstream_fetches_while_forwarded,
             ratio(f.upload_cpu_ratio),
             ratio(f.download_cpu_ratio)
-        );
-        println!(
-            "a bare relay in the gate's place (each byte copied through its memory, no HTTP: \
-             the floor of a proxy): upload {:.0} MB/s, download {:.0} MB/s; CPU ÷ direct: \
-             upload {}, download {}; the gate ÷ the relay: upload {:.2}, download {:.2}",
-            f.upload_relay_mb_per_s,
-            f.download_relay_mb_per_s,
-            ratio(f.relay_upload_cpu_ratio),
-            ratio(f.relay_download_cpu_ratio),
-            f.upload_gate_mb_per_s / f.upload_relay_mb_per_s.max(1e-9),
-            f.download_gate_mb_per_s / f.download_relay_mb_per_s.max(1e-9),
         );
         match (f.upload_haproxy_mb_per_s, f.download_haproxy_mb_per_s) {
             (Some(up), Some(down)) => println!(
