@@ -122,7 +122,7 @@ impl Signed {
 }
 
 /// Below this, a batch costs more than its signatures one by one (docs/BENCHMARKS.md).
-const SMALLEST_BATCH: usize = 3;
+pub const SMALLEST_BATCH: usize = 3;
 
 /// Which of `batch` hold: all of them at the price of one multiscalar multiplication when they
 /// do, and each checked by itself when any does not, so that one bad signature costs its batch

@@ -22,7 +22,7 @@
 //! second is spent on them.
 
 use crate::metrics::Metrics;
-use crate::signature::{Signed, which_hold};
+use crate::signature::{SMALLEST_BATCH, Signed, which_hold};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -112,7 +112,8 @@ impl SignatureChecks {
         let signed: Vec<Signed> = batch.iter().map(|w| w.signed).collect();
         self.metrics.signature_batch(signed.len());
         let held = which_hold(&signed);
-        if signed.len() > 1 && held.contains(&false) {
+        // A smaller batch was checked one by one: nothing was spent on a batch.
+        if signed.len() >= SMALLEST_BATCH && held.contains(&false) {
             let until = self.millis() + self.alone_for.as_millis() as u64;
             self.alone_until_ms.fetch_max(until, Ordering::Relaxed);
         }
@@ -208,8 +209,20 @@ mod tests {
         tokio::time::sleep(alone_for).await;
         let batches = check_at_once(&checks, 400, 0).await;
         assert!(batches < 400, "{batches} batches for 400 checks");
-        // A failed check alone does not stop the batches.
+        // A failed check alone, or in a pair (checked one by one), does not stop the batches.
         assert!(!checks.holds(signed(9, true)).await);
+        let (sound, _) = oneshot::channel();
+        let (bad, _) = oneshot::channel();
+        checks.check(vec![
+            Waiting {
+                signed: signed(10, false),
+                answer: sound,
+            },
+            Waiting {
+                signed: signed(11, true),
+                answer: bad,
+            },
+        ]);
         let batches = check_at_once(&checks, 400, 0).await;
         assert!(batches < 400, "{batches} batches for 400 checks");
     }
