@@ -3,11 +3,9 @@
 //! Method, path, query, end-to-end headers and body go as they came; `Host` names the forge
 //! and `X-Forwarded-For`/`-Proto` say who asked. Bodies stream both ways and are never
 //! decoded (a gzipped answer stays gzipped), so artifacts of hundreds of MB pass through
-//! without being held: hyper keeps one frame between the two connections, each read from its
-//! socket in pieces of up to `listener::MAX_READ_BYTES` on both sides (reading further ahead
-//! gained nothing: a forwarded byte's cost is the kernel copying it in and out of a second pair
-//! of sockets, docs/BENCHMARKS.md, "The forge gate's transfers"; larger pieces save the
-//! wake-ups between them). The forge has
+//! without being held: hyper keeps one frame between the two connections, and reading further
+//! ahead gained nothing, since a forwarded byte's cost is the kernel copying it in and out of
+//! a second pair of sockets (docs/BENCHMARKS.md, "The forge gate's transfers"). The forge has
 //! `timeout` to begin its answer (GitLab holds a runner's job request for up to ~50 s),
 //! counted while it is the forge's turn (`upload.rs`: not while the client is still sending
 //! its body), and may pause no longer than that within it; an unreachable forge is 502
@@ -203,8 +201,6 @@ impl Forwarder {
         let client = HttpClient::builder(TokioExecutor::new())
             .pool_idle_timeout(Duration::from_secs(60))
             .pool_max_idle_per_host(caps.idle_per_forge)
-            // A download's pieces as large as an upload's (hyper's own cap is about 400 KiB).
-            .http1_max_buf_size(crate::listener::MAX_READ_BYTES)
             .build(connector);
         let connector_h2 = hyper_rustls::HttpsConnectorBuilder::new()
             .with_tls_config(tls)

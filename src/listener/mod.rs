@@ -11,7 +11,7 @@
 //!   write buffer for each connection's life. From a connection's first request that is not
 //!   plain (a forwarded artifact, a chunked body) hyper serves it;
 //! - a request's head capped at 8 KiB (`MAX_HEAD_BYTES`), answered 431 by hyper past it, and
-//!   hyper's read buffer at 4 MiB (`MAX_READ_BYTES`). The buffer starts at 8 KiB and grows
+//!   hyper's read buffer at 256 KiB (`MAX_READ_BYTES`). The buffer starts at 8 KiB and grows
 //!   only while reads fill it (a body arriving faster than it is read: a forwarded artifact),
 //!   then shrinks again. Capped at 8 KiB, a 200 MB upload was 25,000 reads of 8 KiB and as
 //!   many frames handed on;
@@ -53,13 +53,8 @@ use tower::Service;
 /// The largest request head (request line and headers) the service reads.
 pub const MAX_HEAD_BYTES: usize = 8 * 1024;
 
-/// The most a connection reads from its socket at once (and hands on as one frame of a body),
-/// here and on the forwarder's connections to the forges (`forge_gate::upstream`). A forwarded
-/// byte's cost is the kernel's copying, the same for any read size; what larger reads save is
-/// the wake-ups and hand-offs between them: a 200 MB download through the gate read 0.72x of
-/// direct at 1 MiB, 0.91x at 4 MiB (docs/BENCHMARKS.md). The buffer grows to this only while
-/// reads fill it, as the kernel's own socket buffers do (up to 6 MiB by default).
-pub const MAX_READ_BYTES: usize = 4 * 1024 * 1024;
+/// The most a connection reads from its socket at once (and hands on as one frame of a body).
+pub const MAX_READ_BYTES: usize = 256 * 1024;
 
 /// What a listener allows its clients.
 #[derive(Clone, Debug)]
