@@ -327,9 +327,9 @@ async fn attestation_phase(
 }
 
 /// How many attestations to sign ahead for one phase: its rate, or, as fast as it goes, more
-/// than the service can take (an attested request reaches about 0.4 x the verifications of
-/// all cores at best; on a two-core EPYC that is 25 000 a second, where 25 000 a second
-/// signed ahead ran out before the phase's end), for at most the phase's first 20 s.
+/// than the service can take (at best about 0.4 x the verifications of all cores: 26 000-32 000
+/// a second on a two-core EPYC, where 25 000 a second signed ahead ran out before a phase's
+/// end), for at most the phase's first 20 s.
 /// Attestations live 60 s (the service's default `attestation_max_age_s`), so ones signed long
 /// before their use would be refused as expired; a longer phase signs the rest as it goes.
 fn presign_count(drive: Drive) -> usize {
