@@ -122,15 +122,28 @@ impl Signed {
 }
 
 /// Below this, a batch costs more than its signatures one by one (docs/BENCHMARKS.md).
-pub const SMALLEST_BATCH: usize = 3;
+const SMALLEST_BATCH: usize = 3;
+
+/// What checking a batch found.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Checked {
+    /// Whether each signature holds, in the batch's order.
+    pub held: Vec<bool>,
+    /// Whether the batch's equation was computed and failed, so that its members were checked
+    /// again one by one: the work a bad signature costs the batch it falls into.
+    pub batch_failed: bool,
+}
 
 /// Which of `batch` hold: all of them at the price of one multiscalar multiplication when they
 /// do, and each checked by itself when any does not, so that one bad signature costs its batch
 /// about half again, never a wrong answer. One whose `R` is no point, or of small order,
 /// fails by itself and does not spoil the others' batch.
-pub fn which_hold(batch: &[Signed]) -> Vec<bool> {
+pub fn which_hold(batch: &[Signed]) -> Checked {
     if batch.len() < SMALLEST_BATCH {
-        return batch.iter().map(Signed::holds).collect();
+        return Checked {
+            held: batch.iter().map(Signed::holds).collect(),
+            batch_failed: false,
+        };
     }
     let points: Vec<Option<EdwardsPoint>> = batch.iter().map(Signed::r).collect();
     let members: Vec<(&Signed, EdwardsPoint)> = batch
@@ -139,15 +152,22 @@ pub fn which_hold(batch: &[Signed]) -> Vec<bool> {
         .filter_map(|(signed, r)| r.map(|r| (signed, r)))
         .collect();
     if all_hold(&members, &mut rand::thread_rng()) {
-        return points.iter().map(Option::is_some).collect();
+        return Checked {
+            held: points.iter().map(Option::is_some).collect(),
+            batch_failed: false,
+        };
     }
     // Whatever the equation says, an `R` with no point fails: only the members are checked
     // again.
-    batch
+    let held = batch
         .iter()
         .zip(&points)
         .map(|(signed, r)| r.is_some() && signed.holds())
-        .collect()
+        .collect();
+    Checked {
+        held,
+        batch_failed: true,
+    }
 }
 
 /// `Σ zᵢ([8]([Sᵢ]B − [kᵢ]Aᵢ − Rᵢ))` is the identity for random 128-bit `zᵢ`, which, when any
@@ -255,11 +275,19 @@ mod tests {
                 read(&key, m, &signature).unwrap()
             })
             .collect();
-        assert_eq!(which_hold(&batch), vec![true; 9]);
+        assert_eq!(
+            which_hold(&batch),
+            Checked {
+                held: vec![true; 9],
+                batch_failed: false
+            }
+        );
         // Signature 4 over message 5: a sound signature, of another message.
         let (key, signature) = signed(5, &messages[4]);
         batch[4] = read(&key, &messages[5], &signature).unwrap();
-        let held = which_hold(&batch);
+        let checked = which_hold(&batch);
+        assert!(checked.batch_failed);
+        let held = checked.held;
         assert_eq!(held.iter().filter(|h| !**h).count(), 1);
         assert!(!held[4]);
     }
@@ -294,7 +322,14 @@ mod tests {
         .iter()
         .map(|(key, signature)| read(key, b"msg", signature).unwrap())
         .collect();
-        assert_eq!(which_hold(&batch), [true, false, false, false, true, true]);
+        // No batch failed: the members' equation held.
+        assert_eq!(
+            which_hold(&batch),
+            Checked {
+                held: vec![true, false, false, false, true, true],
+                batch_failed: false
+            }
+        );
         assert_eq!(
             batch.iter().map(Signed::holds).collect::<Vec<_>>(),
             [true, false, false, false, true, true]
@@ -305,7 +340,10 @@ mod tests {
         failing.push(read(&key, b"msg", &other).unwrap());
         assert_eq!(
             which_hold(&failing),
-            [true, false, false, false, true, true, false]
+            Checked {
+                held: vec![true, false, false, false, true, true, false],
+                batch_failed: true
+            }
         );
     }
 
@@ -387,7 +425,7 @@ mod tests {
                 if let Some(read) = read(&key, &message, &signature) {
                     let mut batch = others.clone();
                     batch.insert(2, read);
-                    let held = which_hold(&batch);
+                    let held = which_hold(&batch).held;
                     proptest::prop_assert_eq!(held[2], alone);
                     proptest::prop_assert!(held.iter().enumerate().all(|(i, h)| i == 2 || *h));
                 } else {

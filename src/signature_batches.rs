@@ -22,7 +22,7 @@
 //! second is spent on them.
 
 use crate::metrics::Metrics;
-use crate::signature::{SMALLEST_BATCH, Signed, which_hold};
+use crate::signature::{Signed, which_hold};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -111,13 +111,12 @@ impl SignatureChecks {
     fn check(&self, batch: Vec<Waiting>) {
         let signed: Vec<Signed> = batch.iter().map(|w| w.signed).collect();
         self.metrics.signature_batch(signed.len());
-        let held = which_hold(&signed);
-        // A smaller batch was checked one by one: nothing was spent on a batch.
-        if signed.len() >= SMALLEST_BATCH && held.contains(&false) {
+        let checked = which_hold(&signed);
+        if checked.batch_failed {
             let until = self.millis() + self.alone_for.as_millis() as u64;
             self.alone_until_ms.fetch_max(until, Ordering::Relaxed);
         }
-        for (waiting, held) in batch.into_iter().zip(held) {
+        for (waiting, held) in batch.into_iter().zip(checked.held) {
             // Its request may be gone (the client left): nobody to answer.
             let _ = waiting.answer.send(held);
         }
@@ -181,48 +180,54 @@ mod tests {
         assert_eq!(metrics.signatures_checked.get(), 800);
     }
 
-    /// After a batch fails, checks are made alone for a while (bad signatures then cost a
-    /// check each, not a batch's), and in batches again after it.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn after_a_failed_batch_checks_are_made_alone_for_a_while() {
-        let metrics = Arc::new(Metrics::default());
-        let alone_for = Duration::from_secs(2);
-        let checks = SignatureChecks::alone_after_failure(metrics.clone(), true, alone_for);
-        let failed: Vec<_> = (0..4).map(|i| signed(i, i == 3)).collect();
-        let answers: Vec<_> = failed
+    /// Checks `signed` as one batch, as a request would, and answers each one's answer.
+    fn check_as_one_batch(checks: &SignatureChecks, signed: &[Signed]) -> Vec<bool> {
+        let (batch, answered): (Vec<_>, Vec<_>) = signed
             .iter()
             .map(|s| {
                 let (answer, answered) = oneshot::channel();
                 (Waiting { signed: *s, answer }, answered)
             })
-            .collect();
-        let (batch, mut answered): (Vec<_>, Vec<_>) = answers.into_iter().unzip();
-        let failed_at = Instant::now();
+            .unzip();
         checks.check(batch);
-        let held: Vec<bool> = answered.iter_mut().map(|a| a.try_recv().unwrap()).collect();
-        assert_eq!(held, [true, true, true, false]);
+        answered
+            .into_iter()
+            .map(|mut a| a.try_recv().unwrap())
+            .collect()
+    }
 
+    /// After a batch fails, checks are made alone while the pause lasts (bad signatures then
+    /// cost a check each, not a batch's), and in batches again after it.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn after_a_failed_batch_checks_are_made_alone_for_a_while() {
+        let failing: Vec<_> = (0..4).map(|i| signed(i, i == 3)).collect();
+
+        // A pause longer than the test: every check after the failure is made alone.
+        let metrics = Arc::new(Metrics::default());
+        let hour = Duration::from_secs(3600);
+        let checks = SignatureChecks::alone_after_failure(metrics.clone(), true, hour);
+        assert_eq!(
+            check_as_one_batch(&checks, &failing),
+            [true, true, true, false]
+        );
         let batches = check_at_once(&checks, 200, 0).await;
-        if failed_at.elapsed() < alone_for {
-            assert_eq!(batches, 200, "each check alone");
-        }
-        tokio::time::sleep(alone_for).await;
+        assert_eq!(batches, 200, "each check alone");
+
+        // A short pause: once it is over, batches again.
+        let short = Duration::from_millis(100);
+        let checks = SignatureChecks::alone_after_failure(metrics.clone(), true, short);
+        check_as_one_batch(&checks, &failing);
+        tokio::time::sleep(short * 2).await;
         let batches = check_at_once(&checks, 400, 0).await;
         assert!(batches < 400, "{batches} batches for 400 checks");
-        // A failed check alone, or in a pair (checked one by one), does not stop the batches.
+
+        // A failed check alone, or in a pair (checked one by one: no batch failed), does not
+        // stop the batches.
         assert!(!checks.holds(signed(9, true)).await);
-        let (sound, _) = oneshot::channel();
-        let (bad, _) = oneshot::channel();
-        checks.check(vec![
-            Waiting {
-                signed: signed(10, false),
-                answer: sound,
-            },
-            Waiting {
-                signed: signed(11, true),
-                answer: bad,
-            },
-        ]);
+        assert_eq!(
+            check_as_one_batch(&checks, &[signed(10, false), signed(11, true)]),
+            [true, false]
+        );
         let batches = check_at_once(&checks, 400, 0).await;
         assert!(batches < 400, "{batches} batches for 400 checks");
     }
