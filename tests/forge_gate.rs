@@ -634,14 +634,8 @@ async fn a_job_offered_only_to_broken_runners_stays_queued_until_a_healthy_one_t
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forge_that_is_down_or_silent_is_a_502_or_a_504() {
-    // Nothing listens on the port of a socket just closed.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let app =
-        spawn_app_with(move |a| a.gitlab_upstream = Some(format!("http://127.0.0.1:{port}"))).await;
+    let (_held, refusing) = refusing_address();
+    let app = spawn_app_with(move |a| a.gitlab_upstream = Some(format!("http://{refusing}"))).await;
     let r = app
         .client
         .get(app.url("/api/v4/jobs/7"))

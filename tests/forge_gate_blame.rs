@@ -136,13 +136,9 @@ async fn a_clients_broken_upload_is_the_clients_and_a_dead_forge_the_forges() {
     );
 
     // A forge that is down is the forge's.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let (_held, refusing) = refusing_address();
     let dead =
-        spawn_app_with(move |a| a.gitlab_upstream = Some(format!("http://127.0.0.1:{port}"))).await;
+        spawn_app_with(move |a| a.gitlab_upstream = Some(format!("http://{refusing}"))).await;
     let r = dead
         .client
         .post(dead.url("/api/v4/upload"))

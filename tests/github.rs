@@ -673,11 +673,9 @@ async fn githubs_refusals_and_outages_are_answered_and_nothing_is_recorded(engin
 }
 
 async fn an_unreachable_github_is_503_and_nothing_is_recorded(engine: Engine) {
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let (_held, refusing) = refusing_address();
     let Some(app) = spawn_app_on_with(engine, move |a| {
-        a.github_api_url = format!("http://127.0.0.1:{port}");
+        a.github_api_url = format!("http://{refusing}");
         a.github_token = Some("github_pat_unused".into());
     })
     .await

@@ -20,6 +20,17 @@ use reqwest::{Response, StatusCode};
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+/// An address on 127.0.0.1 that refuses connections for as long as the returned socket lives:
+/// bound and never listening, so the kernel answers a connect with a reset, and no other test's
+/// server can be given its port meanwhile. (A port merely closed can be: a test that expects
+/// "refused" then reaches whatever another test started there.)
+pub fn refusing_address() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    let addr = socket.local_addr().unwrap();
+    (socket, addr)
+}
+
 pub const IMAGE_A: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const IMAGE_B: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef0123";
