@@ -341,14 +341,8 @@ async fn the_metrics_token_guards_metrics() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_may_have_a_listener_of_their_own() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let app =
-        spawn_app_with(|a| a.metrics_listen = Some(format!("127.0.0.1:{port}").parse().unwrap()))
-            .await;
+    let app = spawn_app_with(|a| a.metrics_listen = Some("127.0.0.1:0".parse().unwrap())).await;
+    let metrics = app.metrics_base.clone().expect("a metrics listener");
     let r = app.client.get(app.url("/metrics")).send().await.unwrap();
     expect_problem(
         r,
@@ -359,7 +353,7 @@ async fn metrics_may_have_a_listener_of_their_own() {
     .await;
     let r = app
         .client
-        .get(format!("http://127.0.0.1:{port}/metrics"))
+        .get(format!("{metrics}/metrics"))
         .send()
         .await
         .unwrap();
@@ -372,7 +366,7 @@ async fn metrics_may_have_a_listener_of_their_own() {
     );
     let r = app
         .client
-        .get(format!("http://127.0.0.1:{port}/api/v1/admin/pools"))
+        .get(format!("{metrics}/api/v1/admin/pools"))
         .bearer_auth(ADMIN)
         .send()
         .await

@@ -7,6 +7,7 @@ pub mod agent;
 pub mod binary;
 pub mod forges;
 pub mod github;
+pub mod log;
 pub mod oci;
 pub mod pg;
 pub mod proxy;
@@ -42,6 +43,9 @@ pub struct TestApp {
     pub state: AppState,
     pub shutdown: CancellationToken,
     pub server: tokio::task::JoinHandle<()>,
+    /// `http://addr` of the metrics' own listener, when `metrics_listen` is set (give it
+    /// `127.0.0.1:0`: the harness binds it before the service starts and says where here).
+    pub metrics_base: Option<String>,
     pub engine: Engine,
     /// The database URL this app runs on (another replica may share it).
     pub database_url: String,
@@ -270,11 +274,37 @@ async fn serve(
     db: Option<pg::TestDatabase>,
     engine: Engine,
 ) -> TestApp {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
+    // Every listener is bound here, before the service starts, as `serve` binds them: a port
+    // picked beforehand and bound later could be given to another test's server meanwhile.
+    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", api.local_addr().unwrap());
+    let metrics = match args.metrics_listen {
+        Some(addr) => Some(
+            leasegate::startup::listen("LEASEGATE_METRICS_LISTEN", addr)
+                .await
+                .expect("the metrics listener binds"),
+        ),
+        None => None,
+    };
+    let metrics_base = metrics
+        .as_ref()
+        .map(|l| format!("http://{}", l.local_addr().unwrap()));
+    let woodpecker = match args.woodpecker_listen {
+        Some(addr) => Some(
+            leasegate::startup::listen("LEASEGATE_WOODPECKER_LISTEN", addr)
+                .await
+                .expect("the Woodpecker listener binds"),
+        ),
+        None => None,
+    };
+    let listeners = leasegate::startup::Listeners {
+        api,
+        metrics,
+        woodpecker,
+    };
     let server_state = state.clone();
     let server = tokio::spawn(async move {
-        leasegate::server::run(listener, server_state)
+        leasegate::server::run_on(listeners, server_state)
             .await
             .expect("server runs");
     });
@@ -284,6 +314,7 @@ async fn serve(
         state,
         shutdown,
         server,
+        metrics_base,
         engine,
         database_url: args.database_url,
         _dir: dir,
