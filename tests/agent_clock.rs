@@ -9,6 +9,7 @@ use crate::common;
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use common::agent::script;
+use common::log::Captured;
 use leasegate::agent::client::AgentClient;
 use leasegate::agent::exit::Exit;
 use leasegate::agent::heartbeat;
@@ -17,7 +18,6 @@ use leasegate::agent::probe::{Depth, ProbeSpec, Runtime};
 use leasegate::agent::recycle::Recycler;
 use leasegate::agent::state::RunnerState;
 use serde_json::json;
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
@@ -125,27 +125,6 @@ async fn serve(service: Service) -> (String, tokio::task::JoinHandle<()>) {
     (base, task)
 }
 
-/// Log lines, captured for the test's thread (the loop, the client and the service all run on
-/// the test's single-threaded runtime).
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 struct Runner {
     key: RunnerKey,
     state: RunnerState,
@@ -188,14 +167,8 @@ async fn beat(service: Service, once: bool) -> (Exit, String, Vec<Instant>) {
     let (base, server) = serve(service.clone()).await;
     let r = runner(&base);
     let client = AgentClient::new(&base).unwrap();
-    let log = Captured::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    // The loop, the client and the service all run on the test's single-threaded runtime.
+    let (log, _guard) = Captured::start();
 
     let mut recycler = Recycler::beside(&r._dir.path().join("runner.json"));
     let stop = CancellationToken::new();

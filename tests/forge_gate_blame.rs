@@ -10,43 +10,11 @@
 use crate::common;
 
 use common::forges;
+use common::log::Captured;
 use common::*;
 use serde_json::Value;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-
-    /// Captures this thread's log from now until the guard is dropped.
-    fn start() -> (Self, tracing::subscriber::DefaultGuard) {
-        let log = Captured::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        (log, tracing::subscriber::set_default(subscriber))
-    }
-}
 
 /// Writes `head` and `body` (in that order) to the app, then, unless `hold`, shuts the write
 /// side; reads the answer until the app closes, and gives its status line and the rest.
