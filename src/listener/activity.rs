@@ -14,6 +14,11 @@
 //! - *writing an answer nobody reads* (the socket takes no byte): at most `idle_timeout`.
 //!
 //! Closing means dropping the connection: nothing is in flight in the phases that time out.
+//!
+//! The same record says when hyper, serving a request `plain` handed it, may give the
+//! connection back (`at_rest`): no request in flight, every request body read to its end
+//! (`ReadToEnd`; one left unread may still be arriving, and its bytes are no request), and
+//! everything written flushed to the socket.
 
 use axum::body::Bytes;
 use pin_project_lite::pin_project;
@@ -64,6 +69,12 @@ pub struct Activity {
     write_blocked_since: AtomicU64,
     /// Wakes the watchdog when a phase with a shorter deadline begins.
     changed: Notify,
+    /// Requests begun on the connection, ever.
+    begun: AtomicU64,
+    /// Request bodies begun and not yet read to their end (`ReadToEnd`).
+    bodies_unread: AtomicU32,
+    /// Bytes were offered to the socket since it was last flushed.
+    unflushed: AtomicBool,
 }
 
 impl Activity {
@@ -76,7 +87,23 @@ impl Activity {
             reading_head: AtomicBool::new(true),
             write_blocked_since: AtomicU64::new(u64::MAX),
             changed: Notify::new(),
+            begun: AtomicU64::new(0),
+            bodies_unread: AtomicU32::new(0),
+            unflushed: AtomicBool::new(false),
         })
+    }
+
+    /// How many requests the connection has begun to serve.
+    pub fn requests_begun(&self) -> u64 {
+        self.begun.load(Ordering::Acquire)
+    }
+
+    /// Nothing is being served, read or written: no request in flight, every body read to its
+    /// end, every byte written flushed to the socket.
+    pub fn at_rest(&self) -> bool {
+        self.in_flight.load(Ordering::Acquire) == 0
+            && self.bodies_unread.load(Ordering::Acquire) == 0
+            && !self.unflushed.load(Ordering::Acquire)
     }
 
     fn now_ms(&self) -> u64 {
@@ -159,6 +186,7 @@ pub struct InFlight(Arc<Activity>);
 impl InFlight {
     pub fn begin(activity: &Arc<Activity>) -> Self {
         activity.in_flight.fetch_add(1, Ordering::AcqRel);
+        activity.begun.fetch_add(1, Ordering::AcqRel);
         activity.reading_head.store(false, Ordering::Release);
         InFlight(activity.clone())
     }
@@ -196,10 +224,14 @@ impl<T> Watched<T> {
         }
     }
 
-    /// Bytes already read from the socket, to be read again before anything after them.
+    /// Bytes already read from the socket, to be read again before anything after them
+    /// (and before whatever was put back earlier and is still unread).
     pub fn put_back(&mut self, bytes: Bytes) {
-        debug_assert!(self.put_back.is_empty());
-        self.put_back = bytes;
+        if self.put_back.is_empty() {
+            self.put_back = bytes;
+        } else if !bytes.is_empty() {
+            self.put_back = [bytes, std::mem::take(&mut self.put_back)].concat().into();
+        }
     }
 }
 
@@ -232,6 +264,7 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
+        this.activity.offered(!buf.is_empty());
         let polled = this.inner.poll_write(cx, buf);
         this.activity.noted_write(&polled);
         polled
@@ -243,6 +276,7 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
         bufs: &[io::IoSlice<'_>],
     ) -> Poll<io::Result<usize>> {
         let this = self.project();
+        this.activity.offered(bufs.iter().any(|b| !b.is_empty()));
         let polled = this.inner.poll_write_vectored(cx, bufs);
         this.activity.noted_write(&polled);
         polled
@@ -253,7 +287,12 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        self.project().inner.poll_flush(cx)
+        let this = self.project();
+        let polled = this.inner.poll_flush(cx);
+        if matches!(polled, Poll::Ready(Ok(()))) {
+            this.activity.unflushed.store(false, Ordering::Release);
+        }
+        polled
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -262,11 +301,70 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
 }
 
 impl Activity {
+    /// Bytes are offered to the socket: unflushed until its next flush. hyper flushes its own
+    /// buffer into the socket before it flushes the socket, so a flush means both are empty.
+    fn offered(&self, any: bool) {
+        if any {
+            self.unflushed.store(true, Ordering::Release);
+        }
+    }
+
     fn noted_write<T>(&self, polled: &Poll<io::Result<T>>) {
         match polled {
             Poll::Pending => self.write_blocked(),
             Poll::Ready(_) => self.write_progressed(),
         }
+    }
+}
+
+pin_project! {
+    /// A request body hyper reads: until it has been read to its end, its connection is not at
+    /// rest (`Activity::at_rest`), since what is still to come of it is no request.
+    pub struct ReadToEnd<B> {
+        #[pin]
+        inner: B,
+        unread: Option<Arc<Activity>>,
+    }
+}
+
+impl<B: http_body::Body> ReadToEnd<B> {
+    pub fn new(inner: B, activity: &Arc<Activity>) -> Self {
+        let unread = (!inner.is_end_stream()).then(|| {
+            activity.bodies_unread.fetch_add(1, Ordering::AcqRel);
+            activity.clone()
+        });
+        ReadToEnd { inner, unread }
+    }
+}
+
+impl<B: http_body::Body> http_body::Body for ReadToEnd<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<B::Data>, B::Error>>> {
+        let mut this = self.project();
+        let polled = this.inner.as_mut().poll_frame(cx);
+        // A reader may stop at the last frame, when the body says it has ended.
+        let ended = match &polled {
+            Poll::Ready(None) => true,
+            Poll::Ready(Some(Ok(_))) => this.inner.is_end_stream(),
+            _ => false,
+        };
+        if ended && let Some(activity) = this.unread.take() {
+            activity.bodies_unread.fetch_sub(1, Ordering::AcqRel);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
     }
 }
 

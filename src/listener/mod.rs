@@ -8,8 +8,9 @@
 //!   and leases, a forge runner's fetches, the API) read and answered by `plain`, which holds no
 //!   buffer while a request is served: a fleet's waiting long polls are ten thousand
 //!   connections held open (`docs/BENCHMARKS.md`), and hyper keeps an 8 KiB read and an 8 KiB
-//!   write buffer for each connection's life. From a connection's first request that is not
-//!   plain (a forwarded artifact, a chunked body) hyper serves it;
+//!   write buffer for each connection's life. A request that is not plain (a forwarded
+//!   artifact, a chunked body) hyper serves, and it gives the connection back once it is at
+//!   rest (`hyper_serves`), so that hyper's buffers live as long as its requests;
 //! - a request's head capped at 8 KiB (`MAX_HEAD_BYTES`), answered 431 by hyper past it, and
 //!   hyper's read buffer at 256 KiB (`MAX_READ_BYTES`). The buffer starts at 8 KiB and grows
 //!   only while reads fill it (a body arriving faster than it is read: a forwarded artifact),
@@ -28,7 +29,7 @@ pub mod limits;
 mod plain;
 
 use crate::metrics::Metrics;
-use activity::{Activity, InFlight, PhaseTimeouts, Watched};
+use activity::{Activity, InFlight, PhaseTimeouts, ReadToEnd, Watched};
 use axum::Router;
 use axum::body::{Body, Bytes};
 use axum::extract::ConnectInfo;
@@ -116,8 +117,9 @@ pub async fn serve(
             // moved in, it would have its room in the task twice, for every waiting poll.
             tokio::select! {
                 result = serve_connection(io, app, peer, pace, activity.clone(), drain) => {
-                    if let Err(e) = result {
-                        tracing::debug!(error = %e, "connection ended with an error");
+                    match result {
+                        Ok(handed_back) => tracing::trace!(%peer, handed_back, "connection ended"),
+                        Err(e) => tracing::debug!(error = %e, "connection ended with an error"),
                     }
                 }
                 why = activity.stalled(timeouts) => {
@@ -134,9 +136,10 @@ pub async fn serve(
     connections.wait().await;
 }
 
-/// Serves one connection: its plain requests here (`plain`), then, from the first request that
-/// is not plain, hyper. When `drain` is cancelled, the request being served is answered and the
-/// connection closes.
+/// Serves one connection: its plain requests here (`plain`), and each request that is not
+/// plain with hyper, which gives the connection back once that request is done (how many
+/// times it did is the answer). When `drain` is cancelled, the request being served is
+/// answered and the connection closes.
 async fn serve_connection(
     mut io: Watched<TcpStream>,
     app: Router,
@@ -144,7 +147,7 @@ async fn serve_connection(
     pace: BodyPace,
     activity: Arc<Activity>,
     drain: CancellationToken,
-) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+) -> Result<u32, Box<dyn std::error::Error + Send + Sync>> {
     let connection = plain::Connection {
         app: &app,
         peer,
@@ -152,24 +155,82 @@ async fn serve_connection(
         activity: &activity,
         drain: &drain,
     };
-    let read = match plain::serve(&mut io, &connection).await? {
-        plain::Ended::Closed => return Ok(()),
-        plain::Ended::HandedOver(read) => read,
-    };
+    let mut handed_back = 0;
+    loop {
+        let read = match plain::serve(&mut io, &connection).await? {
+            plain::Ended::Closed => return Ok(handed_back),
+            plain::Ended::HandedOver(read) => read,
+        };
+        io.put_back(read);
+        io = match hyper_serves(io, &app, peer, pace, &activity, &drain).await? {
+            Some(io) => io,
+            None => return Ok(handed_back),
+        };
+        handed_back += 1;
+    }
+}
+
+/// hyper serves the request `plain` handed over (put back into `io`), and any that follow it
+/// before the connection is at rest; then it gives the connection back, with whatever it read
+/// beyond them, and the requests after are plain's again (`None`: hyper closed it, as the
+/// client asked, after an error, or because the service drains).
+///
+/// So hyper's buffers live as long as its requests: a connection that once carried an
+/// artifact kept hyper's read buffer (grown to `MAX_READ_BYTES` by the upload) and its write
+/// buffer for its whole life, for every long poll it waited in after.
+async fn hyper_serves(
+    io: Watched<TcpStream>,
+    app: &Router,
+    peer: SocketAddr,
+    pace: BodyPace,
+    activity: &Arc<Activity>,
+    drain: &CancellationToken,
+) -> Result<Option<Watched<TcpStream>>, Box<dyn std::error::Error + Send + Sync>> {
     let service = connection_service(app.clone(), peer, pace, activity.clone());
     let mut http = http1::Builder::new();
     http.max_header_size(MAX_HEAD_BYTES);
     http.max_buf_size(MAX_READ_BYTES);
     // Boxed, so that a connection of plain requests (each of a fleet's waiting polls) does not
     // make room for hyper's connection state in its own.
-    io.put_back(read);
-    let mut hyper = Box::pin(http.serve_connection(TokioIo::new(io), service));
-    tokio::select! {
-        result = hyper.as_mut() => return Ok(result?),
-        _ = drain.cancelled() => {}
+    let mut hyper = Box::new(http.serve_connection(TokioIo::new(io), service));
+    let begun_before = activity.requests_begun();
+    let mut drained = std::pin::pin!(drain.cancelled());
+    let (mut draining, mut resting) = (false, false);
+    let handed_back = std::future::poll_fn(|cx| {
+        loop {
+            if !draining && !resting && drained.as_mut().poll(cx).is_ready() {
+                Pin::new(&mut *hyper).graceful_shutdown();
+                draining = true;
+            }
+            if resting {
+                // Told to stop at rest, hyper ends at once, having touched nothing.
+                return hyper.poll_without_shutdown(cx).map_ok(|()| true);
+            }
+            // Until then hyper runs as it would alone: when it ends the connection itself (the
+            // client asked, HTTP/1.0, an error, the drain), it flushes and shuts its side.
+            match Pin::new(&mut *hyper).poll(cx) {
+                Poll::Ready(result) => return Poll::Ready(result.map(|()| false)),
+                Poll::Pending
+                    if !draining
+                        && activity.requests_begun() > begun_before
+                        && activity.at_rest() =>
+                {
+                    Pin::new(&mut *hyper).graceful_shutdown();
+                    resting = true;
+                }
+                Poll::Pending => return Poll::Pending,
+            }
+        }
+    })
+    .await?;
+    if !handed_back {
+        return Ok(None);
     }
-    hyper.as_mut().graceful_shutdown();
-    Ok(hyper.await?)
+    let parts = hyper.into_parts();
+    let mut io = parts.io.into_inner();
+    // Copied out: the bytes hyper read ahead would otherwise keep its whole buffer alive.
+    io.put_back(Bytes::copy_from_slice(&parts.read_buf));
+    Ok(Some(io))
 }
 
 /// The service of one connection: each request's body paced, its peer known, and its time on
@@ -183,25 +244,33 @@ fn connection_service(
     hyper::Request<Incoming>,
     Response = hyper::Response<Body>,
     Error = std::convert::Infallible,
-    Future = impl Future<Output = Result<hyper::Response<Body>, std::convert::Infallible>> + Send,
-> + Clone {
+    Future = futures_util::future::BoxFuture<
+        'static,
+        Result<hyper::Response<Body>, std::convert::Infallible>,
+    >,
+> + Clone
++ Unpin {
     hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
         let in_flight = InFlight::begin(&activity);
-        let mut req = req.map(|incoming| Body::new(PacedBody::new(incoming, pace)));
+        let mut req = req
+            .map(|incoming| Body::new(PacedBody::new(ReadToEnd::new(incoming, &activity), pace)));
         req.extensions_mut().insert(ConnectInfo(peer));
         // A router is always ready, so it is called at once, and its future mapped rather than
-        // awaited in an async block (which would hold it twice): hyper keeps this future's
-        // room for the connection's whole life.
-        app.clone().call(req).map(move |routed| {
-            routed.map(|response| {
-                response.map(|body| {
-                    Body::new(Answer {
-                        inner: body,
-                        _in_flight: in_flight,
+        // awaited in an async block (which would hold it twice); boxed, since a connection
+        // hyper gives back (`poll_without_shutdown`) must be able to move its futures.
+        app.clone()
+            .call(req)
+            .map(move |routed| {
+                routed.map(|response| {
+                    response.map(|body| {
+                        Body::new(Answer {
+                            inner: body,
+                            _in_flight: in_flight,
+                        })
                     })
                 })
             })
-        })
+            .boxed()
     })
 }
 
@@ -263,6 +332,175 @@ async fn accept_failed(e: std::io::Error) {
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use axum::routing::{get, post};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    const PACE: BodyPace = BodyPace {
+        timeout: Duration::from_secs(10),
+        min_rate: 1,
+    };
+
+    /// `/upload` reads its body and answers its length, `/early` answers without reading it,
+    /// `/hello` has none.
+    fn app() -> Router {
+        Router::new()
+            .route(
+                "/upload",
+                post(|body: Bytes| async move { body.len().to_string() }),
+            )
+            .route(
+                "/early",
+                post(|| async { (StatusCode::UNAUTHORIZED, "no") }),
+            )
+            .route("/hello", get(|| async { "hello" }))
+            .route("/big", post(|| async { vec![b'x'; BIG] }))
+    }
+
+    const BIG: usize = 8 << 20;
+
+    use axum::http::StatusCode;
+
+    /// One connection served by `serve_connection`, and the client's end of it.
+    async fn connection() -> (
+        TcpStream,
+        tokio::task::JoinHandle<Result<u32, Box<dyn std::error::Error + Send + Sync>>>,
+    ) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let client = TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (stream, peer) = listener.accept().await.unwrap();
+        let activity = Activity::new();
+        let io = Watched::new(stream, activity.clone());
+        let served = tokio::spawn(serve_connection(
+            io,
+            app(),
+            peer,
+            PACE,
+            activity,
+            CancellationToken::new(),
+        ));
+        (client, served)
+    }
+
+    /// Reads answers until `count` bodies have come whole (each answer here has a length).
+    async fn answers(client: &mut TcpStream, count: usize) -> Vec<String> {
+        let mut read = Vec::new();
+        let mut bodies = Vec::new();
+        while bodies.len() < count {
+            let mut chunk = [0u8; 4096];
+            let n = tokio::time::timeout(Duration::from_secs(10), client.read(&mut chunk))
+                .await
+                .expect("an answer within 10 s")
+                .unwrap();
+            assert!(n > 0, "closed after {bodies:?}");
+            read.extend_from_slice(&chunk[..n]);
+            loop {
+                let text = String::from_utf8_lossy(&read).into_owned();
+                let Some((head, rest)) = text.split_once("\r\n\r\n") else {
+                    break;
+                };
+                let length: usize = head
+                    .lines()
+                    .find_map(|l| {
+                        l.to_ascii_lowercase()
+                            .strip_prefix("content-length: ")
+                            .map(str::to_string)
+                    })
+                    .expect("a length")
+                    .parse()
+                    .unwrap();
+                if rest.len() < length {
+                    break;
+                }
+                let status = head.lines().next().unwrap().to_string();
+                assert!(
+                    !head.to_ascii_lowercase().contains("connection: close"),
+                    "{head}"
+                );
+                bodies.push(format!("{status} {}", &rest[..length]));
+                read.drain(..head.len() + 4 + length);
+            }
+        }
+        bodies
+    }
+
+    const CHUNKED_UPLOAD: &[u8] =
+        b"POST /upload HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+    const HELLO: &[u8] = b"GET /hello HTTP/1.1\r\nhost: x\r\n\r\n";
+
+    #[tokio::test]
+    async fn after_a_request_hyper_served_the_connection_is_plain_again_and_kept_alive() {
+        let (mut client, served) = connection().await;
+        client.write_all(CHUNKED_UPLOAD).await.unwrap();
+        assert_eq!(answers(&mut client, 1).await, ["HTTP/1.1 200 OK 5"]);
+        client.write_all(HELLO).await.unwrap();
+        assert_eq!(answers(&mut client, 1).await, ["HTTP/1.1 200 OK hello"]);
+        // Sent at once: what hyper read beyond its request is the plain one's.
+        client
+            .write_all(&[CHUNKED_UPLOAD, HELLO, CHUNKED_UPLOAD, HELLO].concat())
+            .await
+            .unwrap();
+        assert_eq!(
+            answers(&mut client, 4).await,
+            [
+                "HTTP/1.1 200 OK 5",
+                "HTTP/1.1 200 OK hello",
+                "HTTP/1.1 200 OK 5",
+                "HTTP/1.1 200 OK hello"
+            ]
+        );
+        client.shutdown().await.unwrap();
+        let handed_back = served.await.unwrap().unwrap();
+        // Once after the first upload; the batch's requests hyper may serve in one go or two.
+        assert!((2..=3).contains(&handed_back), "{handed_back}");
+    }
+
+    #[tokio::test]
+    async fn an_answer_larger_than_the_socket_takes_is_written_whole_before_plain_goes_on() {
+        let (mut client, served) = connection().await;
+        let upload = String::from_utf8_lossy(CHUNKED_UPLOAD).replace("/upload", "/big");
+        client
+            .write_all(&[upload.as_bytes(), HELLO].concat())
+            .await
+            .unwrap();
+        // Read late, so that most of the answer waits in the service to be written.
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let answers = answers(&mut client, 2).await;
+        assert_eq!(answers[0].len(), "HTTP/1.1 200 OK ".len() + BIG);
+        assert_eq!(answers[1], "HTTP/1.1 200 OK hello");
+        client.shutdown().await.unwrap();
+        served.await.unwrap().unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_body_answered_before_it_was_read_is_never_read_as_requests() {
+        let (mut client, served) = connection().await;
+        // The body's first chunk is a request of its own; the rest of the body comes later.
+        let smuggled = String::from_utf8_lossy(HELLO).into_owned();
+        let head = format!(
+            "POST /early HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n{:x}\r\n{smuggled}\r\n",
+            smuggled.len()
+        );
+        client.write_all(head.as_bytes()).await.unwrap();
+        assert_eq!(
+            answers(&mut client, 1).await,
+            ["HTTP/1.1 401 Unauthorized no"]
+        );
+        client
+            .write_all(format!("{:x}\r\n{smuggled}\r\n0\r\n\r\n", smuggled.len()).as_bytes())
+            .await
+            .unwrap();
+        client.shutdown().await.unwrap();
+        let mut rest = String::new();
+        let _ = tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut rest))
+            .await
+            .expect("closed within 10 s");
+        assert!(!rest.contains("hello"), "{rest}");
+        assert_eq!(served.await.unwrap().unwrap(), 0);
+    }
+
     #[test]
     fn the_turn_away_answer_says_its_length() {
         let answer = std::str::from_utf8(super::TURN_AWAY).unwrap();

@@ -13,7 +13,9 @@
 //! The first request that is not plain (a chunked or larger body, `Expect`, an upgrade,
 //! HTTP/1.0, a head that is too large or does not parse) is hyper's: the connection is handed
 //! over with every byte read of it (`Ended::HandedOver`, put back into its `Watched` socket),
-//! and hyper serves it, answering its errors (400, 431), for the rest of the connection's life.
+//! and hyper serves it, answering its errors (400, 431). Once hyper's request is done, its body
+//! read to the end and its answer flushed, the connection comes back here with whatever hyper
+//! read beyond it (`listener::hyper_serves`); one whose body was left unread stays hyper's.
 
 use super::MAX_HEAD_BYTES;
 use super::activity::{Activity, InFlight};
