@@ -380,10 +380,8 @@ async fn heartbeat_backs_off_while_the_service_is_unreachable_and_stops_on_sigte
     app.pool("linux", &[FAKE_ID]).await;
     let agent = Agent::register(&app, "linux", "build-06").await;
     // A port nobody listens on.
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    let (_refusing, closed) = refusing_address();
+    let closed = format!("http://{closed}");
     let rt_s = rt.to_str().unwrap();
 
     let ran = run(agent.cmd(
@@ -431,10 +429,8 @@ async fn heartbeat_backs_off_while_the_service_is_unreachable_and_stops_on_sigte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_service_is_named_by_its_cause() {
     let app = spawn_app().await;
-    let closed = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        format!("http://{}", l.local_addr().unwrap())
-    };
+    let (_refusing, closed) = refusing_address();
+    let closed = format!("http://{closed}");
     // The real service speaks plain HTTP: https:// to it is a TLS mismatch.
     let tls_to_plain = app.base.replacen("http://", "https://", 1);
     let cases = [

@@ -240,10 +240,10 @@ fn strs(v: &[String]) -> Vec<&str> {
     v.iter().map(String::as_str).collect()
 }
 
-/// A port nobody listens on.
-fn closed_server() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    format!("http://{}", l.local_addr().unwrap())
+/// A service address nobody listens on, refusing connections while the socket lives.
+fn closed_server() -> (tokio::net::TcpSocket, String) {
+    let (held, addr) = common::refusing_address();
+    (held, format!("http://{addr}"))
 }
 
 #[tokio::test]
@@ -270,7 +270,7 @@ async fn a_key_it_may_not_read_is_warned_about_and_the_runtime_still_decides() {
     std::fs::write(&state, "{}").unwrap();
     user.close(&private);
 
-    let server = closed_server();
+    let (_refusing, server) = closed_server();
     let args = |rt: &std::path::Path| {
         vec![
             "preflight".to_string(),
@@ -364,11 +364,12 @@ async fn a_missing_state_file_is_warned_about_and_the_probe_still_passes() {
         0
     );
     let state = dir.path().join("not-registered-yet.json");
+    let (_refusing, server) = closed_server();
     let ran = run(preflight(
         &rt,
         &[
             "--server",
-            &closed_server(),
+            &server,
             "--key",
             key.to_str().unwrap(),
             "--state",
@@ -401,11 +402,12 @@ async fn under_journald_warnings_and_a_failed_probe_are_filed_as_warnings() {
     let journal = dir.path().join("journal");
     let file = std::fs::File::create(&journal).unwrap();
     let meta = file.metadata().unwrap();
+    let (_refusing, server) = closed_server();
     let mut cmd = preflight(
         &rt,
         &[
             "--server",
-            &closed_server(),
+            &server,
             "--key",
             missing.join("k").to_str().unwrap(),
             "--state",

@@ -172,11 +172,7 @@ async fn connect_from(from: &str, to: SocketAddr) -> std::io::Result<TcpStream> 
 async fn one_peer_holding_every_socket_it_can_does_not_lock_the_others_out() {
     // The binary under a file limit of 512, as a small container would run it.
     let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg("ulimit -n 512 && exec \"$0\" serve")

@@ -10,11 +10,7 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, BufReader};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_the_whole_story_on_the_page() {
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::common::free_port();
     let mut child = tokio::process::Command::new(env!("CARGO_BIN_EXE_leasegate"))
         .arg("demo")
         .env_remove("DATABASE_URL")

@@ -979,14 +979,6 @@ fn haproxy_config_balances_round_robin_checks_readyz_and_outlasts_long_polls() {
     assert!(ok, "haproxy -c: {stderr}");
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// The compose proxy's configuration, listening on `port`, in front of `backends`.
 fn local_haproxy_config(port: u16, backends: &[&TestApp]) -> String {
     let mut config = read("deploy/compose/haproxy.cfg")

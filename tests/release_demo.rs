@@ -30,11 +30,7 @@ fn the_release_build_runs_the_demo() {
             .expect("run cargo build --release");
         assert!(status.success(), "cargo build --release failed");
     }
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = crate::common::free_port();
     let mut child = Command::new(&binary)
         .arg("demo")
         .env_remove("DATABASE_URL")

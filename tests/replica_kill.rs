@@ -22,14 +22,6 @@ struct Replica {
     base: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 async fn spawn_serve(database_url: &str, dir: &std::path::Path, n: usize) -> Replica {
     let port = free_port();
     let log = std::fs::File::create(dir.join(format!("replica-{n}.log"))).unwrap();

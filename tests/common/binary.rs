@@ -6,13 +6,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+pub use super::free_port;
 
 /// `leasegate serve` in `dir` on `127.0.0.1:port`, with none of the caller's own settings.
 pub fn serve(dir: &Path, port: u16) -> tokio::process::Command {

@@ -32,6 +32,34 @@ pub fn refusing_address() -> (tokio::net::TcpSocket, std::net::SocketAddr) {
     (socket, addr)
 }
 
+/// A port on 127.0.0.1 for a server the test starts in another process (which must bind it
+/// itself): free when chosen, below the kernel's ephemeral range (so no `bind(0)` of another
+/// test's server and no outgoing connection is given it meanwhile, as a port of a socket just
+/// closed may be), and never chosen twice in this run.
+pub fn free_port() -> u16 {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+    static CHOSEN: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    const LOWEST: u32 = 20_000;
+    let ephemeral_from = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32_768)
+        .clamp(LOWEST + 1_000, 65_536);
+    let span = ephemeral_from - LOWEST;
+    // Where each run starts differs, so that runs side by side seldom try the same ports.
+    let start = (std::process::id() as u32).wrapping_mul(7_919) % span;
+    let mut chosen = CHOSEN.lock().unwrap();
+    for step in 0..span {
+        let port = (LOWEST + (start + step) % span) as u16;
+        if !chosen.contains(&port) && std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            chosen.insert(port);
+            return port;
+        }
+    }
+    panic!("no free port below {ephemeral_from} on 127.0.0.1");
+}
+
 pub const IMAGE_A: &str = "sha256:aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
 pub const IMAGE_B: &str = "sha256:bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
 pub const ADMIN: &str = "test-admin-token-0123456789abcdef0123";

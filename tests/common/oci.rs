@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::process::{Child, Command};
 
+pub use super::free_port;
+
 pub const REQUIRE_VAR: &str = "LEASEGATE_REQUIRE_REGISTRY";
 pub const REGISTRY_BIN: &str = "docker-registry";
 
@@ -61,15 +63,6 @@ pub async fn tools() -> bool {
         "registry case ({reason}; set {REQUIRE_VAR}=1 to fail instead)"
     ));
     false
-}
-
-/// A port that was free a moment ago on 127.0.0.1.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Where a registry sends push notifications.
