@@ -302,34 +302,17 @@ async fn serve(
     db: Option<pg::TestDatabase>,
     engine: Engine,
 ) -> TestApp {
-    // Every listener is bound here, before the service starts, as `serve` binds them: a port
-    // picked beforehand and bound later could be given to another test's server meanwhile.
-    let api = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", api.local_addr().unwrap());
-    let metrics = match args.metrics_listen {
-        Some(addr) => Some(
-            leasegate::startup::listen("LEASEGATE_METRICS_LISTEN", addr)
-                .await
-                .expect("the metrics listener binds"),
-        ),
-        None => None,
-    };
-    let metrics_base = metrics
+    // Every listener is bound here, before the service starts, as `serve` binds them (the
+    // API's at `127.0.0.1:0`, `test_args`): a port picked beforehand and bound later could be
+    // given to another test's server meanwhile.
+    let listeners = leasegate::startup::bind(&args)
+        .await
+        .expect("the service's listeners bind");
+    let base = format!("http://{}", listeners.api.local_addr().unwrap());
+    let metrics_base = listeners
+        .metrics
         .as_ref()
         .map(|l| format!("http://{}", l.local_addr().unwrap()));
-    let woodpecker = match args.woodpecker_listen {
-        Some(addr) => Some(
-            leasegate::startup::listen("LEASEGATE_WOODPECKER_LISTEN", addr)
-                .await
-                .expect("the Woodpecker listener binds"),
-        ),
-        None => None,
-    };
-    let listeners = leasegate::startup::Listeners {
-        api,
-        metrics,
-        woodpecker,
-    };
     let server_state = state.clone();
     let server = tokio::spawn(async move {
         leasegate::server::run_on(listeners, server_state)
