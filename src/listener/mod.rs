@@ -355,16 +355,25 @@ mod tests {
             )
             .route("/hello", get(|| async { "hello" }))
             .route("/big", post(|| async { vec![b'x'; BIG] }))
+            .route(
+                "/slow",
+                post(|body: Bytes| async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    body.len().to_string()
+                }),
+            )
     }
 
     const BIG: usize = 8 << 20;
 
     use axum::http::StatusCode;
 
-    /// One connection served by `serve_connection`, and the client's end of it.
+    /// One connection served by `serve_connection`, the client's end of it, and the service's
+    /// drain.
     async fn connection() -> (
         TcpStream,
         tokio::task::JoinHandle<Result<u32, Box<dyn std::error::Error + Send + Sync>>>,
+        CancellationToken,
     ) {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let client = TcpStream::connect(listener.local_addr().unwrap())
@@ -373,15 +382,16 @@ mod tests {
         let (stream, peer) = listener.accept().await.unwrap();
         let activity = Activity::new();
         let io = Watched::new(stream, activity.clone());
+        let drain = CancellationToken::new();
         let served = tokio::spawn(serve_connection(
             io,
             app(),
             peer,
             PACE,
             activity,
-            CancellationToken::new(),
+            drain.clone(),
         ));
-        (client, served)
+        (client, served, drain)
     }
 
     /// Reads answers until `count` bodies have come whole (each answer here has a length).
@@ -432,7 +442,7 @@ mod tests {
 
     #[tokio::test]
     async fn after_a_request_hyper_served_the_connection_is_plain_again_and_kept_alive() {
-        let (mut client, served) = connection().await;
+        let (mut client, served, _drain) = connection().await;
         client.write_all(CHUNKED_UPLOAD).await.unwrap();
         assert_eq!(answers(&mut client, 1).await, ["HTTP/1.1 200 OK 5"]);
         client.write_all(HELLO).await.unwrap();
@@ -459,7 +469,7 @@ mod tests {
 
     #[tokio::test]
     async fn an_answer_larger_than_the_socket_takes_is_written_whole_before_plain_goes_on() {
-        let (mut client, served) = connection().await;
+        let (mut client, served, _drain) = connection().await;
         let upload = String::from_utf8_lossy(CHUNKED_UPLOAD).replace("/upload", "/big");
         client
             .write_all(&[upload.as_bytes(), HELLO].concat())
@@ -475,8 +485,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_drain_while_hyper_serves_answers_its_request_then_closes() {
+        let (mut client, served, drain) = connection().await;
+        let upload = String::from_utf8_lossy(CHUNKED_UPLOAD).replace("/upload", "/slow");
+        client.write_all(upload.as_bytes()).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        drain.cancel();
+        let mut all = String::new();
+        tokio::time::timeout(Duration::from_secs(10), client.read_to_string(&mut all))
+            .await
+            .expect("closed within 10 s")
+            .unwrap();
+        assert!(all.starts_with("HTTP/1.1 200 OK\r\n"), "{all}");
+        assert!(all.ends_with("\r\n\r\n5"), "{all}");
+        assert_eq!(served.await.unwrap().unwrap(), 0);
+    }
+
+    #[tokio::test]
     async fn a_body_answered_before_it_was_read_is_never_read_as_requests() {
-        let (mut client, served) = connection().await;
+        let (mut client, served, _drain) = connection().await;
         // The body's first chunk is a request of its own; the rest of the body comes later.
         let smuggled = String::from_utf8_lossy(HELLO).into_owned();
         let head = format!(
