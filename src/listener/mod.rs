@@ -333,6 +333,7 @@ async fn accept_failed(e: std::io::Error) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use axum::http::StatusCode;
     use axum::routing::{get, post};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -365,8 +366,6 @@ mod tests {
     }
 
     const BIG: usize = 8 << 20;
-
-    use axum::http::StatusCode;
 
     /// One connection served by `serve_connection`, the client's end of it, and the service's
     /// drain.
@@ -406,31 +405,32 @@ mod tests {
                 .unwrap();
             assert!(n > 0, "closed after {bodies:?}");
             read.extend_from_slice(&chunk[..n]);
+            // Each answer whose head and body (of the length it says) have come whole.
             loop {
-                let text = String::from_utf8_lossy(&read).into_owned();
-                let Some((head, rest)) = text.split_once("\r\n\r\n") else {
+                let mut headers = [httparse::EMPTY_HEADER; 16];
+                let mut answer = httparse::Response::new(&mut headers);
+                let httparse::Status::Complete(head) = answer.parse(&read).unwrap() else {
                     break;
                 };
-                let length: usize = head
-                    .lines()
-                    .find_map(|l| {
-                        l.to_ascii_lowercase()
-                            .strip_prefix("content-length: ")
-                            .map(str::to_string)
-                    })
-                    .expect("a length")
-                    .parse()
-                    .unwrap();
-                if rest.len() < length {
+                let header = |name: &str| {
+                    answer
+                        .headers
+                        .iter()
+                        .find(|h| h.name.eq_ignore_ascii_case(name))
+                        .map(|h| String::from_utf8_lossy(h.value).to_ascii_lowercase())
+                };
+                let length: usize = header("content-length").expect("a length").parse().unwrap();
+                assert_ne!(header("connection").as_deref(), Some("close"));
+                if read.len() < head + length {
                     break;
                 }
-                let status = head.lines().next().unwrap().to_string();
-                assert!(
-                    !head.to_ascii_lowercase().contains("connection: close"),
-                    "{head}"
-                );
-                bodies.push(format!("{status} {}", &rest[..length]));
-                read.drain(..head.len() + 4 + length);
+                let body = String::from_utf8_lossy(&read[head..head + length]);
+                bodies.push(format!(
+                    "HTTP/1.1 {} {} {body}",
+                    answer.code.unwrap(),
+                    answer.reason.unwrap()
+                ));
+                read.drain(..head + length);
             }
         }
         bodies
