@@ -5,8 +5,8 @@ name and every PostgreSQL process, each as cores used and as microseconds per re
 
 Runs the bench command given after `--` (one phase only), reads `/proc/PID/task/*/stat` of its
 threads and `/proc/*/stat` of every `postgres` process every half second, and reports the
-window in which the phase ran: the half-seconds in which the thread that writes the rounds
-worked (`pg-rounds` on PostgreSQL, `sqlite-writer` on SQLite). The
+window in which the phase ran: the longest run of half-seconds in which the thread that writes
+the rounds worked (`pg-rounds` on PostgreSQL, `sqlite-writer` on SQLite). The
 phase's rate is read from the bench's own line for it. What no thread used of the machine's
 cores in that window is printed as idle.
 
@@ -82,14 +82,24 @@ def main():
 
     marker = "pg-rounds" if any("pg-rounds" in s for _, s in samples) else "sqlite-writer"
     busy = [
-        i
+        samples[i][1].get(marker, 0) - samples[i - 1][1].get(marker, 0) > PERIOD * TICK / 20
         for i in range(1, len(samples))
-        if samples[i][1].get(marker, 0) - samples[i - 1][1].get(marker, 0) > PERIOD * TICK / 20
     ]
-    if len(busy) < 3:
+    # The longest run of half-seconds in which the marker worked: the phase (the fleet's
+    # making before it may keep the writer busy for a moment too).
+    best, start = (0, 0), None
+    for i, b in enumerate(busy + [False]):
+        if b and start is None:
+            start = i
+        elif not b and start is not None:
+            best = max(best, (i - start, start))
+            start = None
+    length, start = best
+    if length < 3:
         sys.exit(f"cpu_by_thread: found no window in which {marker} worked")
-    # The phase's whole half-seconds: the first and last busy ones may be partly outside it.
-    (t0, first), (t1, last) = samples[busy[0]], samples[busy[-1] - 1]
+    # Interval i runs from sample i to sample i + 1. The phase's whole half-seconds only: the
+    # first and last busy ones may be partly outside it.
+    (t0, first), (t1, last) = samples[start + 1], samples[start + length - 1]
     seconds = t1 - t0
     cores = os.cpu_count()
     used = {
