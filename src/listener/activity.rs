@@ -18,7 +18,8 @@
 //! The same record says when hyper, serving a request `plain` handed it, may give the
 //! connection back (`at_rest`): no request in flight, every request body read to its end
 //! (`ReadToEnd`; one left unread may still be arriving, and its bytes are no request), and
-//! everything written flushed to the socket.
+//! everything written flushed to the socket; and it counts the flushes that emptied what was
+//! written (`flushes`), after each of which hyper is given one more turn (`hyper_serves`).
 
 use axum::body::Bytes;
 use pin_project_lite::pin_project;
@@ -75,6 +76,8 @@ pub struct Activity {
     bodies_unread: AtomicU32,
     /// Bytes were offered to the socket since it was last flushed.
     unflushed: AtomicBool,
+    /// Flushes that emptied offered bytes into the socket, ever.
+    flushes: AtomicU64,
 }
 
 impl Activity {
@@ -90,12 +93,18 @@ impl Activity {
             begun: AtomicU64::new(0),
             bodies_unread: AtomicU32::new(0),
             unflushed: AtomicBool::new(false),
+            flushes: AtomicU64::new(0),
         })
     }
 
     /// How many requests the connection has begun to serve.
     pub fn requests_begun(&self) -> u64 {
         self.begun.load(Ordering::Acquire)
+    }
+
+    /// How many times a flush has emptied what was written into the socket.
+    pub fn flushes(&self) -> u64 {
+        self.flushes.load(Ordering::Acquire)
     }
 
     /// Nothing is being served, read or written: no request in flight, every body read to its
@@ -289,8 +298,10 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
         let polled = this.inner.poll_flush(cx);
-        if matches!(polled, Poll::Ready(Ok(()))) {
-            this.activity.unflushed.store(false, Ordering::Release);
+        if matches!(polled, Poll::Ready(Ok(())))
+            && this.activity.unflushed.swap(false, Ordering::AcqRel)
+        {
+            this.activity.flushes.fetch_add(1, Ordering::AcqRel);
         }
         polled
     }
