@@ -199,4 +199,28 @@ async fn a_concurrency_the_postgresql_server_cannot_hold_is_refused_before_anyth
         started.elapsed() < std::time::Duration::from_secs(30),
         "refused before the fleet was made"
     );
+
+    // Without the grants phase the claim baselines do not run, and their clients are not
+    // counted.
+    let Bench { mut args } = Bench::parse_from([
+        "bench",
+        "--quiet",
+        "--concurrency",
+        &max,
+        "--phases",
+        "heartbeats",
+    ]);
+    args.database_url = Some(db.url.clone());
+    let refused = leasegate::bench::run(args)
+        .await
+        .map(|_| ())
+        .expect_err("the service's pool alone needs more connections than the server allows");
+    let said = format!("{refused:#}");
+    let needed = max.parse::<u32>().unwrap() + 8;
+    assert!(
+        said.contains(&format!(
+            "--concurrency {max} on PostgreSQL needs up to {needed} connections"
+        )) && said.contains("the raw claim's 0 clients"),
+        "{said}"
+    );
 }

@@ -20,7 +20,9 @@ pub async fn measure(
 ) -> anyhow::Result<Limits> {
     let (per_core, cores) = verifications_per_second(&fleet.sample_attestation());
     let (mut raw, mut pgbench_tps, mut pgbench_note) = (None, None, None);
-    if let Some(url) = &target.database_url {
+    if let Some(url) = &target.database_url
+        && args.measures_claims()
+    {
         raw = Some(raw_claims(url, fleet, client, target, args).await?);
         if let DatabaseUrl::Postgres(pg) = url {
             match pgbench_claims(url, pg, fleet, client, target, args).await? {

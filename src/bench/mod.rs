@@ -129,6 +129,15 @@ pub struct BenchArgs {
     pub quiet: bool,
 }
 
+impl BenchArgs {
+    /// Whether the claim baselines (the raw claim, pgbench) are measured: only the grants
+    /// phase is compared with them, and on PostgreSQL they take seconds and as many
+    /// connections as the phases' clients.
+    pub fn measures_claims(&self) -> bool {
+        self.phases.iter().any(|p| p == "grants")
+    }
+}
+
 /// The limits measured beside the service in the same run.
 #[derive(Clone, Debug, Serialize)]
 pub struct Limits {
@@ -187,18 +196,24 @@ impl Drop for TempDir {
 
 /// On PostgreSQL, whether the server has room for what the bench may hold open at once: the
 /// service's pool (`pool`), its rounds' lanes and its listener (4 more at most), and the raw
-/// claim's and pgbench's clients (`concurrency`), which run while the service's connections
-/// stay open. Without it a run at 64 clients against a server's default of 100 failed midway
-/// on "pool timed out", the server refusing "too many clients".
-async fn connection_room(url: &str, concurrency: usize, pool: u32) -> anyhow::Result<()> {
+/// claim's and pgbench's clients (`concurrency`, when the claims are measured), which run while
+/// the service's connections stay open. Without it a run at 64 clients against a server's
+/// default of 100 failed midway on "pool timed out", the server refusing "too many clients".
+async fn connection_room(
+    url: &str,
+    concurrency: usize,
+    pool: u32,
+    claims: bool,
+) -> anyhow::Result<()> {
     let (max, used) = crate::store::connection_room(url).await?;
-    let needed = i64::from(pool) + 4 + concurrency as i64;
+    let claim_clients = if claims { concurrency as i64 } else { 0 };
+    let needed = i64::from(pool) + 4 + claim_clients;
     anyhow::ensure!(
         needed <= max - used,
         "--concurrency {concurrency} on PostgreSQL needs up to {needed} connections at once \
-         (the service's pool of {pool}, its rounds and listener 4, the raw claim's {concurrency} \
-         clients), and the server has {} free (max_connections {max}, {used} in use): lower \
-         --concurrency or raise max_connections",
+         (the service's pool of {pool}, its rounds and listener 4, the raw claim's \
+         {claim_clients} clients), and the server has {} free (max_connections {max}, {used} \
+         in use): lower --concurrency or raise max_connections",
         max - used
     );
     Ok(())
@@ -250,7 +265,13 @@ async fn start(args: &BenchArgs, forge: Option<&forge::StandIn>) -> anyhow::Resu
     serve.forge_token = Some(crate::secrets::generate_token(""));
     serve.db_max_connections = (args.concurrency as u32 + 4).max(8);
     if let Ok(DatabaseUrl::Postgres(url)) = DatabaseUrl::parse(&database_url) {
-        connection_room(&url, args.concurrency, serve.db_max_connections).await?;
+        connection_room(
+            &url,
+            args.concurrency,
+            serve.db_max_connections,
+            args.measures_claims(),
+        )
+        .await?;
     }
     serve.forgejo_upstream = forge.map(|f| f.base.clone());
     let shutdown = CancellationToken::new();
@@ -540,7 +561,8 @@ fn print(r: &Report) {
             )
         }
         (Some(raw), _) => format!("{raw:.0}/s"),
-        (None, _) => "not measured".into(),
+        (None, None) => "not measured (no grants phase)".into(),
+        (None, Some(_)) => "not measured".into(),
     };
     println!(
         "limits: {:.0} EdDSA verifications/s per core ({} cores: {:.0}/s); raw claim transactions: {raw}",
