@@ -71,6 +71,28 @@ async fn a_short_bench_run_reports_every_phase_the_limits_and_the_goals() {
         assert!(op.bytes_written_per_op.is_some(), "{op:?}");
     }
     assert!(report.ops[2].bytes_written_per_op.unwrap() > 0.0);
+    // Linux says where each phase's CPU went: the runtime's workers (clients and handlers)
+    // and SQLite's writer among the groups, each a share of the machine's cores.
+    for op in &report.ops {
+        let cpu = op.cpu.as_ref().unwrap_or_else(|| panic!("{op:?}"));
+        assert!(cpu.used_cores > 0.0 && cpu.us_per_request > 0.0, "{op:?}");
+        assert!(
+            (cpu.used_cores + cpu.idle_cores - cpu.cores as f64).abs() < 1e-6
+                || cpu.idle_cores == 0.0,
+            "{op:?}"
+        );
+        let sum: f64 = cpu.groups.iter().map(|g| g.us_per_request).sum();
+        assert!((sum - cpu.us_per_request).abs() < 1e-6, "{op:?}");
+        assert!(
+            cpu.groups.iter().any(|g| g.group == "tokio-rt-worker"),
+            "{op:?}"
+        );
+    }
+    let heartbeats = report.ops[2].cpu.as_ref().unwrap();
+    assert!(
+        heartbeats.groups.iter().any(|g| g.group == "sqlite-writer"),
+        "{heartbeats:?}"
+    );
 
     let forge = report.forge.as_ref().expect("the forge phase's report");
     let op = |name: &str| report.ops.iter().find(|o| o.op == name).unwrap();

@@ -400,23 +400,9 @@ impl Transfers {
 /// The CPU time this process's threads have had, and `also`'s (another process), in
 /// nanoseconds (Linux).
 fn cpu_ns(also: Option<u32>) -> Option<u64> {
-    let mut total = task_cpu_ns("/proc/self/task")?;
+    let mut total = super::cpu::task_cpu_ns("/proc/self/task")?;
     if let Some(pid) = also {
-        total += task_cpu_ns(&format!("/proc/{pid}/task"))?;
-    }
-    Some(total)
-}
-
-/// The CPU time of every thread under `tasks` (a `/proc/…/task` directory).
-fn task_cpu_ns(tasks: &str) -> Option<u64> {
-    let mut total = 0;
-    for task in std::fs::read_dir(tasks).ok()? {
-        let path = task.ok()?.path().join("schedstat");
-        // A thread that ended meanwhile has nothing more to count.
-        let Ok(stat) = std::fs::read_to_string(path) else {
-            continue;
-        };
-        total += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        total += super::cpu::task_cpu_ns(&format!("/proc/{pid}/task"))?;
     }
     Some(total)
 }

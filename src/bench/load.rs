@@ -5,6 +5,7 @@
 //! time until then: a phase that went on answering "no job" for the rest of its time would
 //! report the queue's size over the phase's length, not what the service can do.
 
+use super::cpu::{self, PhaseCpu};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
@@ -30,6 +31,9 @@ pub struct OpReport {
     pub bytes_written_per_op: Option<f64>,
     /// When the queue ran dry and the phase stopped early, seconds after its start.
     pub ran_dry_after_s: Option<f64>,
+    /// Where the machine's CPU went while the phase ran (`cpu`; `None` where Linux does not
+    /// say).
+    pub cpu: Option<PhaseCpu>,
 }
 
 /// What one request came to.
@@ -84,6 +88,7 @@ where
         bar.set_prefix(name.to_string());
         bar
     });
+    let cpu_before = cpu::Snapshot::take();
     let started = Instant::now();
     // With a fixed rate each worker paces itself to its share.
     let interval = drive
@@ -138,6 +143,7 @@ where
     for w in workers {
         w.await.ok();
     }
+    let cpu_after = cpu::Snapshot::take();
     let ran_dry_after_s = dry_at.get().map(Duration::as_secs_f64);
     let seconds = ran_dry_after_s.unwrap_or_else(|| started.elapsed().as_secs_f64());
     if let Some(bar) = bar {
@@ -146,6 +152,9 @@ where
     let h = hist.lock().await;
     let ms = |q: f64| h.value_at_quantile(q) as f64 / 1000.0;
     let ok = ok.load(Ordering::Relaxed);
+    let cpu = cpu_before
+        .zip(cpu_after)
+        .map(|(before, after)| before.until(&after, ok));
     OpReport {
         op: name.to_string(),
         ok,
@@ -158,6 +167,7 @@ where
         max_ms: h.max() as f64 / 1000.0,
         bytes_written_per_op: None,
         ran_dry_after_s,
+        cpu,
     }
 }
 

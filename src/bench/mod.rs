@@ -10,6 +10,7 @@
 //! absolute thresholds.
 
 mod baseline;
+mod cpu;
 mod emit;
 mod fleet;
 mod forge;
@@ -332,6 +333,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
     // so that no phase runs dry because an earlier one was fast.
     let mut queued = args.jobs;
+    // A service apart is a process of its own: its threads' CPU counts in each phase's too.
+    if let (Some(_), Some(pid)) = (&args.server, args.server_pid) {
+        cpu::watch_service(pid);
+    }
     // The service's own writes to storage: SQLite's, in this process or `--server-pid`'s.
     let mut meter = match (&target.database_url, &args.server, args.server_pid) {
         (Some(url @ DatabaseUrl::Sqlite(_)), None, _) => Some(io::Meter::open(url, None).await?),
@@ -476,6 +481,26 @@ fn print(r: &Report) {
             "{:<16} {:>9} {:>7} {:>10.0} {:>8.3} {:>8.3} {:>8.3} {:>8.2} {:>10}",
             o.op, o.ok, o.errors, o.per_second, o.p50_ms, o.p90_ms, o.p99_ms, o.max_ms, written
         );
+    }
+    for o in &r.ops {
+        if let Some(c) = &o.cpu {
+            let groups: Vec<String> = c
+                .groups
+                .iter()
+                .take(6)
+                .map(|g| format!("{} {:.2} ({:.0})", g.group, g.cores, g.us_per_request))
+                .collect();
+            println!(
+                "cpu {}: {:.2} of {} cores, {:.2} idle, {:.0} µs a request; by thread, cores \
+                 (µs a request): {}",
+                o.op,
+                c.used_cores,
+                c.cores,
+                c.idle_cores,
+                c.us_per_request,
+                groups.join(", ")
+            );
+        }
     }
     for (op, dry) in r
         .ops

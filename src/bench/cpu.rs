@@ -1,0 +1,213 @@
+//! Where a phase spends the machine's CPU: the CPU time Linux accounted to each thread of this
+//! process (by name), of the service's process when it runs apart (`--server-pid`), and of
+//! every PostgreSQL process, over exactly the phase's timed window, as cores used and as
+//! microseconds per request; what none of them used of the machine's cores is idle.
+//!
+//! A rate moves with the machine's other load and with how fast its cores happen to run; the
+//! CPU a request costs moves far less, and idle cores beside a rate short of its goal say the
+//! limit is a wait (a round's chain of round trips), not the work (docs/BENCHMARKS.md, "Where
+//! the cores go during the attestation phases"). In-process, the bench's clients share the
+//! `tokio-rt-worker` threads with the service's handlers, so those threads' figure is both
+//! sides of each request.
+//!
+//! The times are `/proc/…/schedstat`'s first field (nanoseconds on a core); where Linux does not
+//! keep it, there is no figure.
+
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::sync::OnceLock;
+use std::time::Instant;
+
+/// The service's process, when it is not this one (`--server-pid`): its threads count too.
+static SERVICE_PID: OnceLock<u32> = OnceLock::new();
+
+/// Counts the threads of `pid` (the service's process, `--server-pid`) in every phase's CPU.
+pub fn watch_service(pid: u32) {
+    SERVICE_PID.set(pid).ok();
+}
+
+/// One group of threads' share of a phase.
+#[derive(Clone, Debug, Serialize)]
+pub struct GroupCpu {
+    /// A thread name of this process, `service:` and a thread name of the service's process,
+    /// or `postgres` (all its processes: backends, WAL writer, checkpointer).
+    pub group: String,
+    /// Cores the group kept busy on average over the phase.
+    pub cores: f64,
+    /// Its CPU time per successful request, in microseconds.
+    pub us_per_request: f64,
+}
+
+/// Where a phase's CPU went.
+#[derive(Clone, Debug, Serialize)]
+pub struct PhaseCpu {
+    /// The machine's cores.
+    pub cores: usize,
+    /// Cores every group together kept busy on average.
+    pub used_cores: f64,
+    /// Cores none of them used (the machine's other processes may have).
+    pub idle_cores: f64,
+    /// All groups' CPU time per successful request, in microseconds.
+    pub us_per_request: f64,
+    /// The groups, the busiest first.
+    pub groups: Vec<GroupCpu>,
+}
+
+/// CPU time so far per group, in nanoseconds, and when it was read.
+pub struct Snapshot {
+    at: Instant,
+    ns: BTreeMap<String, u64>,
+}
+
+impl Snapshot {
+    /// Reads every group now; `None` where Linux keeps no `schedstat`.
+    pub fn take() -> Option<Snapshot> {
+        let mut ns = BTreeMap::new();
+        threads_by_name("/proc/self/task", "", &mut ns)?;
+        if let Some(pid) = SERVICE_PID.get() {
+            threads_by_name(&format!("/proc/{pid}/task"), "service:", &mut ns)?;
+        }
+        for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+            let name = entry.file_name();
+            let Some(pid) = name
+                .to_str()
+                .filter(|p| p.bytes().all(|b| b.is_ascii_digit()))
+            else {
+                continue;
+            };
+            if comm(&format!("/proc/{pid}")).as_deref() == Some("postgres")
+                && let Some(used) = schedstat_ns(&format!("/proc/{pid}/schedstat"))
+            {
+                *ns.entry("postgres".to_string()).or_default() += used;
+            }
+        }
+        Some(Snapshot {
+            at: Instant::now(),
+            ns,
+        })
+    }
+
+    /// What each group used from `self` until `later`, for `requests` successful requests.
+    pub fn until(&self, later: &Snapshot, requests: u64) -> PhaseCpu {
+        let seconds = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
+        let per_request = |ns: u64| ns as f64 / 1000.0 / requests.max(1) as f64;
+        let mut groups: Vec<GroupCpu> = later
+            .ns
+            .iter()
+            .map(|(group, &after)| {
+                // A thread that ended meanwhile took its time with it: no group goes below 0.
+                let used = after.saturating_sub(self.ns.get(group).copied().unwrap_or(0));
+                GroupCpu {
+                    group: group.clone(),
+                    cores: used as f64 / 1e9 / seconds,
+                    us_per_request: per_request(used),
+                }
+            })
+            .filter(|g| g.cores >= 0.005)
+            .collect();
+        groups.sort_by(|a, b| b.cores.total_cmp(&a.cores));
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let used_cores: f64 = groups.iter().map(|g| g.cores).sum();
+        PhaseCpu {
+            cores,
+            used_cores,
+            idle_cores: (cores as f64 - used_cores).max(0.0),
+            us_per_request: groups.iter().map(|g| g.us_per_request).sum(),
+            groups,
+        }
+    }
+}
+
+/// The CPU time of every thread under `tasks` (a `/proc/…/task` directory), in nanoseconds.
+pub fn task_cpu_ns(tasks: &str) -> Option<u64> {
+    let mut by_name = BTreeMap::new();
+    threads_by_name(tasks, "", &mut by_name)?;
+    Some(by_name.values().sum())
+}
+
+/// Adds the CPU time of every thread under `tasks` to `ns`, by `prefix` and thread name.
+fn threads_by_name(tasks: &str, prefix: &str, ns: &mut BTreeMap<String, u64>) -> Option<()> {
+    // No figure at all where Linux keeps none (not even this thread's).
+    std::fs::metadata("/proc/thread-self/schedstat").ok()?;
+    for task in std::fs::read_dir(tasks).ok()?.flatten() {
+        let path = task.path();
+        // A thread that ended meanwhile has nothing more to count.
+        let (Some(name), Some(used)) = (
+            comm(&path.to_string_lossy()),
+            schedstat_ns(&path.join("schedstat").to_string_lossy()),
+        ) else {
+            continue;
+        };
+        *ns.entry(format!("{prefix}{name}")).or_default() += used;
+    }
+    Some(())
+}
+
+fn comm(dir: &str) -> Option<String> {
+    Some(
+        std::fs::read_to_string(format!("{dir}/comm"))
+            .ok()?
+            .trim()
+            .to_string(),
+    )
+}
+
+fn schedstat_ns(path: &str) -> Option<u64> {
+    std::fs::read_to_string(path)
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thread_that_works_is_counted_by_its_name_and_the_idle_is_what_is_left() {
+        let Some(before) = Snapshot::take() else {
+            eprintln!("skipped: this kernel keeps no /proc/…/schedstat");
+            return;
+        };
+        // The thread stays until the second reading: one that ended takes its time with it.
+        let (spun, stay) = (std::sync::mpsc::channel(), std::sync::mpsc::channel::<()>());
+        let spinner = std::thread::Builder::new()
+            .name("cpu-test-spin".into())
+            .spawn(move || {
+                let until = Instant::now() + std::time::Duration::from_millis(300);
+                let mut x = 0u64;
+                while Instant::now() < until {
+                    x = std::hint::black_box(x.wrapping_add(1));
+                }
+                spun.0.send(()).unwrap();
+                stay.1.recv().ok();
+            })
+            .unwrap();
+        spun.1.recv().unwrap();
+        let after = Snapshot::take().unwrap();
+        drop(stay.0);
+        spinner.join().unwrap();
+        let cpu = before.until(&after, 100);
+        let spin = cpu
+            .groups
+            .iter()
+            .find(|g| g.group == "cpu-test-spin")
+            .expect("the spinning thread is a group of its own");
+        // It spun for 300 ms of a window a little longer: most of a core, on a busy machine
+        // somewhat less.
+        assert!(spin.cores > 0.2 && spin.cores <= 1.05, "{cpu:?}");
+        assert!(
+            (spin.us_per_request - spin.cores * (after.at - before.at).as_secs_f64() * 1e4).abs()
+                < 1.0,
+            "{cpu:?}"
+        );
+        assert!(
+            (cpu.used_cores + cpu.idle_cores - cpu.cores as f64).abs() < 1e-9
+                || cpu.idle_cores == 0.0,
+            "{cpu:?}"
+        );
+        assert!(cpu.groups.windows(2).all(|w| w[0].cores >= w[1].cores));
+    }
+}
