@@ -53,10 +53,13 @@ pub struct PhaseCpu {
     pub groups: Vec<GroupCpu>,
 }
 
-/// CPU time so far per group, in nanoseconds, and when it was read.
+/// CPU time so far of each thread (or PostgreSQL process), in nanoseconds, by its group and
+/// its `/proc` path, and when it was read. Kept by thread, not summed by group: threads come
+/// and go during a phase (the runtime's blocking threads end after a while idle), and a group's
+/// sum would drop with each that ended.
 pub struct Snapshot {
     at: Instant,
-    ns: BTreeMap<String, u64>,
+    ns: BTreeMap<(String, String), u64>,
 }
 
 impl Snapshot {
@@ -75,10 +78,11 @@ impl Snapshot {
             else {
                 continue;
             };
-            if comm(&format!("/proc/{pid}")).as_deref() == Some("postgres")
-                && let Some(used) = schedstat_ns(&format!("/proc/{pid}/schedstat"))
+            let dir = format!("/proc/{pid}");
+            if comm(&dir).as_deref() == Some("postgres")
+                && let Some(used) = schedstat_ns(&format!("{dir}/schedstat"))
             {
-                *ns.entry("postgres".to_string()).or_default() += used;
+                ns.insert(("postgres".to_string(), dir), used);
             }
         }
         Some(Snapshot {
@@ -91,17 +95,19 @@ impl Snapshot {
     pub fn until(&self, later: &Snapshot, requests: u64) -> PhaseCpu {
         let seconds = later.at.duration_since(self.at).as_secs_f64().max(1e-9);
         let per_request = |ns: u64| ns as f64 / 1000.0 / requests.max(1) as f64;
-        let mut groups: Vec<GroupCpu> = later
-            .ns
-            .iter()
-            .map(|(group, &after)| {
-                // A thread that ended meanwhile took its time with it: no group goes below 0.
-                let used = after.saturating_sub(self.ns.get(group).copied().unwrap_or(0));
-                GroupCpu {
-                    group: group.clone(),
-                    cores: used as f64 / 1e9 / seconds,
-                    us_per_request: per_request(used),
-                }
+        // Each thread's time in the window (all of it for one that began in it), by group. One
+        // that ended in it took its time with it, uncounted.
+        let mut used: BTreeMap<&str, u64> = BTreeMap::new();
+        for (key, &after) in &later.ns {
+            let before = self.ns.get(key).copied().unwrap_or(0);
+            *used.entry(key.0.as_str()).or_default() += after.saturating_sub(before);
+        }
+        let mut groups: Vec<GroupCpu> = used
+            .into_iter()
+            .map(|(group, used)| GroupCpu {
+                group: group.to_string(),
+                cores: used as f64 / 1e9 / seconds,
+                us_per_request: per_request(used),
             })
             .filter(|g| g.cores >= 0.005)
             .collect();
@@ -120,13 +126,17 @@ impl Snapshot {
 
 /// The CPU time of every thread under `tasks` (a `/proc/…/task` directory), in nanoseconds.
 pub fn task_cpu_ns(tasks: &str) -> Option<u64> {
-    let mut by_name = BTreeMap::new();
-    threads_by_name(tasks, "", &mut by_name)?;
-    Some(by_name.values().sum())
+    let mut by_thread = BTreeMap::new();
+    threads_by_name(tasks, "", &mut by_thread)?;
+    Some(by_thread.values().sum())
 }
 
-/// Adds the CPU time of every thread under `tasks` to `ns`, by `prefix` and thread name.
-fn threads_by_name(tasks: &str, prefix: &str, ns: &mut BTreeMap<String, u64>) -> Option<()> {
+/// Puts the CPU time of every thread under `tasks` into `ns`, its group `prefix` and its name.
+fn threads_by_name(
+    tasks: &str,
+    prefix: &str,
+    ns: &mut BTreeMap<(String, String), u64>,
+) -> Option<()> {
     // No figure at all where Linux keeps none (not even this thread's).
     std::fs::metadata("/proc/thread-self/schedstat").ok()?;
     for task in std::fs::read_dir(tasks).ok()?.flatten() {
@@ -138,7 +148,13 @@ fn threads_by_name(tasks: &str, prefix: &str, ns: &mut BTreeMap<String, u64>) ->
         ) else {
             continue;
         };
-        *ns.entry(format!("{prefix}{name}")).or_default() += used;
+        ns.insert(
+            (
+                format!("{prefix}{name}"),
+                path.to_string_lossy().into_owned(),
+            ),
+            used,
+        );
     }
     Some(())
 }
@@ -164,6 +180,50 @@ fn schedstat_ns(path: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn snapshot(at: Instant, threads: &[(&str, &str, u64)]) -> Snapshot {
+        Snapshot {
+            at,
+            ns: threads
+                .iter()
+                .map(|&(group, path, ns)| ((group.to_string(), path.to_string()), ns))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn a_group_counts_its_threads_time_in_the_window_whichever_came_or_went() {
+        let start = Instant::now();
+        let before = snapshot(
+            start,
+            &[
+                ("worker", "/proc/self/task/1", 100_000_000),
+                // Ends during the phase, with more time than the others have.
+                ("worker", "/proc/self/task/2", 900_000_000),
+                ("postgres", "/proc/7", 0),
+            ],
+        );
+        let after = snapshot(
+            start + std::time::Duration::from_secs(1),
+            &[
+                ("worker", "/proc/self/task/1", 400_000_000),
+                // Began during the phase: all its time is the phase's.
+                ("worker", "/proc/self/task/3", 100_000_000),
+                ("postgres", "/proc/7", 250_000_000),
+                ("postgres", "/proc/8", 250_000_000),
+            ],
+        );
+        let cpu = before.until(&after, 1000);
+        let group = |name: &str| cpu.groups.iter().find(|g| g.group == name).unwrap();
+        assert!((group("postgres").cores - 0.5).abs() < 1e-9, "{cpu:?}");
+        assert!((group("worker").cores - 0.4).abs() < 1e-9, "{cpu:?}");
+        assert!(
+            (group("worker").us_per_request - 400.0).abs() < 1e-6,
+            "{cpu:?}"
+        );
+        assert_eq!(cpu.groups[0].group, "postgres", "the busiest first");
+        assert!((cpu.us_per_request - 900.0).abs() < 1e-6, "{cpu:?}");
+    }
 
     #[test]
     fn a_thread_that_works_is_counted_by_its_name_and_the_idle_is_what_is_left() {
