@@ -21,7 +21,10 @@
 //! A runner's latest attestation changes with every heartbeat, too often to be a change every
 //! replica forgets: a round writes the attestations it accepted through to this process's
 //! entries once committed (`attested`), and says a runner changed, for every replica, only
-//! when its attestation's facts or status did (`sql::round`). Another replica's entry may thus
+//! when its attestation's facts or status did (`sql::round`). That write-through also renews
+//! the entry's TTL, up to `MAX_AGE` from its read: a round that committed without changing its
+//! runner's gate is a sign the entry still holds, and without it a runner heartbeating every
+//! 15 s had its entry read again (two statements on the pool) every other heartbeat. Another replica's entry may thus
 //! hold an older attestation with the same facts, which can only be judged too old: the forge
 //! gate confirms such a refusal against the database (`forge_gate::decide`).
 //!
@@ -44,11 +47,19 @@ use crate::verifier::RunnerKey;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+// tokio's clock, so that tests can move it; outside a runtime (the SQLite writer's thread)
+// it is the system's.
+use tokio::time::Instant;
 
-/// How long an entry may live without an invalidation: the bound on staleness should a
-/// cross-replica notification be lost.
+/// How long an entry may live without an invalidation and without being renewed: the bound on
+/// staleness should a cross-replica notification be lost (a lost connection to the change feed
+/// forgets everything at once; this is the bound for what nothing detected).
 pub const TTL: Duration = Duration::from_secs(30);
+
+/// The longest a runner's entry lives after it was read from the database, however often its
+/// rounds renew it (`attested`).
+pub const MAX_AGE: Duration = Duration::from_secs(300);
 
 /// The most bindings held before an absence is no longer kept.
 pub const MAX_BINDINGS: usize = 50_000;
@@ -72,6 +83,19 @@ impl GateRunner {
     }
 }
 
+/// A runner's entry: when it was read from the database, and when last renewed (or read).
+struct HeldRunner {
+    runner: GateRunner,
+    read: Instant,
+    renewed: Instant,
+}
+
+impl HeldRunner {
+    fn fresh(&self) -> bool {
+        self.renewed.elapsed() < TTL && self.read.elapsed() < MAX_AGE
+    }
+}
+
 #[derive(Clone, Default)]
 pub struct VerdictCache {
     inner: Arc<Inner>,
@@ -80,7 +104,7 @@ pub struct VerdictCache {
 #[derive(Default)]
 struct Inner {
     generation: AtomicU64,
-    runners: RwLock<HashMap<RunnerId, (GateRunner, Instant)>>,
+    runners: RwLock<HashMap<RunnerId, HeldRunner>>,
     pools: RwLock<HashMap<PoolName, (Pool, Instant)>>,
     /// By the identity a fetch named (a GitLab fetch's `system_id` included).
     bindings: RwLock<HashMap<ForgeIdentity, (Bound, Instant)>>,
@@ -95,8 +119,8 @@ impl VerdictCache {
     pub fn runner(&self, id: &RunnerId) -> Option<GateRunner> {
         let map = self.inner.runners.read().unwrap_or_else(|e| e.into_inner());
         map.get(id)
-            .filter(|(_, at)| at.elapsed() < TTL)
-            .map(|(r, _)| r.clone())
+            .filter(|held| held.fresh())
+            .map(|held| held.runner.clone())
     }
 
     pub fn pool(&self, name: &PoolName) -> Option<Pool> {
@@ -132,33 +156,44 @@ impl VerdictCache {
         }
         let newer_held = map
             .get(&runner.record.id)
-            .is_some_and(|(held, _)| received_at(&held.record) > received_at(&runner.record));
+            .is_some_and(|held| received_at(&held.runner.record) > received_at(&runner.record));
         if !newer_held {
-            map.insert(runner.record.id.clone(), (runner.clone(), Instant::now()));
+            let now = Instant::now();
+            map.insert(
+                runner.record.id.clone(),
+                HeldRunner {
+                    runner: runner.clone(),
+                    read: now,
+                    renewed: now,
+                },
+            );
         }
     }
 
     /// Writes an attestation accepted (and committed) for runner `id` through to its entry, if
-    /// held and not already newer. Not an invalidation: the facts the entry was judged on are
-    /// the same or, if not, the round also said the runner changed.
+    /// held, fresh and not already newer, and renews the entry's TTL (up to `MAX_AGE` from its
+    /// read). Not an invalidation: the facts the entry was judged on are the same or, if not,
+    /// the round also said the runner changed.
     pub fn attested(&self, id: &RunnerId, received: Millis, state: &AttestedState) {
         let mut map = self
             .inner
             .runners
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        let Some((held, _)) = map.get_mut(id) else {
+        // An entry already past its time is not brought back: the next request reads it.
+        let Some(held) = map.get_mut(id).filter(|held| held.fresh()) else {
             return;
         };
-        if received_at(&held.record) >= Some(received) {
+        if received_at(&held.runner.record) >= Some(received) {
             return;
         }
         // In place when no request holds the record (the usual case on a heartbeat's round);
         // a request that does keeps the record it was judged on.
-        Arc::make_mut(&mut held.record).latest = Some(LatestAttestation {
+        Arc::make_mut(&mut held.runner.record).latest = Some(LatestAttestation {
             received_at: received,
             state: state.clone(),
         });
+        held.renewed = Instant::now();
     }
 
     pub fn keep_pool(&self, generation: u64, pool: &Pool) {
@@ -401,6 +436,46 @@ mod tests {
         assert_eq!(latest_of(&cache, &id), Some(Millis(10)));
         // Writing through is no invalidation: reads in flight are still kept.
         assert_eq!(cache.generation(), generation);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_runner_whose_rounds_write_through_is_kept_past_the_ttl_up_to_its_max_age() {
+        let cache = VerdictCache::default();
+        let (renewed, idle) = (RunnerId("r1".into()), RunnerId("r2".into()));
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r1")));
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r2")));
+        // A heartbeat every 15 s: r1's rounds renew it, r2 has none.
+        let step = Duration::from_secs(15);
+        let beats = (MAX_AGE.as_secs() / step.as_secs()) as i64;
+        for beat in 1..beats {
+            tokio::time::advance(step).await;
+            let at = beat * 15_000;
+            cache.attested(&renewed, Millis(at), &state(at));
+            assert!(cache.runner(&renewed).is_some(), "renewed at {at} ms");
+            assert_eq!(
+                cache.runner(&idle).is_some(),
+                at < TTL.as_millis() as i64,
+                "r2 at {at} ms"
+            );
+        }
+        // However often renewed, it is read again once it is `MAX_AGE` old.
+        tokio::time::advance(step).await;
+        cache.attested(&renewed, Millis(beats * 15_000), &state(beats * 15_000));
+        assert!(cache.runner(&renewed).is_none(), "read again at MAX_AGE");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_past_its_ttl_is_not_brought_back_by_a_write_through() {
+        let cache = VerdictCache::default();
+        let id = RunnerId("r1".into());
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r1")));
+        tokio::time::advance(TTL).await;
+        assert!(cache.runner(&id).is_none());
+        cache.attested(&id, Millis(10), &state(10));
+        assert!(cache.runner(&id).is_none());
+        // What the next request reads is kept, with the attestation as the database has it.
+        cache.keep_runner(cache.generation(), &GateRunner::new(runner("r1")));
+        assert!(cache.runner(&id).is_some());
     }
 
     #[test]
