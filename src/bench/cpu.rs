@@ -15,16 +15,7 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::sync::OnceLock;
 use std::time::Instant;
-
-/// The service's process, when it is not this one (`--server-pid`): its threads count too.
-static SERVICE_PID: OnceLock<u32> = OnceLock::new();
-
-/// Counts the threads of `pid` (the service's process, `--server-pid`) in every phase's CPU.
-pub fn watch_service(pid: u32) {
-    SERVICE_PID.set(pid).ok();
-}
 
 /// One group of threads' share of a phase.
 #[derive(Clone, Debug, Serialize)]
@@ -63,11 +54,12 @@ pub struct Snapshot {
 }
 
 impl Snapshot {
-    /// Reads every group now; `None` where Linux keeps no `schedstat`.
-    pub fn take() -> Option<Snapshot> {
+    /// Reads every group now, `service`'s threads too (the service's process when it is not
+    /// this one); `None` where Linux keeps no `schedstat`.
+    pub fn take(service: Option<u32>) -> Option<Snapshot> {
         let mut ns = BTreeMap::new();
         threads_by_name("/proc/self/task", "", &mut ns)?;
-        if let Some(pid) = SERVICE_PID.get() {
+        if let Some(pid) = service {
             threads_by_name(&format!("/proc/{pid}/task"), "service:", &mut ns)?;
         }
         for entry in std::fs::read_dir("/proc").ok()?.flatten() {
@@ -227,7 +219,7 @@ mod tests {
 
     #[test]
     fn a_thread_that_works_is_counted_by_its_name_and_the_idle_is_what_is_left() {
-        let Some(before) = Snapshot::take() else {
+        let Some(before) = Snapshot::take(None) else {
             eprintln!("skipped: this kernel keeps no /proc/…/schedstat");
             return;
         };
@@ -246,7 +238,7 @@ mod tests {
             })
             .unwrap();
         spun.1.recv().unwrap();
-        let after = Snapshot::take().unwrap();
+        let after = Snapshot::take(None).unwrap();
         drop(stay.0);
         spinner.join().unwrap();
         let cpu = before.until(&after, 100);

@@ -60,6 +60,9 @@ pub struct Drive {
     pub duration: Duration,
     /// Requests per second across all workers; `None` for as fast as they go.
     pub rate: Option<f64>,
+    /// The service's process when it is not this one (`--server-pid`): its threads count in
+    /// the phase's CPU too.
+    pub service_pid: Option<u32>,
 }
 
 /// Runs `op(worker, n)` from `drive.concurrency` workers until the time is up or `op` finds
@@ -88,7 +91,7 @@ where
         bar.set_prefix(name.to_string());
         bar
     });
-    let cpu_before = cpu::Snapshot::take();
+    let cpu_before = cpu::Snapshot::take(drive.service_pid);
     let started = Instant::now();
     // With a fixed rate each worker paces itself to its share.
     let interval = drive
@@ -143,7 +146,7 @@ where
     for w in workers {
         w.await.ok();
     }
-    let cpu_after = cpu::Snapshot::take();
+    let cpu_after = cpu::Snapshot::take(drive.service_pid);
     let ran_dry_after_s = dry_at.get().map(Duration::as_secs_f64);
     let seconds = ran_dry_after_s.unwrap_or_else(|| started.elapsed().as_secs_f64());
     if let Some(bar) = bar {
@@ -180,6 +183,7 @@ mod tests {
             concurrency: 4,
             duration: Duration::from_secs(30),
             rate: None,
+            service_pid: None,
         }
     }
 

@@ -318,6 +318,8 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         concurrency: args.concurrency,
         duration: Duration::from_secs(args.duration_s),
         rate: args.rate,
+        // A service apart is a process of its own: its threads' CPU counts in each phase's too.
+        service_pid: args.server.as_ref().and(args.server_pid),
     };
     if args.preload > 0 {
         let url = target
@@ -333,10 +335,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
     // Each grant takes a job: the queue is topped up to `--jobs` before a phase that grants,
     // so that no phase runs dry because an earlier one was fast.
     let mut queued = args.jobs;
-    // A service apart is a process of its own: its threads' CPU counts in each phase's too.
-    if let (Some(_), Some(pid)) = (&args.server, args.server_pid) {
-        cpu::watch_service(pid);
-    }
     // The service's own writes to storage: SQLite's, in this process or `--server-pid`'s.
     let mut meter = match (&target.database_url, &args.server, args.server_pid) {
         (Some(url @ DatabaseUrl::Sqlite(_)), None, _) => Some(io::Meter::open(url, None).await?),
