@@ -146,9 +146,10 @@ where
     for w in workers {
         w.await.ok();
     }
-    let cpu_after = cpu::Snapshot::take(drive.service_pid);
     let ran_dry_after_s = dry_at.get().map(Duration::as_secs_f64);
     let seconds = ran_dry_after_s.unwrap_or_else(|| started.elapsed().as_secs_f64());
+    // After the clock stopped: reading /proc is not the phase's time.
+    let cpu_after = cpu::Snapshot::take(drive.service_pid);
     if let Some(bar) = bar {
         bar.finish_and_clear();
     }
