@@ -131,11 +131,14 @@ pub struct BenchArgs {
 }
 
 impl BenchArgs {
-    /// Whether the claim baselines (the raw claim, pgbench) are measured: only the grants
-    /// phase is compared with them, and on PostgreSQL they take seconds and as many
-    /// connections as the phases' clients.
+    /// Whether the claim baselines (the raw claim, pgbench) are measured: only the grant
+    /// phases are compared with them (`grants` in the goals, `refill-grants` being pgbench's
+    /// claim and refill), and on PostgreSQL they take seconds and as many connections as the
+    /// phases' clients.
     pub fn measures_claims(&self) -> bool {
-        self.phases.iter().any(|p| p == "grants")
+        self.phases
+            .iter()
+            .any(|p| p == "grants" || p == "refill-grants")
     }
 }
 
@@ -584,7 +587,10 @@ fn print(r: &Report) {
             )
         }
         (Some(raw), _) => format!("{raw:.0}/s"),
-        (None, None) => "not measured (no grants phase)".into(),
+        (None, None) if !r.ops.iter().any(|o| o.op == "refill-grants") => {
+            "not measured (no grants phase)".into()
+        }
+        (None, None) => "not measured".into(),
         (None, Some(_)) => "not measured".into(),
     };
     println!(

@@ -298,10 +298,13 @@ impl<T: AsyncWrite> AsyncWrite for Watched<T> {
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         let this = self.project();
         let polled = this.inner.poll_flush(cx);
-        if matches!(polled, Poll::Ready(Ok(())))
-            && this.activity.unflushed.swap(false, Ordering::AcqRel)
-        {
-            this.activity.flushes.fetch_add(1, Ordering::AcqRel);
+        // Plain loads and stores, no read-modify-write: only the task that polls this socket
+        // writes either, and every answer's flush (each heartbeat's) passes here.
+        let a = this.activity;
+        if matches!(polled, Poll::Ready(Ok(()))) && a.unflushed.load(Ordering::Acquire) {
+            a.unflushed.store(false, Ordering::Release);
+            a.flushes
+                .store(a.flushes.load(Ordering::Acquire) + 1, Ordering::Release);
         }
         polled
     }
