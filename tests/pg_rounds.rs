@@ -10,6 +10,7 @@ use futures_util::future::join_all;
 use leasegate::store::postgres::{
     APPLICATION_NAME, LISTEN_APPLICATION_NAME, ROUNDS_APPLICATION_NAME,
 };
+use serde_json::json;
 use sqlx::Connection;
 
 /// The database an app's URL names.
@@ -368,6 +369,120 @@ async fn a_change_committed_between_a_rounds_read_and_its_write_is_not_lost() {
         code_of(beat, reqwest::StatusCode::FORBIDDEN).await,
         "runner_revoked",
         "a revocation committed before the round's write is the round's verdict"
+    );
+}
+
+/// Makes `leasegate_read_round` fail when it is asked for an unlocked read (a round planned
+/// from rows it read); the locked read still answers. Its definition as it was, to restore.
+async fn forbid_unlocked_reads(app: &TestApp) -> String {
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    let (definition,): (String,) = sqlx::query_as(
+        "SELECT pg_get_functiondef('leasegate_read_round(boolean, text[], text[], text[], \
+         bigint[])'::regprocedure)",
+    )
+    .fetch_one(&mut conn)
+    .await
+    .unwrap();
+    let forbidding = definition.replacen(
+        "\nBEGIN\n",
+        "\nBEGIN\n    IF NOT lock THEN RAISE EXCEPTION 'a round read its rows unlocked'; END IF;\n",
+        1,
+    );
+    assert_ne!(
+        forbidding, definition,
+        "the function's body begins: {definition}"
+    );
+    sqlx::raw_sql(sqlx::AssertSqlSafe(forbidding))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    definition
+}
+
+/// A runner whose rounds a lane wrote is known to it (`store::known_rows`): its next
+/// heartbeat's round is planned from what the lane knows and written in one statement, with no
+/// read before it (here, an unlocked read fails the round). What another writer changed
+/// since is found by that write's guard (the row's version), nothing of the write is kept,
+/// and the round is read and judged on what the database holds: a revocation made behind the
+/// service's back is the verdict, and a spilled jti replayed is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_known_runners_round_reads_nothing_and_finds_what_changed_behind_it() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "known").await;
+    let other = app.register("linux", "revoked-behind").await;
+    // The first heartbeat changes each runner's status (a locked round), the second is read
+    // and written unlocked, and the lane knows the rows from then on.
+    for r in [&runner, &other] {
+        for _ in 0..2 {
+            assert_eq!(app.heartbeat(&r.healthy()).await.status(), 200);
+        }
+    }
+    let read_round = forbid_unlocked_reads(&app).await;
+
+    // More than the row keeps (12) within one window: the oldest spill to `seen_jtis`, and
+    // the rounds after ask it for each new jti, in their one statement.
+    let jtis: Vec<String> = (0..20)
+        .map(|i| format!("known-{i}-{}", uuid::Uuid::now_v7()))
+        .collect();
+    let spent: Vec<String> = jtis
+        .iter()
+        .map(|jti| runner.attest(json!({ "jti": jti })))
+        .collect();
+    for (i, attestation) in spent.iter().enumerate() {
+        let beat = app.heartbeat(attestation).await;
+        assert_eq!(
+            beat.status(),
+            200,
+            "heartbeat {i}: {}",
+            beat.text().await.unwrap()
+        );
+    }
+    // What follows is read again once the guard finds it: reads are allowed again.
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(read_round))
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE runners SET revoked_at = $1 WHERE id = $2")
+        .bind(now_s() * 1000)
+        .bind(&other.id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        code_of(
+            app.heartbeat(&other.healthy()).await,
+            reqwest::StatusCode::FORBIDDEN
+        )
+        .await,
+        "runner_revoked",
+        "the lane's row of the runner was out of date, and not believed"
+    );
+    // One whose jti its row no longer holds: only the write's guard can find it.
+    let spilled: Vec<(String,)> = sqlx::query_as("SELECT jti FROM seen_jtis WHERE runner_id = $1")
+        .bind(&runner.id)
+        .fetch_all(&mut conn)
+        .await
+        .unwrap();
+    let replayed = jtis
+        .iter()
+        .position(|jti| spilled.contains(&(leasegate::domain::record::jti_key(jti),)))
+        .expect("some of the 20 heartbeats' jtis spilled");
+    assert_eq!(
+        code_of(
+            app.heartbeat(&spent[replayed]).await,
+            reqwest::StatusCode::UNAUTHORIZED
+        )
+        .await,
+        "attestation_replayed",
+        "a spilled jti is refused though the lane's row no longer holds it"
     );
 }
 

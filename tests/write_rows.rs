@@ -86,7 +86,8 @@ async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: b
                 RowsWrite::of(&a, 3, insert_a, bind_a),
                 RowsWrite::of(&b, 2, insert_b, bind_b),
             ])
-            .await
+            .await?;
+            Ok(())
         })
     });
     engine.write(setup).await.expect("the first write");
@@ -109,7 +110,8 @@ async fn check_engine<E: leasegate::store::engine::Engine>(engine: &E, rounds: b
                     RowsWrite::of(&none, 2, insert_b, bind_b),
                     RowsWrite::of(&b, 2, insert_b, bind_b),
                 ])
-                .await
+                .await?;
+                Ok(())
             })
         });
         if rounds {
@@ -193,8 +195,9 @@ async fn every_row_arrives_as_written(engine: Engine) {
 }
 
 /// Three of the rows updated with `every_row`, and a row of the other table beside them;
-/// `missing`: one of the three names no row.
-fn guarded_update<D: Db + 'static>(missing: bool) -> Work<D, ()> {
+/// `missing`: one of the three names no row. The version the rows now have, where the engine
+/// keeps one.
+fn guarded_update<D: Db + 'static>(missing: bool) -> Work<D, Option<String>> {
     Box::new(move |db| {
         Box::pin(async move {
             let mut changed: Vec<A> = ["a-001", "a-002", "a-003"]
@@ -241,7 +244,7 @@ async fn guarded_state<E: leasegate::store::engine::Engine>(engine: &E) -> (Vec<
 }
 
 async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine) {
-    async fn check<E: leasegate::store::engine::Engine>(engine: &E, unlocked: bool)
+    async fn check<E: leasegate::store::engine::Engine>(engine: &E, unlocked: bool, versions: bool)
     where
         E::Db: 'static,
     {
@@ -250,7 +253,8 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
                 create_tables(db).await?;
                 let a = a_rows();
                 db.write_rows(vec![RowsWrite::of(&a, 3, insert_a, bind_a)])
-                    .await
+                    .await?;
+                Ok(())
             })
         });
         engine.write(setup).await.expect("the first write");
@@ -263,7 +267,10 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
                     .expect("the service's PostgreSQL engine writes unlocked rounds")
                     .await
             } else {
-                engine.write(guarded_update(missing)).await.map(|_| ())
+                engine
+                    .write(guarded_update(missing))
+                    .await
+                    .map(|(version, _)| version)
             }
         };
 
@@ -278,9 +285,35 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
             "nothing of the failed write is kept, the rows that were found included"
         );
 
-        write(false).await.expect("every row found");
+        let version = write(false).await.expect("every row found");
         let notes = vec!["guarded".to_string(); 3];
         assert_eq!(guarded_state(engine).await, (notes, 1));
+        if !versions {
+            assert_eq!(version, None, "this engine keeps no row versions");
+            return;
+        }
+        // The version answered is what each row written now reads as its own: what a later
+        // write guarded by it (`sql::round::write_unlocked`, from `KnownRows`) compares.
+        let read = || -> Work<E::Db, Vec<String>> {
+            Box::new(|db| {
+                Box::pin(async move {
+                    db.fetch(Statement::new(
+                        "SELECT DISTINCT xmin::text AS v FROM scratch_a \
+                         WHERE id IN ('a-001', 'a-002', 'a-003')",
+                    ))
+                    .await?
+                    .iter()
+                    .map(|r| r.text("v"))
+                    .collect()
+                })
+            })
+        };
+        let rows_versions = engine.read(read).await.expect("the rows' versions");
+        assert_eq!(
+            version.map(|v| vec![v]),
+            Some(rows_versions),
+            "one version, every written row's"
+        );
     }
 
     match engine {
@@ -293,14 +326,14 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
                     .is_none(),
                 "SQLite's rounds are all written in its one writer's transaction"
             );
-            check(&sqlite, false).await;
+            check(&sqlite, false, false).await;
         }
         Engine::Postgres => {
             let Some((_db, pg)) = postgres().await else {
                 return;
             };
-            check(&pg, false).await;
-            check(&pg, true).await;
+            check(&pg, false, true).await;
+            check(&pg, true, true).await;
         }
     }
 }

@@ -321,10 +321,14 @@ pub trait Db: Send {
     /// `every_row` that writes fewer rows than it has fails the call with
     /// `StoreError::Conflict`, and nothing of it is kept (PostgreSQL: the statement fails;
     /// SQLite: its transaction is rolled back as the work fails).
+    ///
+    /// Answers, where `writes` hold an `every_row` write and the engine keeps row versions,
+    /// the version every row written now has (PostgreSQL: the statement's transaction id,
+    /// what its rows' `xmin` read), which a later `every_row` update may be guarded by.
     fn write_rows(
         &mut self,
         writes: Vec<RowsWrite<'_>>,
-    ) -> impl Future<Output = StoreResult<()>> + Send;
+    ) -> impl Future<Output = StoreResult<Option<String>>> + Send;
 
     /// Rolls the transaction back instead of committing it when the work returns.
     fn discard(&mut self);

@@ -13,11 +13,13 @@
 
 use super::engine::{Engine, work};
 use super::held::Held;
+use super::known_rows::KnownRows;
 use super::retry::retrying;
-use super::sql::round::{self, Unlocked};
+use super::sql::round::{self, Unlocked, round_runners};
 use super::vocabulary::{RoundItem, RoundOutcome};
 use super::{StoreError, StoreResult};
 use std::sync::Arc;
+use std::time::Instant;
 use tokio::sync::{mpsc, oneshot};
 
 /// How an engine's rounds are written: how many at once, and how many requests each takes.
@@ -122,35 +124,50 @@ fn lane_of(item: &RoundItem, lanes: usize) -> usize {
 }
 
 /// `items` as one round: first without a transaction where the engine writes rounds so and
-/// the round may be (`round::write_unlocked`), else, or when a row changed between its read and
-/// its write, in one transaction under its rows' locks (`round::write`); what it changed
-/// applied to `held` after, and the attestations it accepted written through to the cache.
+/// the round may be (`round::write_unlocked`, from the rows the lane `known` holds when it
+/// holds every runner's), else, or when a row changed between its read and its write, in one
+/// transaction under its rows' locks (`round::write`); what it changed applied to `held`
+/// after, and the attestations it accepted written through to the cache. The lane learns the
+/// rows an unlocked round read and wrote, and forgets the others' runners.
 async fn write<E: Engine>(
     engine: &E,
     held: &Held,
+    known: &mut KnownRows,
     items: Arc<Vec<RoundItem>>,
 ) -> StoreResult<Vec<RoundOutcome>> {
     let written = items.clone();
     let unlocked_items = items.clone();
+    let ids = round_runners(&items);
+    let rows = known.of(&ids, Instant::now());
     let unlocked = engine.write_round_unlocked(move || {
-        work(move |db| Box::pin(async move { round::write_unlocked(db, &unlocked_items).await }))
+        work(move |db| {
+            Box::pin(async move { round::write_unlocked(db, &unlocked_items, rows).await })
+        })
     });
     let unlocked = match unlocked {
         None => None,
         Some(written) => match written.await {
-            Ok(Unlocked::Written(outcomes)) => Some(outcomes),
+            Ok(Unlocked::Written(outcomes, rows)) => {
+                known.learn(rows, Instant::now());
+                Some(outcomes)
+            }
             Ok(Unlocked::NeedsLock) => None,
             Err(e) if e.is_conflict() => {
-                tracing::debug!(error = %e, "a round's rows changed between its read and its \
-                    write; writing it under their locks");
+                tracing::debug!(error = %e, "a round's rows changed since they were read or \
+                    known; writing it under their locks");
                 None
             }
-            Err(e) => return Err(e),
+            Err(e) => {
+                known.forget(&ids);
+                return Err(e);
+            }
         },
     };
     let outcomes = match unlocked {
         Some(outcomes) => outcomes,
         None => {
+            // Written under the locks, the rows' versions are the transaction's, not known here.
+            known.forget(&ids);
             let (outcomes, changes) = engine
                 .write_round(work(move |db| {
                     Box::pin(async move { round::write(db, &items).await })
@@ -177,6 +194,7 @@ async fn write_rounds<E: Engine>(
     mut rx: mpsc::UnboundedReceiver<Waiting>,
     largest: usize,
 ) {
+    let mut known = KnownRows::default();
     // A round is whatever is waiting when the previous one is done (and after a turn or two of
     // the runtime), up to `largest`.
     while let Some(first) = rx.recv().await {
@@ -197,7 +215,7 @@ async fn write_rounds<E: Engine>(
             waiting.into_iter().map(|w| (w.item, w.reply)).unzip();
         // Shared with the round's work, and kept for a retry one by one.
         let items = Arc::new(items);
-        match write(&*engine, &held, items.clone()).await {
+        match write(&*engine, &held, &mut known, items.clone()).await {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));
@@ -214,8 +232,14 @@ async fn write_rounds<E: Engine>(
                     one");
                 for (item, reply) in items.iter().zip(replies) {
                     let alone = retrying(|| async {
-                        let mut outcomes =
-                            write(&*engine, &held, Arc::new(vec![item.clone()])).await?;
+                        // Read, not known: the failed round forgot its runners.
+                        let mut outcomes = write(
+                            &*engine,
+                            &held,
+                            &mut KnownRows::default(),
+                            Arc::new(vec![item.clone()]),
+                        )
+                        .await?;
                         outcomes.pop().ok_or_else(|| {
                             StoreError::Internal("a round answered no outcome".into())
                         })

@@ -13,6 +13,7 @@ pub mod engine;
 mod gated;
 mod group_commit;
 mod held;
+pub mod known_rows;
 pub mod location;
 pub mod migrations;
 mod open;

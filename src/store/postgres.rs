@@ -16,7 +16,9 @@
 //! TLS is sqlx's over rustls (the Mozilla roots built in, plus `sslrootcert=`), as `sslmode`
 //! in the URL asks.
 
-use super::engine::{Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work};
+use super::engine::{
+    Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work, fetch_one,
+};
 use super::pg_rounds::{Kept, RoundThread};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
@@ -690,7 +692,7 @@ impl Db for PgDb {
     ///
     /// A write marked `every_row` returns a row for each it wrote, and the statement ends by
     /// counting them (`leasegate_all_rows_written`), which fails it whole when one is missing.
-    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
+    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<Option<String>> {
         let mut params = Vec::new();
         let mut parts = Vec::new();
         let mut checks = Vec::new();
@@ -714,25 +716,32 @@ impl Db for PgDb {
             }
             parts.push(part);
         }
-        let sql = match parts.len() {
-            0 => return Ok(()),
-            1 if checks.is_empty() => parts.swap_remove(0),
-            _ => {
-                let named: Vec<String> = parts
-                    .iter()
-                    .enumerate()
-                    .map(|(i, part)| format!("w{i} AS ({part})"))
-                    .collect();
-                let result = if checks.is_empty() {
-                    "1".to_string()
-                } else {
-                    checks.join(", ")
-                };
-                format!("WITH {} SELECT {result}", named.join(", "))
-            }
+        let named = || -> String {
+            let named: Vec<String> = parts
+                .iter()
+                .enumerate()
+                .map(|(i, part)| format!("w{i} AS ({part})"))
+                .collect();
+            named.join(", ")
         };
-        self.execute(Statement::built(sql).params(params)).await?;
-        Ok(())
+        if checks.is_empty() {
+            let sql = match parts.len() {
+                0 => return Ok(None),
+                1 => parts.swap_remove(0),
+                _ => format!("WITH {} SELECT 1", named()),
+            };
+            self.execute(Statement::built(sql).params(params)).await?;
+            return Ok(None);
+        }
+        // The rows written have this transaction's id for their `xmin`: its low 32 bits
+        // (`txid_current` counts the wraparounds above them).
+        let sql = format!(
+            "WITH {} SELECT {}, (txid_current() % 4294967296)::text AS version",
+            named(),
+            checks.join(", ")
+        );
+        let row = fetch_one(self, Statement::built(sql).params(params)).await?;
+        Ok(Some(row.text("version")?))
     }
 
     fn discard(&mut self) {

@@ -471,7 +471,7 @@ impl Db for SqliteDb {
 
     /// Each write as `VALUES` lists, in power-of-two slices: a round's statements come in a
     /// few sizes that stay prepared, and the writer's statements cost no round trip.
-    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<()> {
+    async fn write_rows(&mut self, writes: Vec<RowsWrite<'_>>) -> StoreResult<Option<String>> {
         for write in writes {
             let (rows, cols, every_row) = (write.rows(), write.cols, write.every_row);
             let mut params = write.params.into_iter();
@@ -490,7 +490,8 @@ impl Db for SqliteDb {
                 )));
             }
         }
-        Ok(())
+        // No row versions: rounds here are written under the one writer's transaction.
+        Ok(None)
     }
 
     fn discard(&mut self) {

@@ -104,7 +104,8 @@ pub async fn write_rows<'r, D: Db, T>(
     bind: impl Fn(&'r T) -> Vec<Param<'r>>,
 ) -> StoreResult<()> {
     db.write_rows(vec![RowsWrite::of(rows, cols, sql, bind)])
-        .await
+        .await?;
+    Ok(())
 }
 
 #[cfg(test)]
