@@ -330,9 +330,16 @@ pub fn plan<'a>(
             .or_insert_with(|| (stored.clone(), None));
         let key = jti_key(&rec.jti);
         row.recent_jtis.prune(rec.received_at);
+        // A key this round spilled out of the row (an attestation before this one pushed it
+        // out, or it was the oldest when it came in) is not in `spilled`, read before the
+        // round: it is asked of the round's own spills.
         let replayed = row.recent_jtis.contains(&key)
             || spilled.contains(&(runner_id.clone(), key.clone()))
-            || spilled.contains(&(runner_id.clone(), rec.jti.clone()));
+            || spilled.contains(&(runner_id.clone(), rec.jti.clone()))
+            || plan
+                .spills
+                .iter()
+                .any(|(r, _, k)| *r == runner_id && *k == key);
         if replayed {
             plan.verdicts.insert(i, Err(Rejection::Replayed));
             continue;
@@ -553,6 +560,44 @@ mod tests {
         assert_eq!(u.row.refusals.code, None);
         assert_eq!(plan.refusals.len(), 1);
         assert_eq!(plan.refusals[0].1.detail, "crun not found");
+    }
+
+    #[test]
+    fn a_jti_the_round_itself_spilled_is_a_replay() {
+        // A row full of unexpired jtis, the oldest of which a new one pushes out; then the
+        // pushed-out one again, in the same round: it is in neither the row nor what was read
+        // of the spills before the round.
+        let mut full = row(Some("healthy"), None);
+        for i in 0..IN_ROW as i64 {
+            assert!(
+                full.recent_jtis
+                    .remember(jti_key(&format!("old-{i}")), Millis(60_000 + i))
+                    .is_empty()
+            );
+        }
+        let rows = BTreeMap::from([(RunnerId("r1".into()), full)]);
+        let mut oldest_again = record("r1", "old-0", 10, true, false);
+        oldest_again.replay_until = Millis(60_000);
+        let records = [record("r1", "new", 10, true, false), oldest_again];
+        let plan = plan_of(&rows, &records);
+        assert_eq!(plan.verdicts[&0], Ok(()));
+        assert_eq!(plan.verdicts[&1], Err(Rejection::Replayed));
+        assert_eq!(plan.spills.len(), 1, "old-0 spilled once, by the new jti");
+
+        // A jti so old that it spills as it comes in, twice in one round.
+        let mut full = row(Some("healthy"), None);
+        for i in 0..IN_ROW as i64 {
+            full.recent_jtis
+                .remember(jti_key(&format!("late-{i}")), Millis(90_000 + i));
+        }
+        let rows = BTreeMap::from([(RunnerId("r1".into()), full)]);
+        let records = [
+            record("r1", "early", 10, true, false),
+            record("r1", "early", 11, true, false),
+        ];
+        let plan = plan_of(&rows, &records);
+        assert_eq!(plan.verdicts[&0], Ok(()));
+        assert_eq!(plan.verdicts[&1], Err(Rejection::Replayed));
     }
 
     #[test]
