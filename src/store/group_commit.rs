@@ -148,13 +148,19 @@ async fn write<E: Engine>(
         None => None,
         Some(written) => match written.await {
             Ok(Unlocked::Written(outcomes, rows)) => {
+                // A runner the round names but did not find (deleted) is known no more.
+                known.forget(&ids);
                 known.learn(rows, Instant::now());
                 Some(outcomes)
             }
             Ok(Unlocked::NeedsLock) => None,
+            Ok(Unlocked::ConnectionLost) => {
+                known.clear();
+                None
+            }
             Err(e) if e.is_conflict() => {
-                tracing::debug!(error = %e, "a round's rows changed since they were read or \
-                    known; writing it under their locks");
+                tracing::debug!(error = %e, "a round's rows changed between its read and its \
+                    write; writing it under their locks");
                 None
             }
             Err(e) => {
@@ -215,7 +221,12 @@ async fn write_rounds<E: Engine>(
             waiting.into_iter().map(|w| (w.item, w.reply)).unzip();
         // Shared with the round's work, and kept for a retry one by one.
         let items = Arc::new(items);
-        match write(&*engine, &held, &mut known, items.clone()).await {
+        let written = write(&*engine, &held, &mut known, items.clone()).await;
+        if matches!(written, Err(StoreError::Unavailable(_))) {
+            // Whatever server answers next may hand out the versions the lane knows again.
+            known.clear();
+        }
+        match written {
             Ok(outcomes) => {
                 for (reply, outcome) in replies.into_iter().zip(outcomes) {
                     let _ = reply.send(Ok(outcome));

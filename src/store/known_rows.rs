@@ -15,7 +15,9 @@
 //! An entry is forgotten whenever its runner's round was not written from it (a conflict, the
 //! locked way, a failure), and is not used once `KEPT_FOR` has passed since the database last
 //! confirmed it (a write guarded by its version, or a read): a version is a 32-bit
-//! transaction id, which the server reuses after about four billion transactions.
+//! transaction id, which the server reuses after about four billion transactions. A lost
+//! connection forgets every entry: the server reached next may be a standby promoted after
+//! a failover, which hands out again transaction ids the lost primary had.
 
 use crate::domain::ids::RunnerId;
 use crate::domain::record::RunnerRow;
@@ -26,7 +28,9 @@ use std::time::{Duration, Instant};
 pub const KEPT_FOR: Duration = Duration::from_secs(300);
 
 /// The most runners a lane keeps: past it, the entries the database confirmed longest ago
-/// are dropped (a fleet that large reads some rows again, a round trip each round).
+/// are dropped (a fleet that large reads some rows again, a round trip each round). An entry
+/// is a runner's row as a round reads it, about a kilobyte with its recent jtis: tens of
+/// megabytes a lane at most.
 pub const MOST_KEPT: usize = 50_000;
 
 /// Rows with their versions, by runner: what a round read, or what it left.
@@ -93,6 +97,12 @@ impl KnownRows {
         for id in ids {
             self.entries.remove(*id);
         }
+    }
+
+    /// Forgets every runner: the connection to the server was lost, and the one reached next
+    /// may hand out versions again (a failover to a standby).
+    pub fn clear(&mut self) {
+        self.entries.clear();
     }
 
     pub fn len(&self) -> usize {

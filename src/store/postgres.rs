@@ -325,8 +325,9 @@ async fn write_kept<T: Send + 'static>(
 /// statement commits by itself. The connection is kept for the next round when every statement
 /// was answered (an error the server answered included: no transaction is left open); one
 /// that did not answer, or was found gone, is closed. A kept connection that died since is
-/// found so by the work's first statement, a read (`sql::round::write_unlocked`), and the
-/// round is then written the locked way, whose `BEGIN` takes another (`begin_kept`).
+/// found so by the work's first statement (`sql::round::write_unlocked`: a read, or the
+/// round's one write when its lane knows the rows), and the round is then written the locked
+/// way, whose `BEGIN` takes another (`begin_kept`).
 async fn write_kept_unlocked<T: Send + 'static>(
     rounds: &RoundThread,
     patience: Duration,

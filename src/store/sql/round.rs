@@ -187,6 +187,14 @@ async fn read_runners<D: Db>(
     Ok(rows)
 }
 
+/// Whether `r`'s runner spilled jtis that `r` may repeat: its row says it spilled some whose
+/// windows were still open when `r` came (what `leasegate_read_round` asks, on PostgreSQL).
+fn may_have_spilled(rows: &BTreeMap<RunnerId, RunnerRow>, r: &AttestationRecord) -> bool {
+    rows.get(&r.runner_id)
+        .and_then(|row| row.jtis_spilled_until)
+        .is_some_and(|until| until >= r.received_at)
+}
+
 /// The jtis of this round that the spilled ones hold, for runners that spilled (rare).
 async fn spilled_jtis<D: Db>(
     db: &mut D,
@@ -196,11 +204,7 @@ async fn spilled_jtis<D: Db>(
     // Both forms of each jti: its key, and itself (as remembered before keys were).
     let keys: Vec<(&RunnerId, String, &str)> = attestations
         .iter()
-        .filter(|(_, r)| {
-            rows.get(&r.runner_id)
-                .and_then(|row| row.jtis_spilled_until)
-                .is_some_and(|until| until >= r.received_at)
-        })
+        .filter(|(_, r)| may_have_spilled(rows, r))
         .map(|(_, r)| (&r.runner_id, jti_key(&r.jti), r.jti.as_str()))
         .collect();
     let asked: Vec<(&RunnerId, &str)> = keys
@@ -224,7 +228,7 @@ fn runner_updates<'a>(updates: &'a [RunnerUpdate<'a>]) -> RowsWrite<'a> {
 /// known to the lane: `KnownRows`) and, where `asked` names jtis of its runner, none of them
 /// is among its spilled ones; all or none: a row changed since, or a jti found spilled, fails
 /// the round's write whole (`write_unlocked`).
-fn runner_updates_as_read<'a>(
+fn runner_updates_guarded<'a>(
     updates: &'a [RunnerUpdate<'a>],
     versions: &'a BTreeMap<RunnerId, String>,
     asked: &'a BTreeMap<&'a RunnerId, String>,
@@ -622,10 +626,17 @@ pub enum Unlocked {
     Written(Vec<RoundOutcome>, VersionedRows),
     /// Nothing was written: the round is `write`'s, in a transaction under its rows' locks.
     NeedsLock,
+    /// The connection was found gone (or silent) at the round's first statement: the round is
+    /// `write`'s, on another connection. Nothing was written, unless the connection was lost
+    /// after the server committed that statement (the round's one write, when its rows were
+    /// known) and before its answer came. Versions a lane knows are then forgotten: the
+    /// server it reaches next may be another (a failover), which hands out transaction ids,
+    /// and so versions, that the lost one already had.
+    ConnectionLost,
 }
 
-/// A round of attestations and no claim, written with no transaction around it: at most two
-/// statements, each committed by itself, where `write` sends four (`BEGIN`, the locked read,
+/// A round of attestations and no claim, written with no transaction around it: one statement
+/// or two (three, when a known row had changed), each committed by itself, where `write` sends four (`BEGIN`, the locked read,
 /// the writes, `COMMIT`) and writes its row locks to the WAL. The runners' rows come with
 /// their versions (`xmin`): as the lane knows them (`known`, every runner of the round), or
 /// else read; then every write of the round goes in one statement that changes a runner's row
@@ -644,8 +655,8 @@ pub enum Unlocked {
 ///
 /// A round that would change what the gate judges (announced with its commit in `write`) or
 /// record a status change (two statements, the trim reading the insert), or whose engine
-/// keeps no row versions (SQLite), or whose read found the connection gone, writes nothing
-/// here (`NeedsLock`).
+/// keeps no row versions (SQLite), writes nothing here (`NeedsLock`); one whose first
+/// statement found the connection gone, `ConnectionLost`.
 pub async fn write_unlocked<D: Db>(
     db: &mut D,
     items: &[RoundItem],
@@ -660,16 +671,22 @@ pub async fn write_unlocked<D: Db>(
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, known, plan, &asked).await {
-                // The kept connection was found gone (or silent) at the round's one statement,
-                // as a read would have found it: the locked way begins on another. Only a
-                // connection lost between the server's commit and its answer leaves the write
-                // made; the locked round then finds its jtis in their rows and answers them
-                // replayed, where the read's way answers 503 for a write lost so.
-                Err(StoreError::Unavailable(_)) => return Ok(Unlocked::NeedsLock),
+                // As a read would have found it. Should the write have been committed before
+                // the connection was lost, the locked round finds its jtis in their rows and
+                // answers them replayed, where a round that read first answers 503 for a write
+                // lost at its second statement: either way nothing is accepted twice.
+                Err(StoreError::Unavailable(e)) => {
+                    tracing::warn!(error = %e, "a round's connection was lost at its one \
+                        statement; writing it under its rows' locks on another");
+                    return Ok(Unlocked::ConnectionLost);
+                }
                 // A row changed since the lane wrote it (another replica's round, an operator)
                 // or a jti was found spilled: nothing was kept, and the round is read, as it
                 // was before lanes knew rows, rather than locked.
-                Err(e) if e.is_conflict() => {}
+                Err(e) if e.is_conflict() => {
+                    tracing::debug!(error = %e, "a known row changed or a jti was found \
+                        spilled; reading the round");
+                }
                 written => return written,
             }
         }
@@ -677,7 +694,7 @@ pub async fn write_unlocked<D: Db>(
     let read = match read_round(db, &ids, &attestations, false).await {
         Ok(read) => read,
         // Nothing was written; the locked way begins on another connection.
-        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::NeedsLock),
+        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::ConnectionLost),
         Err(e) => return Err(e),
     };
     let plan = plan(&read.rows, &attestations, &read.spilled);
@@ -696,11 +713,7 @@ fn spill_asks<'a>(
 ) -> BTreeMap<&'a RunnerId, String> {
     let mut asked: BTreeMap<&RunnerId, String> = BTreeMap::new();
     for (_, r) in attestations {
-        let spilled_since = rows
-            .get(&r.runner_id)
-            .and_then(|row| row.jtis_spilled_until)
-            .is_some_and(|until| until >= r.received_at);
-        if spilled_since {
+        if may_have_spilled(rows, r) {
             let lines = asked.entry(&r.runner_id).or_default();
             for k in [jti_key(&r.jti).as_str(), r.jti.as_str()] {
                 if !lines.is_empty() {
@@ -737,7 +750,7 @@ async fn write_planned<D: Db>(
     let spills = spills_of(&plan);
     let version = db
         .write_rows(vec![
-            runner_updates_as_read(&plan.updates, &before.versions, asked),
+            runner_updates_guarded(&plan.updates, &before.versions, asked),
             history_upserts(&plan.history),
             refusal_upserts(&plan.refusals),
             replay::spills(&spills),
