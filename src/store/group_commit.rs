@@ -147,10 +147,16 @@ async fn write<E: Engine>(
     let unlocked = match unlocked {
         None => None,
         Some(written) => match written.await {
-            Ok(Unlocked::Written(outcomes, rows)) => {
+            Ok(Unlocked::Written {
+                outcomes,
+                rows,
+                changed_behind,
+            }) => {
+                let now = Instant::now();
                 // A runner the round names but did not find (deleted) is known no more.
                 known.forget(&ids);
-                known.learn(rows, Instant::now());
+                known.contend(&changed_behind, now);
+                known.learn(rows, now);
                 Some(outcomes)
             }
             Ok(Unlocked::NeedsLock) => None,

@@ -12,6 +12,11 @@
 //! again the locked way, which reads the truth. So an entry here can be out of date but never
 //! believed when it is.
 //!
+//! A runner whose row another writer changed behind the lane is not known for `CONTENDED_FOR`
+//! after: replicas behind a load balancer that sends each request where it likes take turns
+//! at a runner, and planning from a row the other replica has since written would cost each
+//! round a failed statement before its read.
+//!
 //! An entry is forgotten whenever its runner's round was not written from it (a conflict, the
 //! locked way, a failure), and is not used once `KEPT_FOR` has passed since the database last
 //! confirmed it (a write guarded by its version, or a read): a version is a 32-bit
@@ -26,6 +31,9 @@ use std::time::{Duration, Instant};
 
 /// How long after the database last confirmed it an entry may still plan a round.
 pub const KEPT_FOR: Duration = Duration::from_secs(300);
+
+/// How long a runner whose row changed behind the lane is read rather than known.
+pub const CONTENDED_FOR: Duration = Duration::from_secs(300);
 
 /// The most runners a lane keeps: past it, the entries the database confirmed longest ago
 /// are dropped (a fleet that large reads some rows again, a round trip each round). An entry
@@ -50,6 +58,8 @@ struct Known {
 #[derive(Default)]
 pub struct KnownRows {
     entries: HashMap<String, Known>,
+    /// Runners whose rows changed behind the lane, and when that was found.
+    contended: HashMap<String, Instant>,
 }
 
 impl KnownRows {
@@ -78,6 +88,9 @@ impl KnownRows {
                 self.entries.remove(&id.0);
                 continue;
             };
+            if self.is_contended(&id.0, now) {
+                continue;
+            }
             self.entries.insert(
                 id.0,
                 Known {
@@ -103,6 +116,30 @@ impl KnownRows {
     /// may hand out versions again (a failover to a standby).
     pub fn clear(&mut self) {
         self.entries.clear();
+    }
+
+    /// Forgets the runners of `ids`, whose rows changed behind the lane, and learns none of
+    /// them for `CONTENDED_FOR`.
+    pub fn contend(&mut self, ids: &[RunnerId], now: Instant) {
+        if self.contended.len() + ids.len() > MOST_KEPT {
+            self.contended
+                .retain(|_, at| now.saturating_duration_since(*at) < CONTENDED_FOR);
+        }
+        for id in ids {
+            self.entries.remove(&id.0);
+            self.contended.insert(id.0.clone(), now);
+        }
+    }
+
+    fn is_contended(&mut self, id: &str, now: Instant) -> bool {
+        match self.contended.get(id) {
+            Some(at) if now.saturating_duration_since(*at) < CONTENDED_FOR => true,
+            Some(_) => {
+                self.contended.remove(id);
+                false
+            }
+            None => false,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -165,6 +202,25 @@ mod tests {
         known.forget(&["a"]);
         assert!(known.of(&["a", "b"], now).is_none());
         assert!(known.of(&["b"], now).is_some());
+    }
+
+    #[test]
+    fn a_runner_whose_row_changed_behind_the_lane_is_read_for_a_while() {
+        let mut known = KnownRows::default();
+        let then = Instant::now();
+        known.learn(rows(&["a", "b"], "100", 1), then);
+        known.contend(&[RunnerId("a".into())], then);
+        assert!(known.of(&["a"], then).is_none());
+        known.learn(rows(&["a", "b"], "101", 2), then + Duration::from_secs(1));
+        assert!(known.of(&["a"], then + Duration::from_secs(1)).is_none());
+        assert!(known.of(&["b"], then + Duration::from_secs(1)).is_some());
+        // Once the while has passed, a read's rows are known again.
+        let later = then + CONTENDED_FOR;
+        known.learn(rows(&["a"], "102", 3), later);
+        assert_eq!(
+            known.of(&["a"], later).unwrap().versions[&RunnerId("a".into())],
+            "102"
+        );
     }
 
     #[test]

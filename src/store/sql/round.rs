@@ -621,9 +621,14 @@ pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<Ro
 
 /// What became of a round offered to `write_unlocked`.
 pub enum Unlocked {
-    /// Each item's outcome, and the round's runners' rows as the round left them, with their
-    /// versions, for the lane to know (`KnownRows`).
-    Written(Vec<RoundOutcome>, VersionedRows),
+    /// Each item's outcome, the round's runners' rows as the round left them, with their
+    /// versions, for the lane to know (`KnownRows`), and the runners whose rows the lane knew
+    /// but another writer had changed since (the round was then read).
+    Written {
+        outcomes: Vec<RoundOutcome>,
+        rows: VersionedRows,
+        changed_behind: Vec<RunnerId>,
+    },
     /// Nothing was written: the round is `write`'s, in a transaction under its rows' locks.
     NeedsLock,
     /// The connection was found gone (or silent) at the round's first statement: the round is
@@ -666,10 +671,12 @@ pub async fn write_unlocked<D: Db>(
         return Ok(Unlocked::NeedsLock);
     }
     let (ids, attestations) = round_of(items);
+    let mut known_versions = BTreeMap::new();
     if let Some(known) = known {
         let plan = plan(&known.rows, &attestations, &HashSet::new());
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
+            known_versions = known.versions.clone();
             match write_planned(db, items, known, plan, &asked).await {
                 // As a read would have found it. Should the write have been committed before
                 // the connection was lost, the locked round finds its jtis in their rows and
@@ -687,7 +694,7 @@ pub async fn write_unlocked<D: Db>(
                     tracing::debug!(error = %e, "a known row changed or a jti was found \
                         spilled; reading the round");
                 }
-                written => return written,
+                written => return written.map(|w| w.map_or(Unlocked::NeedsLock, written_as)),
             }
         }
     }
@@ -697,12 +704,35 @@ pub async fn write_unlocked<D: Db>(
         Err(StoreError::Unavailable(_)) => return Ok(Unlocked::ConnectionLost),
         Err(e) => return Err(e),
     };
+    // What the lane knew that the read found changed (none, when a spilled jti failed the
+    // known write): another replica may be taking turns with this one at these runners.
+    let changed_behind: Vec<RunnerId> = known_versions
+        .into_iter()
+        .filter(|(id, known)| read.versions.get(id) != Some(known))
+        .map(|(id, _)| id)
+        .collect();
     let plan = plan(&read.rows, &attestations, &read.spilled);
     let rows = VersionedRows {
         rows: read.rows,
         versions: read.versions,
     };
-    write_planned(db, items, rows, plan, &BTreeMap::new()).await
+    let written = write_planned(db, items, rows, plan, &BTreeMap::new()).await?;
+    Ok(
+        written.map_or(Unlocked::NeedsLock, |(outcomes, rows)| Unlocked::Written {
+            outcomes,
+            rows,
+            changed_behind,
+        }),
+    )
+}
+
+/// A round written from the rows its lane knew, as `write_unlocked` answers it.
+fn written_as((outcomes, rows): (Vec<RoundOutcome>, VersionedRows)) -> Unlocked {
+    Unlocked::Written {
+        outcomes,
+        rows,
+        changed_behind: Vec::new(),
+    }
 }
 
 /// Per runner, the jtis of the round (each as its key and as itself) that its row says it may
@@ -726,15 +756,15 @@ fn spill_asks<'a>(
     asked
 }
 
-/// `plan`, planned from `before`, written unlocked when nothing of it needs the locks; the
-/// outcomes, and the rows as the write left them.
+/// `plan`, planned from `before`, written unlocked when nothing of it needs the locks: the
+/// outcomes, and the rows as the write left them; `None` when it needs them.
 async fn write_planned<D: Db>(
     db: &mut D,
     items: &[RoundItem],
     before: VersionedRows,
     plan: Plan<'_>,
     asked: &BTreeMap<&RunnerId, String>,
-) -> StoreResult<Unlocked> {
+) -> StoreResult<Option<(Vec<RoundOutcome>, VersionedRows)>> {
     let needs_lock = !plan.status_changes.is_empty()
         || plan.updates.iter().any(|u| {
             !before.versions.contains_key(u.runner_id)
@@ -744,7 +774,7 @@ async fn write_planned<D: Db>(
                     .is_none_or(|before| u.changes_gate(before))
         });
     if needs_lock {
-        return Ok(Unlocked::NeedsLock);
+        return Ok(None);
     }
     let outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
@@ -765,5 +795,5 @@ async fn write_planned<D: Db>(
             None => after.versions.remove(u.runner_id),
         };
     }
-    Ok(Unlocked::Written(outcomes, after))
+    Ok(Some((outcomes, after)))
 }
