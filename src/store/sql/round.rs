@@ -641,8 +641,8 @@ pub enum Unlocked {
 }
 
 /// A round of attestations and no claim, written with no transaction around it: one statement
-/// or two (three, when a known row had changed), each committed by itself, where `write` sends four (`BEGIN`, the locked read,
-/// the writes, `COMMIT`) and writes its row locks to the WAL. The runners' rows come with
+/// or two (three, when a known row had changed), each committed by itself, where `write` sends
+/// four (`BEGIN`, the locked read, the writes, `COMMIT`) and writes its row locks to the WAL. The runners' rows come with
 /// their versions (`xmin`): as the lane knows them (`known`, every runner of the round), or
 /// else read; then every write of the round goes in one statement that changes a runner's row
 /// only where its version is still that one, and fails whole, as a conflict, when any is not
@@ -676,8 +676,7 @@ pub async fn write_unlocked<D: Db>(
         let plan = plan(&known.rows, &attestations, &HashSet::new());
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
-            known_versions = known.versions.clone();
-            match write_planned(db, items, known, plan, &asked).await {
+            match write_planned(db, items, &known, plan, &asked).await {
                 // As a read would have found it. Should the write have been committed before
                 // the connection was lost, the locked round finds its jtis in their rows and
                 // answers them replayed, where a round that read first answers 503 for a write
@@ -693,8 +692,11 @@ pub async fn write_unlocked<D: Db>(
                 Err(e) if e.is_conflict() => {
                     tracing::debug!(error = %e, "a known row changed or a jti was found \
                         spilled; reading the round");
+                    known_versions = known.versions;
                 }
-                written => return written.map(|w| w.map_or(Unlocked::NeedsLock, written_as)),
+                Err(e) => return Err(e),
+                Ok(None) => return Ok(Unlocked::NeedsLock),
+                Ok(Some(written)) => return Ok(written.applied_to(known, Vec::new())),
             }
         }
     }
@@ -716,22 +718,37 @@ pub async fn write_unlocked<D: Db>(
         rows: read.rows,
         versions: read.versions,
     };
-    let written = write_planned(db, items, rows, plan, &BTreeMap::new()).await?;
     Ok(
-        written.map_or(Unlocked::NeedsLock, |(outcomes, rows)| Unlocked::Written {
-            outcomes,
-            rows,
-            changed_behind,
-        }),
+        match write_planned(db, items, &rows, plan, &BTreeMap::new()).await? {
+            Some(written) => written.applied_to(rows, changed_behind),
+            None => Unlocked::NeedsLock,
+        },
     )
 }
 
-/// A round written from the rows its lane knew, as `write_unlocked` answers it.
-fn written_as((outcomes, rows): (Vec<RoundOutcome>, VersionedRows)) -> Unlocked {
-    Unlocked::Written {
-        outcomes,
-        rows,
-        changed_behind: Vec::new(),
+/// What `write_planned` wrote: each item's outcome, and each runner's row it updated with the
+/// version the write gave it.
+struct PlannedWrite {
+    outcomes: Vec<RoundOutcome>,
+    updated: Vec<(RunnerId, RunnerRow)>,
+    version: Option<String>,
+}
+
+impl PlannedWrite {
+    /// The round as written: the rows it was planned from, with its updates.
+    fn applied_to(self, mut rows: VersionedRows, changed_behind: Vec<RunnerId>) -> Unlocked {
+        for (id, row) in self.updated {
+            match &self.version {
+                Some(v) => rows.versions.insert(id.clone(), v.clone()),
+                None => rows.versions.remove(&id),
+            };
+            rows.rows.insert(id, row);
+        }
+        Unlocked::Written {
+            outcomes: self.outcomes,
+            rows,
+            changed_behind,
+        }
     }
 }
 
@@ -756,15 +773,15 @@ fn spill_asks<'a>(
     asked
 }
 
-/// `plan`, planned from `before`, written unlocked when nothing of it needs the locks: the
-/// outcomes, and the rows as the write left them; `None` when it needs them.
+/// `plan`, planned from `before`, written unlocked when nothing of it needs the locks; `None`
+/// when it needs them.
 async fn write_planned<D: Db>(
     db: &mut D,
     items: &[RoundItem],
-    before: VersionedRows,
+    before: &VersionedRows,
     plan: Plan<'_>,
     asked: &BTreeMap<&RunnerId, String>,
-) -> StoreResult<Option<(Vec<RoundOutcome>, VersionedRows)>> {
+) -> StoreResult<Option<PlannedWrite>> {
     let needs_lock = !plan.status_changes.is_empty()
         || plan.updates.iter().any(|u| {
             !before.versions.contains_key(u.runner_id)
@@ -787,13 +804,13 @@ async fn write_planned<D: Db>(
         ])
         .await?;
     replay::note_spilled(db, &spills).await?;
-    let mut after = before;
-    for u in &plan.updates {
-        after.rows.insert(u.runner_id.clone(), u.row.clone());
-        match &version {
-            Some(v) => after.versions.insert(u.runner_id.clone(), v.clone()),
-            None => after.versions.remove(u.runner_id),
-        };
-    }
-    Ok(Some((outcomes, after)))
+    Ok(Some(PlannedWrite {
+        outcomes,
+        updated: plan
+            .updates
+            .into_iter()
+            .map(|u| (u.runner_id.clone(), u.row))
+            .collect(),
+        version,
+    }))
 }
