@@ -322,11 +322,13 @@ async fn heartbeat_beside(app: &TestApp, runner: &TestRunner, change: &str) -> r
     beat
 }
 
-/// A heartbeat's round reads its runner's row without a lock, then writes it only where the
-/// row is still the version it read (`round::write_unlocked`). A change committed between the
-/// two is neither overwritten nor overlooked: the write finds the row changed, keeps nothing,
-/// and the round is written again under the row's lock. A change the gate does not judge
-/// leaves the heartbeat accepted, once; a revocation refuses it.
+/// A heartbeat's round has its runner's row without a lock (known to its lane, or read), then
+/// writes it only where the row is still that version (`round::write_unlocked`). A change
+/// committed in between is neither overwritten nor overlooked: the write finds the row
+/// changed and keeps nothing; a round planned from the lane's row is then read and written
+/// again (the cordon below), one planned from a read is written under the row's lock (the
+/// revocation, once the lane reads the runner it found changed). A change the gate does not
+/// judge leaves the heartbeat accepted, once; a revocation refuses it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_committed_between_a_rounds_read_and_its_write_is_not_lost() {
     let Some(app) = spawn_app_on(Engine::Postgres).await else {
