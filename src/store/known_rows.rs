@@ -142,12 +142,9 @@ impl KnownRows {
         }
     }
 
-    pub fn len(&self) -> usize {
+    #[cfg(test)]
+    fn len(&self) -> usize {
         self.entries.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.entries.is_empty()
     }
 
     /// Keeps the newer half of `MOST_KEPT`: a pass over every entry is paid once per half of
