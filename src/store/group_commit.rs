@@ -15,7 +15,7 @@ use super::engine::{Engine, work};
 use super::held::Held;
 use super::known_rows::KnownRows;
 use super::retry::retrying;
-use super::sql::round::{self, Unlocked, round_runners};
+use super::sql::round::{self, Unlocked};
 use super::vocabulary::{RoundItem, RoundOutcome};
 use super::{StoreError, StoreResult};
 use std::sync::Arc;
@@ -113,11 +113,7 @@ impl GroupCommit {
 /// The lane of the item's runner.
 fn lane_of(item: &RoundItem, lanes: usize) -> usize {
     use std::hash::{Hash, Hasher};
-    let runner = item
-        .attestation
-        .as_ref()
-        .map(|a| &a.runner_id)
-        .or(item.claim.as_ref().map(|c| &c.runner_id));
+    let runner = item.runners().next();
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     runner.hash(&mut hasher);
     (hasher.finish() % lanes as u64) as usize
@@ -137,8 +133,7 @@ async fn write<E: Engine>(
 ) -> StoreResult<Vec<RoundOutcome>> {
     let written = items.clone();
     let unlocked_items = items.clone();
-    let ids = round_runners(&items);
-    let rows = known.of(&ids, Instant::now());
+    let rows = known.of(items.iter().flat_map(RoundItem::runners), Instant::now());
     let unlocked = engine.write_round_unlocked(move || {
         work(move |db| {
             Box::pin(async move { round::write_unlocked(db, &unlocked_items, rows).await })
@@ -154,7 +149,7 @@ async fn write<E: Engine>(
             }) => {
                 let now = Instant::now();
                 // A runner the round names but did not find (deleted) is known no more.
-                known.forget(&ids);
+                known.forget(items.iter().flat_map(RoundItem::runners));
                 known.contend(&changed_behind, now);
                 known.learn(rows, now);
                 Some(outcomes)
@@ -170,7 +165,7 @@ async fn write<E: Engine>(
                 None
             }
             Err(e) => {
-                known.forget(&ids);
+                known.forget(items.iter().flat_map(RoundItem::runners));
                 return Err(e);
             }
         },
@@ -179,7 +174,7 @@ async fn write<E: Engine>(
         Some(outcomes) => outcomes,
         None => {
             // Written under the locks, the rows' versions are the transaction's, not known here.
-            known.forget(&ids);
+            known.forget(items.iter().flat_map(RoundItem::runners));
             let (outcomes, changes) = engine
                 .write_round(work(move |db| {
                     Box::pin(async move { round::write(db, &items).await })

@@ -8,9 +8,8 @@
 //! round or two ago and knows what they hold. A round whose every runner is known here is
 //! planned from what is known and goes straight to its guarded write: one round trip. The
 //! guard is what makes this sound: whatever changed a row since (another replica, an operator,
-//! a raw `UPDATE`) changed its version, the write then keeps nothing, and the round is written
-//! again the locked way, which reads the truth. So an entry here can be out of date but never
-//! believed when it is.
+//! a raw `UPDATE`) changed its version, the write then keeps nothing, and the round is read and
+//! written again. So an entry here can be out of date but never believed when it is.
 //!
 //! A runner whose row another writer changed behind the lane is not known for `CONTENDED_FOR`
 //! after: replicas behind a load balancer that sends each request where it likes take turns
@@ -63,20 +62,27 @@ pub struct KnownRows {
 }
 
 impl KnownRows {
-    /// The rows of every runner of `ids`, when all are known and confirmed within `KEPT_FOR`
-    /// of `now`; else `None`, and the round reads them.
-    pub fn of(&self, ids: &[&str], now: Instant) -> Option<VersionedRows> {
+    /// The rows of every runner of a round (`RoundItem::runners`), when all are known and
+    /// confirmed within `KEPT_FOR` of `now`; else `None`, and the round reads them. (A lane
+    /// that never learns, SQLite's, whose rounds all take the locked way, looks nothing up.)
+    pub fn of<'a>(
+        &self,
+        runners: impl IntoIterator<Item = &'a RunnerId>,
+        now: Instant,
+    ) -> Option<VersionedRows> {
+        if self.entries.is_empty() {
+            return None;
+        }
         let mut known = VersionedRows::default();
-        for id in ids {
-            let entry = self.entries.get(*id)?;
+        for id in runners {
+            let entry = self.entries.get(id.as_str())?;
             if now.saturating_duration_since(entry.confirmed) >= KEPT_FOR {
                 return None;
             }
-            let id = RunnerId(id.to_string());
             known.rows.insert(id.clone(), entry.row.clone());
-            known.versions.insert(id, entry.version.clone());
+            known.versions.insert(id.clone(), entry.version.clone());
         }
-        Some(known)
+        (!known.rows.is_empty()).then_some(known)
     }
 
     /// Takes `rows` as the database holds them at `now` (a round's read, or the rows it wrote
@@ -105,10 +111,13 @@ impl KnownRows {
         }
     }
 
-    /// Forgets the runners of `ids`: their rows may have changed in a way only a read tells.
-    pub fn forget(&mut self, ids: &[&str]) {
-        for id in ids {
-            self.entries.remove(*id);
+    /// Forgets `runners`: their rows may have changed in a way only a read tells.
+    pub fn forget<'a>(&mut self, runners: impl IntoIterator<Item = &'a RunnerId>) {
+        if self.entries.is_empty() {
+            return;
+        }
+        for id in runners {
+            self.entries.remove(id.as_str());
         }
     }
 
@@ -167,6 +176,10 @@ impl KnownRows {
 mod tests {
     use super::*;
 
+    fn ids(names: &[&str]) -> Vec<RunnerId> {
+        names.iter().map(|n| RunnerId(n.to_string())).collect()
+    }
+
     fn rows(ids: &[&str], version: &str, seq: i64) -> VersionedRows {
         let mut r = VersionedRows::default();
         for id in ids {
@@ -186,19 +199,19 @@ mod tests {
         let mut known = KnownRows::default();
         let now = Instant::now();
         known.learn(rows(&["a", "b"], "100", 1), now);
-        let both = known.of(&["a", "b"], now).expect("both known");
+        let both = known.of(&ids(&["a", "b"]), now).expect("both known");
         assert_eq!(both.versions[&RunnerId("b".into())], "100");
         assert_eq!(both.rows[&RunnerId("a".into())].attestation_seq, 1);
-        assert!(known.of(&["a", "c"], now).is_none());
+        assert!(known.of(&ids(&["a", "c"]), now).is_none());
 
         known.learn(rows(&["a"], "101", 2), now);
-        let a = known.of(&["a"], now).unwrap();
+        let a = known.of(&ids(&["a"]), now).unwrap();
         assert_eq!(a.versions[&RunnerId("a".into())], "101");
         assert_eq!(a.rows[&RunnerId("a".into())].attestation_seq, 2);
 
-        known.forget(&["a"]);
-        assert!(known.of(&["a", "b"], now).is_none());
-        assert!(known.of(&["b"], now).is_some());
+        known.forget(&ids(&["a"]));
+        assert!(known.of(&ids(&["a", "b"]), now).is_none());
+        assert!(known.of(&ids(&["b"]), now).is_some());
     }
 
     #[test]
@@ -207,15 +220,23 @@ mod tests {
         let then = Instant::now();
         known.learn(rows(&["a", "b"], "100", 1), then);
         known.contend(&[RunnerId("a".into())], then);
-        assert!(known.of(&["a"], then).is_none());
+        assert!(known.of(&ids(&["a"]), then).is_none());
         known.learn(rows(&["a", "b"], "101", 2), then + Duration::from_secs(1));
-        assert!(known.of(&["a"], then + Duration::from_secs(1)).is_none());
-        assert!(known.of(&["b"], then + Duration::from_secs(1)).is_some());
+        assert!(
+            known
+                .of(&ids(&["a"]), then + Duration::from_secs(1))
+                .is_none()
+        );
+        assert!(
+            known
+                .of(&ids(&["b"]), then + Duration::from_secs(1))
+                .is_some()
+        );
         // Once the while has passed, a read's rows are known again.
         let later = then + CONTENDED_FOR;
         known.learn(rows(&["a"], "102", 3), later);
         assert_eq!(
-            known.of(&["a"], later).unwrap().versions[&RunnerId("a".into())],
+            known.of(&ids(&["a"]), later).unwrap().versions[&RunnerId("a".into())],
             "102"
         );
     }
@@ -228,7 +249,7 @@ mod tests {
         let mut unversioned = rows(&["a"], "101", 2);
         unversioned.versions.clear();
         known.learn(unversioned, now);
-        assert!(known.of(&["a"], now).is_none());
+        assert!(known.of(&ids(&["a"]), now).is_none());
     }
 
     #[test]
@@ -238,21 +259,21 @@ mod tests {
         known.learn(rows(&["a"], "100", 1), then);
         assert!(
             known
-                .of(&["a"], then + KEPT_FOR - Duration::from_secs(1))
+                .of(&ids(&["a"]), then + KEPT_FOR - Duration::from_secs(1))
                 .is_some()
         );
-        assert!(known.of(&["a"], then + KEPT_FOR).is_none());
+        assert!(known.of(&ids(&["a"]), then + KEPT_FOR).is_none());
         // A write confirmed it again.
         known.learn(rows(&["a"], "102", 2), then + KEPT_FOR);
-        assert!(known.of(&["a"], then + KEPT_FOR).is_some());
+        assert!(known.of(&ids(&["a"]), then + KEPT_FOR).is_some());
     }
 
     #[test]
     fn past_most_kept_the_longest_unconfirmed_go() {
         let mut known = KnownRows::default();
         let start = Instant::now();
-        let ids: Vec<String> = (0..=MOST_KEPT).map(|i| format!("r{i}")).collect();
-        for (i, id) in ids.iter().enumerate() {
+        let names: Vec<String> = (0..=MOST_KEPT).map(|i| format!("r{i}")).collect();
+        for (i, id) in names.iter().enumerate() {
             known.learn(
                 rows(&[id.as_str()], "1", 0),
                 start + Duration::from_millis(i as u64),
@@ -261,7 +282,7 @@ mod tests {
         let now = start + Duration::from_millis(MOST_KEPT as u64);
         assert!(known.len() <= MOST_KEPT / 2 + 1, "{}", known.len());
         assert!(known.len() >= MOST_KEPT / 2 - 1, "{}", known.len());
-        assert!(known.of(&[ids[MOST_KEPT].as_str()], now).is_some());
-        assert!(known.of(&[ids[0].as_str()], now).is_none());
+        assert!(known.of(&ids(&[names[MOST_KEPT].as_str()]), now).is_some());
+        assert!(known.of(&ids(&[names[0].as_str()]), now).is_none());
     }
 }

@@ -343,6 +343,17 @@ pub struct RoundItem {
     pub claim: Option<Claim>,
 }
 
+impl RoundItem {
+    /// The runners the item names: its attestation's, then its claim's (the same runner when
+    /// it has both).
+    pub fn runners(&self) -> impl Iterator<Item = &RunnerId> {
+        let attested = self.attestation.as_ref().map(|a| &a.runner_id);
+        attested
+            .into_iter()
+            .chain(self.claim.as_ref().map(|c| &c.runner_id))
+    }
+}
+
 /// What a round did for one item.
 #[derive(Clone, Debug, Default)]
 pub struct RoundOutcome {

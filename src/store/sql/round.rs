@@ -535,21 +535,14 @@ fn round_of(items: &[RoundItem]) -> (Vec<&str>, Vec<(usize, &AttestationRecord)>
         .enumerate()
         .filter_map(|(i, item)| item.attestation.as_ref().map(|a| (i, a)))
         .collect();
-    (round_runners(items), attestations)
-}
-
-/// The ids of the runners `items` name, sorted, once each.
-pub fn round_runners(items: &[RoundItem]) -> Vec<&str> {
-    items
+    let ids: Vec<&str> = items
         .iter()
-        .flat_map(|i| {
-            let a = i.attestation.as_ref().map(|a| a.runner_id.as_str());
-            let c = i.claim.as_ref().map(|c| c.runner_id.as_str());
-            a.into_iter().chain(c)
-        })
+        .flat_map(RoundItem::runners)
+        .map(RunnerId::as_str)
         .collect::<BTreeSet<_>>()
         .into_iter()
-        .collect()
+        .collect();
+    (ids, attestations)
 }
 
 /// Each item's outcome as the plan judged its attestation (claims are made after).
