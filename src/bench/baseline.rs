@@ -5,9 +5,10 @@
 //! It runs the store's own queue statements (`store::sql::queue`: the same choice of job, the
 //! job update, the lease insert), one transaction per claim, over the engine opened bare
 //! (`store::Bare`): SQLite in WAL with `synchronous=NORMAL` and `BEGIN IMMEDIATE` on the
-//! caller's thread; PostgreSQL as pgbench runs a script, one connection per client for as many
-//! clients as the bench's phases have, each statement prepared once on its connection, the job
-//! taken with `FOR UPDATE SKIP LOCKED`.
+//! caller's thread, its WAL copied by a checkpointer beside it as the service's is;
+//! PostgreSQL as pgbench runs a script, one connection per client for as many clients as the
+//! bench's phases have, each statement prepared once on its connection, the job taken with
+//! `FOR UPDATE SKIP LOCKED`.
 
 use crate::domain::time::Millis;
 use crate::store::engine::{Db, Engine, Work, work};

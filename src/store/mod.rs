@@ -26,6 +26,7 @@ pub mod signal;
 pub mod spills;
 pub mod sql;
 pub mod sqlite;
+mod sqlite_checkpoints;
 pub mod verdict_cache;
 mod vocabulary;
 

@@ -17,6 +17,9 @@
 //! survives a crash of the process; `LEASEGATE_SQLITE_SYNCHRONOUS=FULL` survives power loss
 //! too, at the cost of an fsync per commit.
 //!
+//! The writer does not checkpoint: a thread beside it copies the WAL into the file
+//! (`sqlite_checkpoints`), so that no round waits for a checkpoint's `fsync`.
+//!
 //! The process is the file's only writer, so the index of spilled jtis is kept here, in memory
 //! (`sql::replay`): loaded from the spill table at start, added to after each commit.
 //!
@@ -27,6 +30,7 @@
 use super::engine::{Change, Db, Engine, Param, Row, RowsWrite, Statement, Tail, Value, Work};
 use super::spills::SpillIndex;
 use super::sql::{chunk_sizes, replay, values_list};
+use super::sqlite_checkpoints::{Cadence, Checkpoints, checkpoint};
 use super::{StoreError, StoreResult};
 use crate::domain::ids::RunnerId;
 use crate::domain::time::Millis;
@@ -58,6 +62,8 @@ pub struct SqliteEngine {
     readers: mpsc::Sender<Job>,
     /// This process is the file's only writer: the spilled jtis are looked up here.
     spills: Arc<SpillIndex>,
+    /// The WAL is copied beside the writer, not by it (`sqlite_checkpoints`).
+    checkpoints: Arc<Checkpoints>,
 }
 
 /// Whether commits wait for the disk (`LEASEGATE_SQLITE_SYNCHRONOUS`, a setting of `serve`).
@@ -166,6 +172,11 @@ fn spawn_thread(
 impl SqliteEngine {
     /// Opens (creating if missing) and migrates the database at `path`.
     pub fn open(path: &Path, sync: Synchronous) -> anyhow::Result<Self> {
+        Self::open_with(path, sync, Cadence::SERVICE)
+    }
+
+    /// `open`, with the WAL copied at `cadence`.
+    fn open_with(path: &Path, sync: Synchronous, cadence: Cadence) -> anyhow::Result<Self> {
         let lock = lock(path)?;
         let mut first = connection(path, false, sync)?;
         // SQLite falls back to read-only where it cannot write, and says so only at the first
@@ -185,11 +196,21 @@ impl SqliteEngine {
             Box::new(|db| Box::pin(replay::load(db, Millis::now()))),
         );
         let spills = Arc::new(loaded?.0);
+        let at = path.to_path_buf();
+        let checkpoints = Arc::new(Checkpoints::start(
+            path.to_path_buf(),
+            move || connection(&at, false, sync),
+            cadence,
+        )?);
         let (writer, writer_jobs) = mpsc::channel::<Job>();
         let at = path.to_path_buf();
         spawn_thread(
             "sqlite-writer",
-            move || connection(&at, false, sync),
+            move || {
+                let conn = connection(&at, false, sync)?;
+                Checkpoints::hand_over(&conn);
+                Ok(conn)
+            },
             Arc::new(Mutex::new(writer_jobs)),
         )?;
         let (readers, reader_jobs) = mpsc::channel::<Job>();
@@ -207,6 +228,7 @@ impl SqliteEngine {
             writer,
             readers,
             spills,
+            checkpoints,
         })
     }
 
@@ -298,9 +320,11 @@ impl Engine for SqliteEngine {
         &self,
         work: Work<SqliteDb, T>,
     ) -> StoreResult<(T, Vec<Change>)> {
-        let spills = self.spills.clone();
+        let (spills, checkpoints) = (self.spills.clone(), self.checkpoints.clone());
         Self::on_thread(&self.writer, move |conn| {
-            transaction(conn, "BEGIN IMMEDIATE", &spills, work)
+            let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &spills, work);
+            checkpoints.committed(&conn);
+            (conn, result)
         })
         .await
     }
@@ -331,19 +355,29 @@ impl Engine for SqliteEngine {
 }
 
 /// One writing connection used on the caller's own thread, with no writer thread between:
-/// the bench's baseline (`store::Bare`).
+/// the bench's baseline (`store::Bare`). Its WAL is copied beside it as the service's is, so
+/// that the baseline does not wait for checkpoints the service does not wait for.
 pub struct Direct {
     conn: Option<Connection>,
     /// The baseline's statements spill nothing: an index of its own, always empty.
     spills: Arc<SpillIndex>,
+    checkpoints: Checkpoints,
 }
 
 impl Direct {
     /// Opens the database at `path`, which the service has created and migrated.
     pub fn open(path: &Path) -> anyhow::Result<Self> {
+        let conn = connection(path, false, Synchronous::Normal)?;
+        Checkpoints::hand_over(&conn);
+        let at = path.to_path_buf();
         Ok(Direct {
-            conn: Some(connection(path, false, Synchronous::Normal)?),
+            conn: Some(conn),
             spills: Arc::default(),
+            checkpoints: Checkpoints::start(
+                path.to_path_buf(),
+                move || connection(&at, false, Synchronous::Normal),
+                Cadence::SERVICE,
+            )?,
         })
     }
 
@@ -354,6 +388,7 @@ impl Direct {
             .take()
             .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
         let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &self.spills, work);
+        self.checkpoints.committed(&conn);
         self.conn = Some(conn);
         result.map(|(value, _)| value)
     }
@@ -366,13 +401,7 @@ impl Direct {
             .conn
             .as_ref()
             .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
-        // (busy, frames in the WAL, frames copied)
-        let (busy, log, copied): (i64, i64, i64) = conn
-            .query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |r| {
-                Ok((r.get(0)?, r.get(1)?, r.get(2)?))
-            })
-            .map_err(store_error)?;
-        Ok(busy == 0 && log == copied)
+        checkpoint(conn).map_err(store_error)
     }
 }
 
@@ -585,6 +614,106 @@ fn apply_migrations(conn: &mut Connection, applied: &[(i64, Vec<u8>, bool)]) -> 
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+    use std::sync::atomic::Ordering;
+
+    const PAGE: usize = 4096;
+
+    /// Writes one transaction that adds about a page to the WAL.
+    async fn write_a_page(engine: &SqliteEngine) {
+        engine
+            .write(Box::new(|db: &mut SqliteDb| {
+                let result = db
+                    .conn
+                    .execute(
+                        "INSERT INTO scratch (b) VALUES (randomblob(?1))",
+                        [PAGE as i64 - 200],
+                    )
+                    .map(|_| ())
+                    .map_err(store_error);
+                Box::pin(async move { result })
+            }))
+            .await
+            .unwrap();
+    }
+
+    async fn engine(dir: &tempfile::TempDir, cadence: Cadence) -> SqliteEngine {
+        let engine =
+            SqliteEngine::open_with(&dir.path().join("lg.db"), Synchronous::Normal, cadence)
+                .unwrap();
+        engine
+            .write(Box::new(|db: &mut SqliteDb| {
+                let result = db
+                    .conn
+                    .execute_batch("CREATE TABLE scratch (b BLOB)")
+                    .map_err(store_error);
+                Box::pin(async move { result })
+            }))
+            .await
+            .unwrap();
+        engine
+    }
+
+    /// The checkpointer copies the WAL while the writer goes on, so that it starts again, and
+    /// the writer never checkpoints below the bound.
+    #[tokio::test]
+    async fn the_wal_is_copied_beside_the_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let cadence = Cadence {
+            every: 8,
+            most: 1_000_000,
+        };
+        let engine = engine(&dir, cadence).await;
+        let counts = engine.checkpoints.counts();
+        let started = std::time::Instant::now();
+        let mut most_pages = 0;
+        loop {
+            write_a_page(&engine).await;
+            let pages = counts.wal_pages.load(Ordering::Relaxed);
+            most_pages = most_pages.max(pages);
+            if most_pages >= cadence.every && pages < cadence.every {
+                break;
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(10),
+                "the WAL never started again: {most_pages} pages at most, {counts:?}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(counts.beside.load(Ordering::Relaxed) >= 1, "{counts:?}");
+        assert_eq!(counts.on_the_writer.load(Ordering::Relaxed), 0);
+    }
+
+    /// Past the bound the writer copies the WAL itself: a WAL the checkpointer cannot keep
+    /// short (here it is never cued) stops growing there.
+    #[tokio::test]
+    async fn the_wal_stops_growing_at_its_bound() {
+        let dir = tempfile::tempdir().unwrap();
+        let cadence = Cadence {
+            every: 1_000_000,
+            most: 20,
+        };
+        let engine = engine(&dir, cadence).await;
+        let counts = engine.checkpoints.counts();
+        for _ in 0..80 {
+            write_a_page(&engine).await;
+        }
+        assert!(
+            counts.on_the_writer.load(Ordering::Relaxed) >= 2,
+            "{counts:?}"
+        );
+        assert_eq!(counts.beside.load(Ordering::Relaxed), 0);
+        let wal = std::fs::metadata(dir.path().join("lg.db-wal"))
+            .unwrap()
+            .len() as usize;
+        // A frame is a page and its 24-byte header; a write adds at most three pages here.
+        assert!(
+            wal <= 32 + (cadence.most as usize + 3) * (PAGE + 24),
+            "the WAL holds {wal} bytes, {} pages",
+            wal / (PAGE + 24)
+        );
+    }
+
     /// The bundled SQLite is built as `.cargo/config.toml` says (`LIBSQLITE3_FLAGS`): without
     /// the extensions leasegate does not use, which cost build time, and with what it relies on.
     #[test]
