@@ -15,6 +15,9 @@ use std::time::Duration;
 /// How long after a phase's load its writes are still counted.
 pub const SETTLE: Duration = Duration::from_secs(3);
 
+/// How many more times the bench checkpoints a WAL it could not copy whole.
+const CHECKPOINT_TRIES: usize = 20;
+
 /// The process's `write_bytes` so far; `None` where `/proc` does not say (not Linux, or
 /// another user's process).
 pub fn written_bytes(pid: Option<u32>) -> Option<u64> {
@@ -80,7 +83,16 @@ impl Meter {
         };
         let before = written_bytes(None).unwrap_or(0);
         let (file, done) = match tokio::task::spawn_blocking(move || {
-            let done = file.checkpoint();
+            // The service's checkpointer may be copying at the same moment (a passive
+            // checkpoint then copies nothing and says it was busy): try again a few times.
+            let mut done = file.checkpoint();
+            for _ in 0..CHECKPOINT_TRIES {
+                if !matches!(done, Ok(false)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+                done = file.checkpoint();
+            }
             (file, done)
         })
         .await
@@ -93,7 +105,10 @@ impl Meter {
         };
         match done {
             Ok(true) => {}
-            Ok(false) => tracing::warn!("the WAL was not all checkpointed: a reader held it"),
+            Ok(false) => tracing::warn!(
+                "the WAL was not all checkpointed: a reader or the service's own checkpoint \
+                 held it"
+            ),
             Err(e) => tracing::warn!(error = %e, "the bench could not checkpoint the WAL"),
         }
         self.file = Some(file);
