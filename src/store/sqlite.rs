@@ -615,6 +615,7 @@ fn apply_migrations(conn: &mut Connection, applied: &[(i64, Vec<u8>, bool)]) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::sqlite_checkpoints::Counts;
     use std::sync::atomic::Ordering;
 
     const PAGE: usize = 4096;
@@ -637,7 +638,9 @@ mod tests {
             .unwrap();
     }
 
-    async fn engine(dir: &tempfile::TempDir, cadence: Cadence) -> SqliteEngine {
+    /// An engine on a file of its own, its WAL copied at `cadence`, with a table to write.
+    async fn engine(cadence: Cadence) -> (tempfile::TempDir, SqliteEngine, Arc<Counts>) {
+        let dir = tempfile::tempdir().unwrap();
         let engine =
             SqliteEngine::open_with(&dir.path().join("lg.db"), Synchronous::Normal, cadence)
                 .unwrap();
@@ -651,20 +654,19 @@ mod tests {
             }))
             .await
             .unwrap();
-        engine
+        let counts = engine.checkpoints.counts();
+        (dir, engine, counts)
     }
 
     /// The checkpointer copies the WAL while the writer goes on, so that it starts again, and
     /// the writer never checkpoints below the bound.
     #[tokio::test]
     async fn the_wal_is_copied_beside_the_writer() {
-        let dir = tempfile::tempdir().unwrap();
         let cadence = Cadence {
             every: 8,
             most: 1_000_000,
         };
-        let engine = engine(&dir, cadence).await;
-        let counts = engine.checkpoints.counts();
+        let (_dir, engine, counts) = engine(cadence).await;
         let started = std::time::Instant::now();
         let mut most_pages = 0;
         loop {
@@ -678,7 +680,7 @@ mod tests {
                 started.elapsed() < Duration::from_secs(10),
                 "the WAL never started again: {most_pages} pages at most, {counts:?}"
             );
-            std::thread::sleep(Duration::from_millis(5));
+            tokio::time::sleep(Duration::from_millis(5)).await;
         }
         assert!(counts.beside.load(Ordering::Relaxed) >= 1, "{counts:?}");
         assert_eq!(counts.on_the_writer.load(Ordering::Relaxed), 0);
@@ -688,13 +690,11 @@ mod tests {
     /// short (here it is never cued) stops growing there.
     #[tokio::test]
     async fn the_wal_stops_growing_at_its_bound() {
-        let dir = tempfile::tempdir().unwrap();
         let cadence = Cadence {
             every: 1_000_000,
             most: 20,
         };
-        let engine = engine(&dir, cadence).await;
-        let counts = engine.checkpoints.counts();
+        let (dir, engine, counts) = engine(cadence).await;
         for _ in 0..80 {
             write_a_page(&engine).await;
         }
