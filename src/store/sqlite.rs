@@ -714,6 +714,37 @@ mod tests {
         );
     }
 
+    /// A transaction that rolled back wrote nothing to the WAL: it asks for no checkpoint.
+    #[tokio::test]
+    async fn a_rolled_back_write_asks_for_no_checkpoint() {
+        let cadence = Cadence {
+            every: 1_000_000,
+            most: 1,
+        };
+        let (_dir, engine, counts) = engine(cadence).await;
+        let copied = counts.on_the_writer.load(Ordering::Relaxed);
+        assert!(
+            copied >= 1,
+            "the table's creation is copied here: {counts:?}"
+        );
+        let failed = engine
+            .write(Box::new(|db: &mut SqliteDb| {
+                let wrote = db
+                    .conn
+                    .execute("INSERT INTO scratch (b) VALUES (x'00')", [])
+                    .map_err(store_error);
+                Box::pin(async move {
+                    wrote?;
+                    StoreResult::<()>::Err(StoreError::Internal("given up".into()))
+                })
+            }))
+            .await;
+        assert!(failed.is_err());
+        assert_eq!(counts.on_the_writer.load(Ordering::Relaxed), copied);
+        write_a_page(&engine).await;
+        assert_eq!(counts.on_the_writer.load(Ordering::Relaxed), copied + 1);
+    }
+
     /// The bundled SQLite is built as `.cargo/config.toml` says (`LIBSQLITE3_FLAGS`): without
     /// the extensions leasegate does not use, which cost build time, and with what it relies on.
     #[test]

@@ -70,15 +70,17 @@ fn step(pages: i32, cued_at: i32, cadence: Cadence) -> Step {
 }
 
 thread_local! {
-    /// The WAL's size after the last commit of this thread's connection (the writer's: the
-    /// hook runs on the committing thread, and each engine's writer has a thread of its own).
-    static WAL_PAGES: Cell<i32> = const { Cell::new(0) };
+    /// The WAL's size after the commit this thread just made, until `committed` takes it: the
+    /// hook runs on the committing thread, and nothing of one connection's commit is left for
+    /// another's on the same thread (the bench's blocking threads run several), nor for a
+    /// transaction that rolled back.
+    static WAL_PAGES: Cell<Option<i32>> = const { Cell::new(None) };
 }
 
 /// The writer's WAL hook. Setting one turns SQLite's automatic checkpoint off (they share the
 /// connection's one hook), which is the point.
 fn note_wal_pages(_: &Wal, pages: c_int) -> rusqlite::Result<()> {
-    WAL_PAGES.set(pages);
+    WAL_PAGES.set(Some(pages));
     Ok(())
 }
 
@@ -144,9 +146,12 @@ impl Checkpoints {
         self.counts.clone()
     }
 
-    /// Called on the writer's thread after each commit of `conn`.
+    /// Called on the writer's thread after each transaction of `conn`: nothing to do unless
+    /// it committed.
     pub fn committed(&self, conn: &Connection) {
-        let pages = WAL_PAGES.get();
+        let Some(pages) = WAL_PAGES.take() else {
+            return;
+        };
         self.counts.wal_pages.store(pages, Ordering::Relaxed);
         let cued_at = self.cued_at.load(Ordering::Relaxed);
         match step(pages, cued_at, self.cadence) {
