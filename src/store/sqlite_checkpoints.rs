@@ -16,9 +16,13 @@
 //! The WAL starts again from its beginning only when a write begins after everything in it
 //! was copied. Under writes that never pause, the checkpointer never quite catches up (the
 //! writer commits while it copies), so the WAL would grow for as long as the load lasts;
-//! past `Cadence::most` pages the writer copies what is left itself, once, and the WAL
-//! starts again. That stall is rarer than SQLite's (once per `most` pages, not per 1 000), and
-//! shorter: the checkpointer has already copied and synced nearly all of it.
+//! past `Cadence::most` pages the writer copies what is left itself, and the WAL starts
+//! again. That stall is rarer than SQLite's (once per `most` pages, not per 1 000), and
+//! shorter: the checkpointer has already copied and synced nearly all of it. (The commit that
+//! starts the WAL again still syncs its new header, as SQLite always does.) A read that stays
+//! open holds the WAL as it does under SQLite's own checkpoints: while it lasts nothing past
+//! its snapshot is copied, the WAL grows past the bound, and the writer tries again at each
+//! commit.
 
 use rusqlite::Connection;
 use rusqlite::hooks::Wal;
@@ -93,7 +97,8 @@ pub struct Checkpoints {
     counts: Arc<Counts>,
 }
 
-/// How many checkpoints ran where, and the WAL's size after the last commit (the tests ask).
+/// How many checkpoints copied the whole WAL beside the writer, how many the writer ran
+/// itself, and the WAL's size after the last commit (the tests ask).
 #[derive(Default, Debug)]
 pub struct Counts {
     pub beside: AtomicU64,
@@ -118,9 +123,12 @@ impl Checkpoints {
             .spawn(move || {
                 while cues.recv().is_ok() {
                     match checkpoint(&conn) {
-                        Ok(_) => {
+                        Ok(true) => {
                             count.beside.fetch_add(1, Ordering::Relaxed);
                         }
+                        // A reader still needs part of it: the next cue copies the rest.
+                        Ok(false) => tracing::debug!(database = %path.display(),
+                            "a checkpoint of the SQLite WAL copied part of it"),
                         // The next cue tries again; a file that cannot be written fails the
                         // writer's commits too, and says so there.
                         Err(e) => tracing::warn!(database = %path.display(), error = %e,
@@ -166,9 +174,17 @@ impl Checkpoints {
                 self.cued_at.store(pages, Ordering::Relaxed);
             }
             Step::CopyHere => {
-                if let Err(e) = checkpoint(conn) {
-                    tracing::warn!(error = %e, pages, "the writer's checkpoint of a long \
-                        SQLite WAL failed");
+                match checkpoint(conn) {
+                    Ok(true) => {}
+                    // The checkpointer is copying, or a reader needs part of it: tried again
+                    // at the next commit.
+                    Ok(false) => tracing::debug!(
+                        pages,
+                        "the writer's checkpoint of a long \
+                        SQLite WAL copied part of it"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, pages, "the writer's checkpoint of a \
+                        long SQLite WAL failed"),
                 }
                 self.counts.on_the_writer.fetch_add(1, Ordering::Relaxed);
                 self.cued_at.store(0, Ordering::Relaxed);
