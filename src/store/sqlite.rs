@@ -297,6 +297,19 @@ fn transaction<T>(
     (conn, result.map(|v| (v, changes)))
 }
 
+/// A write on a writing connection (the writer's, or `Direct`'s): `work` in a `BEGIN
+/// IMMEDIATE` transaction, then its checkpointer told what the commit left in the WAL.
+fn write_here<T>(
+    conn: Connection,
+    spills: &Arc<SpillIndex>,
+    checkpoints: &Checkpoints,
+    work: Work<SqliteDb, T>,
+) -> (Connection, StoreResult<(T, Vec<Change>)>) {
+    let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", spills, work);
+    checkpoints.committed(&conn);
+    (conn, result)
+}
+
 /// Runs a future that never waits (every statement here is a blocking call) to its end.
 fn run_to_completion<T>(future: impl Future<Output = StoreResult<T>>) -> StoreResult<T> {
     let mut future = std::pin::pin!(future);
@@ -322,9 +335,7 @@ impl Engine for SqliteEngine {
     ) -> StoreResult<(T, Vec<Change>)> {
         let (spills, checkpoints) = (self.spills.clone(), self.checkpoints.clone());
         Self::on_thread(&self.writer, move |conn| {
-            let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &spills, work);
-            checkpoints.committed(&conn);
-            (conn, result)
+            write_here(conn, &spills, &checkpoints, work)
         })
         .await
     }
@@ -387,8 +398,7 @@ impl Direct {
             .conn
             .take()
             .ok_or_else(|| StoreError::Internal("a failed write lost its connection".into()))?;
-        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &self.spills, work);
-        self.checkpoints.committed(&conn);
+        let (conn, result) = write_here(conn, &self.spills, &self.checkpoints, work);
         self.conn = Some(conn);
         result.map(|(value, _)| value)
     }
