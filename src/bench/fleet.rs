@@ -9,6 +9,7 @@ use crate::agent::keys::RunnerKey;
 use crate::agent::probe::{Depth, ImageFacts, ProbeFailure, ProbeReport};
 use crate::agent::state::RunnerState;
 use crate::domain::time::Millis;
+use futures_util::{StreamExt, TryStreamExt, stream};
 use reqwest::{Client, StatusCode};
 use serde_json::{Value, json};
 use std::sync::Arc;
@@ -89,16 +90,22 @@ impl Fleet {
         check(put, "create the bench pool").await?;
         let mut healthy = Vec::new();
         let mut broken = Vec::new();
-        for i in 0..args.runners + args.broken {
-            let runner = register(
-                client,
-                base,
-                admin,
-                &pool,
-                &format!("bench-{i}"),
-                i < args.runners,
-            )
-            .await?;
+        // Registered `concurrency` at a time, in order: a fleet of thousands registered one by
+        // one took minutes before the first phase (two requests each, a token and the
+        // registration).
+        let pool_name = pool.as_str();
+        let registered: Vec<SimRunner> =
+            stream::iter(0..args.runners + args.broken)
+                .map(|i| {
+                    let name = format!("bench-{i}");
+                    async move {
+                        register(client, base, admin, pool_name, &name, i < args.runners).await
+                    }
+                })
+                .buffered(args.concurrency.max(1))
+                .try_collect()
+                .await?;
+        for runner in registered {
             if runner.healthy {
                 healthy.push(runner)
             } else {
