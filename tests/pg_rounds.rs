@@ -1,7 +1,8 @@
 //! On PostgreSQL, group commit's rounds run on a thread of their own (`pg-rounds`) over
 //! connections of their own (`leasegate-rounds` in `pg_stat_activity`), and those connections
 //! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`). A
-//! connection that died or went silent is replaced without leaving the rounds stuck.
+//! connection that died or went silent is replaced without leaving the rounds stuck, and a
+//! round's write committed whose answer was lost with its connection is answered as written.
 
 use crate::common;
 
@@ -36,6 +37,26 @@ fn thread_names() -> Vec<String> {
                 .collect()
         })
         .unwrap_or_default()
+}
+
+/// An app on PostgreSQL behind a proxy (`Proxy`: silenced, or a connection deafened), its
+/// connections in the clear for the proxy to see what a statement names, each statement's
+/// answer waited for at most 2 s (the statement and acquire timeouts, 1 s each), a pool
+/// `linux` made.
+async fn app_behind_a_proxy() -> Option<(pg::TestDatabase, proxy::Proxy, TestApp)> {
+    let (db, proxy, via_proxy) = pg::behind_proxy().await?;
+    let separator = if via_proxy.contains('?') { '&' } else { '?' };
+    let in_the_clear = format!("{via_proxy}{separator}sslmode=disable");
+    let app = spawn_app_on_with(Engine::Sqlite, |args| {
+        args.database_url = in_the_clear.clone();
+        args.db_statement_timeout_ms = 1000;
+        args.db_acquire_timeout_ms = 1000;
+        args.db_max_connections = 4;
+    })
+    .await
+    .unwrap();
+    app.pool("linux", &[IMAGE_A]).await;
+    Some((db, proxy, app))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -177,18 +198,9 @@ async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_gone_silent_are_closed_after_the_statements_patience() {
     use std::time::{Duration, Instant};
-    let Some((_db, proxy, via_proxy)) = pg::behind_proxy().await else {
+    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
         return;
     };
-    let app = spawn_app_on_with(Engine::Sqlite, |args| {
-        args.database_url = via_proxy.clone();
-        args.db_statement_timeout_ms = 1000;
-        args.db_acquire_timeout_ms = 1000;
-        args.db_max_connections = 4;
-    })
-    .await
-    .unwrap();
-    app.pool("linux", &[IMAGE_A]).await;
     let runner = app.register("linux", "silent").await;
     for _ in 0..3 {
         assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
@@ -523,4 +535,81 @@ async fn the_previous_versions_round_read_still_locks_and_reads() {
         .await;
     assert!(locked.is_err(), "the row is locked by the old round's read");
     round.rollback().await.unwrap();
+}
+
+/// Sends `attestation` as a heartbeat with the next statement that names `runner` deafened: its
+/// round's one write reaches the server, and the server's answer never comes back.
+async fn heartbeat_whose_answer_is_lost(
+    app: &TestApp,
+    proxy: &proxy::Proxy,
+    runner: &TestRunner,
+    attestation: &str,
+) -> reqwest::Response {
+    proxy.deafen_after(runner.id.as_bytes());
+    let beat = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        app.heartbeat(attestation),
+    )
+    .await
+    .expect("a round whose answer was lost is not waited on");
+    assert_eq!(
+        proxy.deafened(),
+        1,
+        "the round's write reached the server and its answer was dropped"
+    );
+    beat
+}
+
+/// A round's one write (its runner's row known to the lane) that the server committed but whose
+/// answer was lost with its connection: the round is written again under its rows' locks on
+/// another connection, which finds the attestation written, and the heartbeat is answered
+/// accepted, not 401 `attestation_replayed` for a replay of itself. The same attestation sent
+/// again is still a replay: nothing is accepted twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_committed_whose_answer_was_lost_is_answered_accepted() {
+    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
+        return;
+    };
+    let runner = app.register("linux", "deafened").await;
+    // The lane learns the runner's row, and the gate's cache its verdict: a heartbeat's only
+    // statement is now its round's one write, which names the runner.
+    for _ in 0..3 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+
+    let attestation = runner.healthy();
+    let beat = heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &attestation).await;
+    let status = beat.status();
+    assert_eq!(status, 200, "{}", beat.text().await.unwrap());
+
+    let again = app.heartbeat(&attestation).await;
+    assert_eq!(
+        code_of(again, reqwest::StatusCode::UNAUTHORIZED).await,
+        "attestation_replayed"
+    );
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+}
+
+/// A replay in a round whose answer was lost is still refused: the round's write found the
+/// replayed jti among those its runner spilled and wrote nothing, so the locked round that
+/// follows finds the row as the write was guarded by, and answers 401 `attestation_replayed`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_rounds_answer_was_lost_is_still_refused() {
+    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
+        return;
+    };
+    let runner = app.register("linux", "replayed").await;
+    let first = runner.healthy();
+    assert_eq!(app.heartbeat(&first).await.status(), 200);
+    // More attestations than a row keeps: the first one's jti spills out of it.
+    for _ in 0..15 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+
+    let replay = heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &first).await;
+    assert_eq!(
+        code_of(replay, reqwest::StatusCode::UNAUTHORIZED).await,
+        "attestation_replayed"
+    );
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }

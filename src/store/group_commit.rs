@@ -139,6 +139,8 @@ async fn write<E: Engine>(
             Box::pin(async move { round::write_unlocked(db, &unlocked_items, rows).await })
         })
     });
+    // This round's own write, when its answer was lost with its connection.
+    let mut lost = None;
     let unlocked = match unlocked {
         None => None,
         Some(written) => match written.await {
@@ -155,8 +157,9 @@ async fn write<E: Engine>(
                 Some(outcomes)
             }
             Ok(Unlocked::NeedsLock) => None,
-            Ok(Unlocked::ConnectionLost) => {
+            Ok(Unlocked::ConnectionLost(lost_write)) => {
                 known.clear();
+                lost = lost_write;
                 None
             }
             Err(e) if e.is_conflict() => {
@@ -177,7 +180,7 @@ async fn write<E: Engine>(
             known.forget(items.iter().flat_map(RoundItem::runners));
             let (outcomes, changes) = engine
                 .write_round(work(move |db| {
-                    Box::pin(async move { round::write(db, &items).await })
+                    Box::pin(async move { round::write(db, &items, lost.as_ref()).await })
                 }))
                 .await?;
             for change in &changes {

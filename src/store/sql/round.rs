@@ -571,10 +571,24 @@ fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
 }
 
 /// Writes `items` as one round inside `db`'s transaction, and says what became of each.
-pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
+///
+/// `lost` is this round's own write, sent unlocked on a connection lost before its answer came
+/// (`Unlocked::ConnectionLost`): what it wrote, if the server committed it, is found here.
+pub async fn write<D: Db>(
+    db: &mut D,
+    items: &[RoundItem],
+    lost: Option<&LostWrite>,
+) -> StoreResult<Vec<RoundOutcome>> {
     let (ids, attestations) = round_of(items);
-    let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
-    let plan = plan(&rows, &attestations, &spilled);
+    let Read {
+        rows,
+        spilled,
+        versions,
+    } = read_round(db, &ids, &attestations, true).await?;
+    let mut plan = plan(&rows, &attestations, &spilled);
+    if let Some(lost) = lost {
+        lost.found_written(&mut plan, &attestations, &versions);
+    }
     let mut outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
     // The round's row writes together: on PostgreSQL one statement, one round trip. None of
@@ -627,10 +641,47 @@ pub enum Unlocked {
     /// The connection was found gone (or silent) at the round's first statement: the round is
     /// `write`'s, on another connection. Nothing was written, unless the connection was lost
     /// after the server committed that statement (the round's one write, when its rows were
-    /// known) and before its answer came. Versions a lane knows are then forgotten: the
-    /// server it reaches next may be another (a failover), which hands out transaction ids,
-    /// and so versions, that the lost one already had.
-    ConnectionLost,
+    /// known: then `Some`, for `write` to recognise it) and before its answer came. Versions a
+    /// lane knows are then forgotten: the server it reaches next may be another (a failover),
+    /// which hands out transaction ids, and so versions, that the lost one already had.
+    ConnectionLost(Option<LostWrite>),
+}
+
+/// A round's one write sent unlocked on a connection that was lost before the server's answer
+/// came: committed or not, nobody can tell from here. The locked round that follows reads its
+/// rows and judges each attestation again; one of this write's own would be judged a replay of
+/// itself when the write did commit, and its runner, whose attestation was taken, told it was
+/// replayed. So an attestation the locked round finds replayed, on a row whose version is no
+/// longer the one this write was guarded by (the row has been written since), is answered
+/// accepted: it is recorded, once, by this write or by the same signed attestation coming in
+/// another way, and the locked round writes nothing more for it. A row still at the guarded
+/// version was not written by this write; a replay found there is answered as one.
+#[derive(Debug)]
+pub struct LostWrite {
+    /// The version of each runner's row the write changed only where it still was.
+    guarded: BTreeMap<RunnerId, String>,
+}
+
+impl LostWrite {
+    fn found_written(
+        &self,
+        plan: &mut Plan<'_>,
+        attestations: &[(usize, &AttestationRecord)],
+        versions: &BTreeMap<RunnerId, String>,
+    ) {
+        for &(i, record) in attestations {
+            let runner = &record.runner_id;
+            let written_since = self
+                .guarded
+                .get(runner)
+                .is_some_and(|guarded| versions.get(runner) != Some(guarded));
+            if written_since && plan.verdicts.get(&i) == Some(&Err(Rejection::Replayed)) {
+                tracing::info!(runner_id = %runner, "an attestation whose write's answer was \
+                    lost with its connection was found written; answered accepted");
+                plan.verdicts.insert(i, Ok(()));
+            }
+        }
+    }
 }
 
 /// A round of attestations and no claim, written with no transaction around it: one statement
@@ -670,14 +721,15 @@ pub async fn write_unlocked<D: Db>(
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, &known, plan, &asked).await {
-                // As a read would have found it. Should the write have been committed before
-                // the connection was lost, the locked round finds its jtis in their rows and
-                // answers them replayed, where a round that read first answers 503 for a write
-                // lost at its second statement: either way nothing is accepted twice.
+                // Sent, perhaps committed: the locked round on another connection tells
+                // (`LostWrite`), and answers this write's own attestations accepted if it
+                // finds them written. Either way nothing is accepted twice.
                 Err(StoreError::Unavailable(e)) => {
                     tracing::warn!(error = %e, "a round's connection was lost at its one \
                         statement; writing it under its rows' locks on another");
-                    return Ok(Unlocked::ConnectionLost);
+                    return Ok(Unlocked::ConnectionLost(Some(LostWrite {
+                        guarded: known.versions,
+                    })));
                 }
                 // A row changed since the lane wrote it (another replica's round, an operator)
                 // or a jti was found spilled: nothing was kept, and the round is read, as it
@@ -696,7 +748,7 @@ pub async fn write_unlocked<D: Db>(
     let read = match read_round(db, &ids, &attestations, false).await {
         Ok(read) => read,
         // Nothing was written; the locked way begins on another connection.
-        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::ConnectionLost),
+        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::ConnectionLost(None)),
         Err(e) => return Err(e),
     };
     // What the lane knew that the read found changed (none, when a spilled jti failed the
@@ -711,6 +763,9 @@ pub async fn write_unlocked<D: Db>(
         rows: read.rows,
         versions: read.versions,
     };
+    // A write whose answer is lost here fails the round, 503 for each of its requests, which
+    // their runners send again with fresh attestations: its plan rests on a read, and may hold
+    // replays the read found, which a `LostWrite` would not tell from its own accepted ones.
     Ok(
         match write_planned(db, items, &rows, plan, &BTreeMap::new()).await? {
             Some(written) => written.applied_to(rows, changed_behind),
