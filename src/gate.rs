@@ -383,6 +383,12 @@ impl Gate {
         match outcome.attestation {
             Some(Err(Rejection::Replayed)) => Err(AdmitError::Replayed),
             Some(Err(Rejection::Revoked)) => Err(AdmitError::Revoked),
+            Some(Err(Rejection::Undecided)) => Err(AdmitError::Store(StoreError::Unavailable(
+                "the database connection was lost before this attestation's round was \
+                 answered, and whether it was taken cannot be told; attest again with a fresh \
+                 attestation"
+                    .into(),
+            ))),
             _ => {
                 if let Some(claimed) = &admitted.attestation.forge_runners {
                     self.follow_forge_runners(&admitted.runner, claimed, now)

@@ -2,7 +2,8 @@
 //! connections of their own (`leasegate-rounds` in `pg_stat_activity`), and those connections
 //! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`). A
 //! connection that died or went silent is replaced without leaving the rounds stuck, and a
-//! round's write committed whose answer was lost with its connection is answered as written.
+//! round's write whose answer was lost with its connection is neither called a replay of
+//! itself nor lets a replay through.
 
 use crate::common;
 
@@ -39,16 +40,21 @@ fn thread_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// An app on PostgreSQL behind a proxy (`Proxy`: silenced, or a connection deafened), its
-/// connections in the clear for the proxy to see what a statement names, each statement's
-/// answer waited for at most 2 s (the statement and acquire timeouts, 1 s each), a pool
-/// `linux` made.
-async fn app_behind_a_proxy() -> Option<(pg::TestDatabase, proxy::Proxy, TestApp)> {
+/// An app on PostgreSQL behind a proxy (`Proxy`: silenced, or a connection deafened), each
+/// statement's answer waited for at most 2 s (the statement and acquire timeouts, 1 s each), a
+/// pool `linux` made. `in_the_clear`: no TLS to the server, for the proxy to see what a
+/// statement names; else the URL's own `sslmode`.
+async fn app_behind_a_proxy(
+    in_the_clear: bool,
+) -> Option<(pg::TestDatabase, proxy::Proxy, TestApp)> {
     let (db, proxy, via_proxy) = pg::behind_proxy().await?;
-    let separator = if via_proxy.contains('?') { '&' } else { '?' };
-    let in_the_clear = format!("{via_proxy}{separator}sslmode=disable");
+    let url = match (in_the_clear, via_proxy.contains('?')) {
+        (false, _) => via_proxy,
+        (true, false) => format!("{via_proxy}?sslmode=disable"),
+        (true, true) => format!("{via_proxy}&sslmode=disable"),
+    };
     let app = spawn_app_on_with(Engine::Sqlite, |args| {
-        args.database_url = in_the_clear.clone();
+        args.database_url = url.clone();
         args.db_statement_timeout_ms = 1000;
         args.db_acquire_timeout_ms = 1000;
         args.db_max_connections = 4;
@@ -198,7 +204,7 @@ async fn a_kept_rounds_connection_that_died_is_replaced_before_a_round_fails() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_gone_silent_are_closed_after_the_statements_patience() {
     use std::time::{Duration, Instant};
-    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
+    let Some((_db, proxy, app)) = app_behind_a_proxy(false).await else {
         return;
     };
     let runner = app.register("linux", "silent").await;
@@ -545,6 +551,11 @@ async fn heartbeat_whose_answer_is_lost(
     runner: &TestRunner,
     attestation: &str,
 ) -> reqwest::Response {
+    // The change its first heartbeat announced (its status) reaches the gate's cache in its
+    // own time, and empties the runner's entry: the heartbeat after it reads the runner (a
+    // statement that names it) to fill it again. Let it arrive, and fill the entry, first.
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
     proxy.deafen_after(runner.id.as_bytes());
     let beat = tokio::time::timeout(
         std::time::Duration::from_secs(30),
@@ -560,14 +571,27 @@ async fn heartbeat_whose_answer_is_lost(
     beat
 }
 
+/// What a round whose one write's answer was lost answers for an attestation its locked round
+/// then finds replayed: 503 `unavailable` with `Retry-After`, neither taken nor called a replay.
+async fn answered_undecided(response: reqwest::Response) {
+    let retry_after = response.headers().get("retry-after").is_some();
+    let status = response.status();
+    assert!(retry_after, "{status}: {}", response.text().await.unwrap());
+    assert_eq!(
+        code_of(response, reqwest::StatusCode::SERVICE_UNAVAILABLE).await,
+        "unavailable"
+    );
+}
+
 /// A round's one write (its runner's row known to the lane) that the server committed but whose
 /// answer was lost with its connection: the round is written again under its rows' locks on
-/// another connection, which finds the attestation written, and the heartbeat is answered
-/// accepted, not 401 `attestation_replayed` for a replay of itself. The same attestation sent
-/// again is still a replay: nothing is accepted twice.
+/// another connection, which finds the attestation's jti taken and cannot tell whether by this
+/// write or by a replay before it. The heartbeat is answered 503, as undecided, where it was
+/// answered 401 `attestation_replayed`, a replay of itself; it was taken once, and the same
+/// attestation sent again is a replay. The runner's next heartbeat is taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_write_committed_whose_answer_was_lost_is_answered_accepted() {
-    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
+async fn a_write_committed_whose_answer_was_lost_is_not_called_a_replay_of_itself() {
+    let Some((_db, proxy, app)) = app_behind_a_proxy(true).await else {
         return;
     };
     let runner = app.register("linux", "deafened").await;
@@ -578,38 +602,94 @@ async fn a_write_committed_whose_answer_was_lost_is_answered_accepted() {
     }
 
     let attestation = runner.healthy();
-    let beat = heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &attestation).await;
-    let status = beat.status();
-    assert_eq!(status, 200, "{}", beat.text().await.unwrap());
+    answered_undecided(heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &attestation).await)
+        .await;
 
     let again = app.heartbeat(&attestation).await;
     assert_eq!(
         code_of(again, reqwest::StatusCode::UNAUTHORIZED).await,
-        "attestation_replayed"
+        "attestation_replayed",
+        "the write had committed"
     );
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }
 
-/// A replay in a round whose answer was lost is still refused: the round's write found the
-/// replayed jti among those its runner spilled and wrote nothing, so the locked round that
-/// follows finds the row as the write was guarded by, and answers 401 `attestation_replayed`.
+/// A replay in a round whose answer was lost is never taken: the round's write found the
+/// replayed jti among those its runner spilled and wrote nothing, and the locked round that
+/// follows answers it undecided (503); sent again, it is refused as a replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_whose_rounds_answer_was_lost_is_still_refused() {
-    let Some((_db, proxy, app)) = app_behind_a_proxy().await else {
+async fn a_replay_whose_rounds_answer_was_lost_is_not_taken() {
+    let Some((_db, proxy, app)) = app_behind_a_proxy(true).await else {
         return;
     };
     let runner = app.register("linux", "replayed").await;
-    let first = runner.healthy();
+    // Ending before the others, its jti is the first to spill out of the row (those that end
+    // together are kept by their keys' order).
+    let first = runner.attest(json!({"iat": now_s() - 30, "exp": now_s() + 20}));
     assert_eq!(app.heartbeat(&first).await.status(), 200);
     // More attestations than a row keeps: the first one's jti spills out of it.
     for _ in 0..15 {
         assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
     }
 
-    let replay = heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &first).await;
+    answered_undecided(heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &first).await).await;
     assert_eq!(
-        code_of(replay, reqwest::StatusCode::UNAUTHORIZED).await,
+        code_of(
+            app.heartbeat(&first).await,
+            reqwest::StatusCode::UNAUTHORIZED
+        )
+        .await,
         "attestation_replayed"
     );
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+}
+
+/// The same, while another replica writes the runner's row (the runner's own next heartbeat,
+/// there) between the lost write and the locked round: the replay is not taken.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replica_writes() {
+    let Some((db, proxy, app)) = app_behind_a_proxy(true).await else {
+        return;
+    };
+    let direct = db.url.clone();
+    let other = spawn_replica_with(&app, |args| args.database_url = direct).await;
+    let runner = app.register("linux", "replayed-beside").await;
+    // Ending before the others, its jti is the first to spill out of the row (those that end
+    // together are kept by their keys' order).
+    let first = runner.attest(json!({"iat": now_s() - 30, "exp": now_s() + 20}));
+    assert_eq!(app.heartbeat(&first).await.status(), 200);
+    // More attestations than a row keeps: the first one's jti spills out of it.
+    for _ in 0..15 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+    assert_eq!(
+        code_of(
+            other.heartbeat(&first).await,
+            reqwest::StatusCode::UNAUTHORIZED
+        )
+        .await,
+        "attestation_replayed"
+    );
+
+    proxy.deafen_after(runner.id.as_bytes());
+    let replay = tokio::spawn({
+        let (base, first) = (app.base.clone(), first.clone());
+        async move {
+            reqwest::Client::new()
+                .post(format!("{base}/api/v1/runners/heartbeat"))
+                .json(&json!({"attestation": first}))
+                .send()
+                .await
+                .unwrap()
+        }
+    });
+    while proxy.deafened() == 0 {
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    assert_eq!(other.heartbeat(&runner.healthy()).await.status(), 200);
+    let replay = tokio::time::timeout(std::time::Duration::from_secs(30), replay)
+        .await
+        .expect("a round whose answer was lost is not waited on")
+        .unwrap();
+    answered_undecided(replay).await;
 }

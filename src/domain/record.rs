@@ -47,6 +47,10 @@ pub struct AttestationRecord {
 pub enum Rejection {
     Replayed,
     Revoked,
+    /// Neither taken nor refused: found replayed in a round written again after its first
+    /// write's answer was lost with its connection, it may be that write's own, which may have
+    /// committed (`store::sql::round::write`). Its runner attests again.
+    Undecided,
 }
 
 /// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a

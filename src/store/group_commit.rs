@@ -139,8 +139,8 @@ async fn write<E: Engine>(
             Box::pin(async move { round::write_unlocked(db, &unlocked_items, rows).await })
         })
     });
-    // This round's own write, when its answer was lost with its connection.
-    let mut lost = None;
+    // Whether this round's own write was sent and its answer lost with its connection.
+    let mut after_lost_write = false;
     let unlocked = match unlocked {
         None => None,
         Some(written) => match written.await {
@@ -157,9 +157,9 @@ async fn write<E: Engine>(
                 Some(outcomes)
             }
             Ok(Unlocked::NeedsLock) => None,
-            Ok(Unlocked::ConnectionLost(lost_write)) => {
+            Ok(Unlocked::ConnectionLost { write_sent }) => {
                 known.clear();
-                lost = lost_write;
+                after_lost_write = write_sent;
                 None
             }
             Err(e) if e.is_conflict() => {
@@ -180,7 +180,7 @@ async fn write<E: Engine>(
             known.forget(items.iter().flat_map(RoundItem::runners));
             let (outcomes, changes) = engine
                 .write_round(work(move |db| {
-                    Box::pin(async move { round::write(db, &items, lost.as_ref()).await })
+                    Box::pin(async move { round::write(db, &items, after_lost_write).await })
                 }))
                 .await?;
             for change in &changes {

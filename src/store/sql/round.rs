@@ -572,22 +572,33 @@ fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
 
 /// Writes `items` as one round inside `db`'s transaction, and says what became of each.
 ///
-/// `lost` is this round's own write, sent unlocked on a connection lost before its answer came
-/// (`Unlocked::ConnectionLost`): what it wrote, if the server committed it, is found here.
+/// `after_lost_write`: this round's one write was sent unlocked on a connection lost before
+/// its answer came (`Unlocked::ConnectionLost`), and may have committed. An attestation found
+/// replayed here may then be that write's own, taken, whose runner a 401 would tell it was
+/// replayed; or a genuine replay, which must not be taken. Rows cannot tell the two apart for
+/// certain (the write's jti may have left its row for `seen_jtis` at once, or another writer
+/// may have written over it since), so such an attestation is answered undecided
+/// (`Rejection::Undecided`, 503): neither taken nor called a replay, and its runner attests
+/// again with a fresh one.
 pub async fn write<D: Db>(
     db: &mut D,
     items: &[RoundItem],
-    lost: Option<&LostWrite>,
+    after_lost_write: bool,
 ) -> StoreResult<Vec<RoundOutcome>> {
     let (ids, attestations) = round_of(items);
-    let Read {
-        rows,
-        spilled,
-        versions,
-    } = read_round(db, &ids, &attestations, true).await?;
+    let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
     let mut plan = plan(&rows, &attestations, &spilled);
-    if let Some(lost) = lost {
-        lost.found_written(&mut plan, &attestations, &versions);
+    if after_lost_write {
+        for verdict in plan.verdicts.values_mut() {
+            if *verdict == Err(Rejection::Replayed) {
+                tracing::info!(
+                    "an attestation found replayed in a round whose first write's \
+                    answer was lost with its connection may be that write's own; answered \
+                    undecided"
+                );
+                *verdict = Err(Rejection::Undecided);
+            }
+        }
     }
     let mut outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
@@ -641,47 +652,11 @@ pub enum Unlocked {
     /// The connection was found gone (or silent) at the round's first statement: the round is
     /// `write`'s, on another connection. Nothing was written, unless the connection was lost
     /// after the server committed that statement (the round's one write, when its rows were
-    /// known: then `Some`, for `write` to recognise it) and before its answer came. Versions a
-    /// lane knows are then forgotten: the server it reaches next may be another (a failover),
-    /// which hands out transaction ids, and so versions, that the lost one already had.
-    ConnectionLost(Option<LostWrite>),
-}
-
-/// A round's one write sent unlocked on a connection that was lost before the server's answer
-/// came: committed or not, nobody can tell from here. The locked round that follows reads its
-/// rows and judges each attestation again; one of this write's own would be judged a replay of
-/// itself when the write did commit, and its runner, whose attestation was taken, told it was
-/// replayed. So an attestation the locked round finds replayed, on a row whose version is no
-/// longer the one this write was guarded by (the row has been written since), is answered
-/// accepted: it is recorded, once, by this write or by the same signed attestation coming in
-/// another way, and the locked round writes nothing more for it. A row still at the guarded
-/// version was not written by this write; a replay found there is answered as one.
-#[derive(Debug)]
-pub struct LostWrite {
-    /// The version of each runner's row the write changed only where it still was.
-    guarded: BTreeMap<RunnerId, String>,
-}
-
-impl LostWrite {
-    fn found_written(
-        &self,
-        plan: &mut Plan<'_>,
-        attestations: &[(usize, &AttestationRecord)],
-        versions: &BTreeMap<RunnerId, String>,
-    ) {
-        for &(i, record) in attestations {
-            let runner = &record.runner_id;
-            let written_since = self
-                .guarded
-                .get(runner)
-                .is_some_and(|guarded| versions.get(runner) != Some(guarded));
-            if written_since && plan.verdicts.get(&i) == Some(&Err(Rejection::Replayed)) {
-                tracing::info!(runner_id = %runner, "an attestation whose write's answer was \
-                    lost with its connection was found written; answered accepted");
-                plan.verdicts.insert(i, Ok(()));
-            }
-        }
-    }
+    /// known: then `write_sent`, for `write` to answer its replays undecided) and before its
+    /// answer came. Versions a lane knows are then forgotten: the server it reaches next may be
+    /// another (a failover), which hands out transaction ids, and so versions, that the lost one
+    /// already had.
+    ConnectionLost { write_sent: bool },
 }
 
 /// A round of attestations and no claim, written with no transaction around it: one statement
@@ -721,15 +696,13 @@ pub async fn write_unlocked<D: Db>(
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, &known, plan, &asked).await {
-                // Sent, perhaps committed: the locked round on another connection tells
-                // (`LostWrite`), and answers this write's own attestations accepted if it
-                // finds them written. Either way nothing is accepted twice.
+                // Sent, perhaps committed: the locked round on another connection cannot tell
+                // this write's own attestations from replays, and answers those it finds
+                // replayed undecided (`write`). Nothing is accepted twice.
                 Err(StoreError::Unavailable(e)) => {
                     tracing::warn!(error = %e, "a round's connection was lost at its one \
                         statement; writing it under its rows' locks on another");
-                    return Ok(Unlocked::ConnectionLost(Some(LostWrite {
-                        guarded: known.versions,
-                    })));
+                    return Ok(Unlocked::ConnectionLost { write_sent: true });
                 }
                 // A row changed since the lane wrote it (another replica's round, an operator)
                 // or a jti was found spilled: nothing was kept, and the round is read, as it
@@ -748,7 +721,9 @@ pub async fn write_unlocked<D: Db>(
     let read = match read_round(db, &ids, &attestations, false).await {
         Ok(read) => read,
         // Nothing was written; the locked way begins on another connection.
-        Err(StoreError::Unavailable(_)) => return Ok(Unlocked::ConnectionLost(None)),
+        Err(StoreError::Unavailable(_)) => {
+            return Ok(Unlocked::ConnectionLost { write_sent: false });
+        }
         Err(e) => return Err(e),
     };
     // What the lane knew that the read found changed (none, when a spilled jti failed the
