@@ -389,7 +389,8 @@ impl Gate {
                  attestation"
                     .into(),
             ))),
-            _ => {
+            // Spelled out: a verdict added later is not taken for an acceptance.
+            Some(Ok(())) | None => {
                 if let Some(claimed) = &admitted.attestation.forge_runners {
                     self.follow_forge_runners(&admitted.runner, claimed, now)
                         .await?;

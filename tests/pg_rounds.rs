@@ -543,6 +543,17 @@ async fn the_previous_versions_round_read_still_locks_and_reads() {
     round.rollback().await.unwrap();
 }
 
+/// Deafens the next statement that names `runner`, once its next heartbeat's only statement is
+/// its round's one write. The change its first heartbeat announced (its status) reaches the
+/// gate's cache in its own time and empties the runner's entry, and the heartbeat after that
+/// reads the runner (a statement that names it) to fill it again: let it arrive, and the entry
+/// fill, first.
+async fn deafen_the_next_write(app: &TestApp, proxy: &proxy::Proxy, runner: &TestRunner) {
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    proxy.deafen_after(runner.id.as_bytes());
+}
+
 /// Sends `attestation` as a heartbeat with the next statement that names `runner` deafened: its
 /// round's one write reaches the server, and the server's answer never comes back.
 async fn heartbeat_whose_answer_is_lost(
@@ -551,12 +562,7 @@ async fn heartbeat_whose_answer_is_lost(
     runner: &TestRunner,
     attestation: &str,
 ) -> reqwest::Response {
-    // The change its first heartbeat announced (its status) reaches the gate's cache in its
-    // own time, and empties the runner's entry: the heartbeat after it reads the runner (a
-    // statement that names it) to fill it again. Let it arrive, and fill the entry, first.
-    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
-    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
-    proxy.deafen_after(runner.id.as_bytes());
+    deafen_the_next_write(app, proxy, runner).await;
     let beat = tokio::time::timeout(
         std::time::Duration::from_secs(30),
         app.heartbeat(attestation),
@@ -625,7 +631,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken() {
     let runner = app.register("linux", "replayed").await;
     // Ending before the others, its jti is the first to spill out of the row (those that end
     // together are kept by their keys' order).
-    let first = runner.attest(json!({"iat": now_s() - 30, "exp": now_s() + 20}));
+    let first = runner.attest(json!({"iat": now_s() - 20, "exp": now_s() + 40}));
     assert_eq!(app.heartbeat(&first).await.status(), 200);
     // More attestations than a row keeps: the first one's jti spills out of it.
     for _ in 0..15 {
@@ -656,7 +662,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
     let runner = app.register("linux", "replayed-beside").await;
     // Ending before the others, its jti is the first to spill out of the row (those that end
     // together are kept by their keys' order).
-    let first = runner.attest(json!({"iat": now_s() - 30, "exp": now_s() + 20}));
+    let first = runner.attest(json!({"iat": now_s() - 20, "exp": now_s() + 40}));
     assert_eq!(app.heartbeat(&first).await.status(), 200);
     // More attestations than a row keeps: the first one's jti spills out of it.
     for _ in 0..15 {
@@ -671,7 +677,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
         "attestation_replayed"
     );
 
-    proxy.deafen_after(runner.id.as_bytes());
+    deafen_the_next_write(&app, &proxy, &runner).await;
     let replay = tokio::spawn({
         let (base, first) = (app.base.clone(), first.clone());
         async move {
@@ -692,4 +698,12 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
         .expect("a round whose answer was lost is not waited on")
         .unwrap();
     answered_undecided(replay).await;
+    assert_eq!(
+        code_of(
+            app.heartbeat(&first).await,
+            reqwest::StatusCode::UNAUTHORIZED
+        )
+        .await,
+        "attestation_replayed"
+    );
 }

@@ -182,7 +182,19 @@ async fn write<E: Engine>(
                 .write_round(work(move |db| {
                     Box::pin(async move { round::write(db, &items, after_lost_write).await })
                 }))
-                .await?;
+                .await
+                .map_err(|e| match e {
+                    // Not written again one by one: that would find the lost write's own jtis
+                    // taken, and answer them replayed (`round::write`). Its runners attest
+                    // again.
+                    StoreError::Internal(_) | StoreError::Conflict(_) if after_lost_write => {
+                        StoreError::Unavailable(format!(
+                            "a round whose write's answer was lost failed when written again: \
+                             {e}"
+                        ))
+                    }
+                    e => e,
+                })?;
             for change in &changes {
                 held.apply(change);
             }

@@ -652,7 +652,8 @@ pub enum Unlocked {
     /// The connection was found gone (or silent) at the round's first statement: the round is
     /// `write`'s, on another connection. Nothing was written, unless the connection was lost
     /// after the server committed that statement (the round's one write, when its rows were
-    /// known: then `write_sent`, for `write` to answer its replays undecided) and before its
+    /// known: then `write_sent`, also when the connection was found dead as it was sent, for
+    /// `write` to answer its replays undecided) and before its
     /// answer came. Versions a lane knows are then forgotten: the server it reaches next may be
     /// another (a failover), which hands out transaction ids, and so versions, that the lost one
     /// already had.
@@ -739,8 +740,7 @@ pub async fn write_unlocked<D: Db>(
         versions: read.versions,
     };
     // A write whose answer is lost here fails the round, 503 for each of its requests, which
-    // their runners send again with fresh attestations: its plan rests on a read, and may hold
-    // replays the read found, which a `LostWrite` would not tell from its own accepted ones.
+    // their runners send again with fresh attestations.
     Ok(
         match write_planned(db, items, &rows, plan, &BTreeMap::new()).await? {
             Some(written) => written.applied_to(rows, changed_behind),
