@@ -620,6 +620,20 @@ async fn a_write_committed_whose_answer_was_lost_is_not_called_a_replay_of_itsel
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }
 
+/// An attestation of `runner`'s, taken, whose jti then spilled out of the runner's row (into
+/// `seen_jtis`): a replay of it is found only by the guard's question or a read.
+async fn an_attestation_spilled(app: &TestApp, runner: &TestRunner) -> String {
+    // Ending before the others, its jti is the first to spill out of the row (those that end
+    // together are kept by their keys' order).
+    let first = runner.attest(json!({"iat": now_s() - 20, "exp": now_s() + 40}));
+    assert_eq!(app.heartbeat(&first).await.status(), 200);
+    // More attestations than a row keeps.
+    for _ in 0..15 {
+        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    }
+    first
+}
+
 /// A replay in a round whose answer was lost is never taken: the round's write found the
 /// replayed jti among those its runner spilled and wrote nothing, and the locked round that
 /// follows answers it undecided (503); sent again, it is refused as a replay.
@@ -629,14 +643,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken() {
         return;
     };
     let runner = app.register("linux", "replayed").await;
-    // Ending before the others, its jti is the first to spill out of the row (those that end
-    // together are kept by their keys' order).
-    let first = runner.attest(json!({"iat": now_s() - 20, "exp": now_s() + 40}));
-    assert_eq!(app.heartbeat(&first).await.status(), 200);
-    // More attestations than a row keeps: the first one's jti spills out of it.
-    for _ in 0..15 {
-        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
-    }
+    let first = an_attestation_spilled(&app, &runner).await;
 
     answered_undecided(heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &first).await).await;
     assert_eq!(
@@ -660,14 +667,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
     let direct = db.url.clone();
     let other = spawn_replica_with(&app, |args| args.database_url = direct).await;
     let runner = app.register("linux", "replayed-beside").await;
-    // Ending before the others, its jti is the first to spill out of the row (those that end
-    // together are kept by their keys' order).
-    let first = runner.attest(json!({"iat": now_s() - 20, "exp": now_s() + 40}));
-    assert_eq!(app.heartbeat(&first).await.status(), 200);
-    // More attestations than a row keeps: the first one's jti spills out of it.
-    for _ in 0..15 {
-        assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
-    }
+    let first = an_attestation_spilled(&app, &runner).await;
     assert_eq!(
         code_of(
             other.heartbeat(&first).await,
