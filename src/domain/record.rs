@@ -49,7 +49,7 @@ pub enum Rejection {
     Revoked,
     /// Neither taken nor refused: found replayed in a round written again after its first
     /// write's answer was lost with its connection, it may be that write's own, which may have
-    /// committed (`store::sql::round::write`). Its runner attests again.
+    /// committed (`store::group_commit`). Its runner attests again.
     Undecided,
 }
 

@@ -16,7 +16,7 @@ use super::held::Held;
 use super::known_rows::KnownRows;
 use super::retry::retrying;
 use super::sql::round::{self, Unlocked};
-use super::vocabulary::{RoundItem, RoundOutcome};
+use super::vocabulary::{Rejection, RoundItem, RoundOutcome};
 use super::{StoreError, StoreResult};
 use std::sync::Arc;
 use std::time::Instant;
@@ -124,7 +124,8 @@ fn lane_of(item: &RoundItem, lanes: usize) -> usize {
 /// holds every runner's), else, or when a row changed between its read and its write, in one
 /// transaction under its rows' locks (`round::write`); what it changed applied to `held`
 /// after, and the attestations it accepted written through to the cache. The lane learns the
-/// rows an unlocked round read and wrote, and forgets the others' runners.
+/// rows an unlocked round read and wrote, and forgets the others' runners. A locked round
+/// written after its unlocked write's answer was lost answers its replays `undecided`.
 async fn write<E: Engine>(
     engine: &E,
     held: &Held,
@@ -139,7 +140,8 @@ async fn write<E: Engine>(
             Box::pin(async move { round::write_unlocked(db, &unlocked_items, rows).await })
         })
     });
-    // Whether this round's own write was sent and its answer lost with its connection.
+    // Whether this round's own write was sent and its answer lost with its connection
+    // (`undecided`).
     let mut after_lost_write = false;
     let unlocked = match unlocked {
         None => None,
@@ -180,7 +182,7 @@ async fn write<E: Engine>(
             known.forget(items.iter().flat_map(RoundItem::runners));
             let (outcomes, changes) = engine
                 .write_round(work(move |db| {
-                    Box::pin(async move { round::write(db, &items, after_lost_write).await })
+                    Box::pin(async move { round::write(db, &items).await })
                 }))
                 .await
                 .map_err(|e| match e {
@@ -198,7 +200,11 @@ async fn write<E: Engine>(
             for change in &changes {
                 held.apply(change);
             }
-            outcomes
+            if after_lost_write {
+                undecided(outcomes)
+            } else {
+                outcomes
+            }
         }
     };
     for (item, outcome) in written.iter().zip(&outcomes) {
@@ -208,6 +214,26 @@ async fn write<E: Engine>(
         }
     }
     Ok(outcomes)
+}
+
+/// The outcomes of a round written under its locks after its unlocked write was sent and its
+/// answer lost: that write may have committed, so an attestation found replayed may be its
+/// own, taken, whose runner a 401 would tell it was replayed; or a genuine replay, which must
+/// not be taken. Rows cannot tell the two apart for certain (the write's jti may have left its
+/// row for `seen_jtis` at once, or another writer may have written over it since), so such an
+/// attestation is answered undecided (`Rejection::Undecided`, 503): neither taken nor called a
+/// replay, and its runner attests again with a fresh one.
+fn undecided(mut outcomes: Vec<RoundOutcome>) -> Vec<RoundOutcome> {
+    for outcome in &mut outcomes {
+        if outcome.attestation == Some(Err(Rejection::Replayed)) {
+            tracing::info!(
+                "an attestation found replayed in a round whose first write's answer was lost \
+                 with its connection may be that write's own; answered undecided"
+            );
+            outcome.attestation = Some(Err(Rejection::Undecided));
+        }
+    }
+    outcomes
 }
 
 async fn write_rounds<E: Engine>(

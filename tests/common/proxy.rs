@@ -18,10 +18,7 @@ pub struct Proxy {
     running: Arc<Mutex<Option<CancellationToken>>>,
     /// Cancelled by `silence`: the connections made before then stop forwarding.
     silenced: Arc<std::sync::Mutex<CancellationToken>>,
-    /// Bytes that, the next time a client sends them, deafen the connection they went over.
-    deafen: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
-    /// How many connections were deafened.
-    deafened: Arc<AtomicUsize>,
+    deafening: Arc<Deafening>,
     /// Cancelled when the proxy is dropped: every connection through it closes, silent ones
     /// too, so that none outlives its test.
     dropped: CancellationToken,
@@ -42,8 +39,7 @@ impl Proxy {
             target,
             running: Default::default(),
             silenced: Default::default(),
-            deafen: Default::default(),
-            deafened: Default::default(),
+            deafening: Default::default(),
             dropped: CancellationToken::new(),
         };
         proxy.serve(listener).await;
@@ -55,7 +51,7 @@ impl Proxy {
         *self.running.lock().await = Some(stop.clone());
         let target = self.target;
         let silenced = self.silenced.clone();
-        let (deafen, deafened) = (self.deafen.clone(), self.deafened.clone());
+        let deafening = self.deafening.clone();
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -67,7 +63,7 @@ impl Proxy {
                 };
                 let stop = stop.clone();
                 let silenced = silenced.lock().unwrap().clone();
-                let (deafen, deafened) = (deafen.clone(), deafened.clone());
+                let deafening = deafening.clone();
                 tokio::spawn(async move {
                     let Ok(mut outbound) = TcpStream::connect(target).await else {
                         return;
@@ -75,7 +71,7 @@ impl Proxy {
                     // As the store's own connections (`tests/pg_sockets.rs` looks at them all).
                     let _ = outbound.set_nodelay(true);
                     tokio::select! {
-                        _ = forward(&mut inbound, &mut outbound, deafen, deafened) => {}
+                        _ = forward(&mut inbound, &mut outbound, &deafening) => {}
                         _ = stop.cancelled() => {}
                         // Both sockets stay open, read by no one, until the proxy stops.
                         _ = silenced.cancelled() => stop.cancelled().await,
@@ -105,12 +101,12 @@ impl Proxy {
     /// they are through: the server gets them, and nothing it sends back on that connection
     /// arrives. Other connections, and those made later, forward as usual.
     pub fn deafen_after(&self, bytes: &[u8]) {
-        *self.deafen.lock().unwrap() = Some(bytes.to_vec());
+        *self.deafening.armed.lock().unwrap() = Some(bytes.to_vec());
     }
 
     /// How many connections went deaf (`deafen_after`).
     pub fn deafened(&self) -> usize {
-        self.deafened.load(Ordering::SeqCst)
+        self.deafening.deafened.load(Ordering::SeqCst)
     }
 
     /// Listens on the same port again.
@@ -125,14 +121,18 @@ impl Proxy {
     }
 }
 
+/// What `Proxy::deafen_after` set, shared by the proxy's connections.
+#[derive(Default)]
+struct Deafening {
+    /// Bytes that, the next time a client sends them, deafen the connection they went over.
+    armed: std::sync::Mutex<Option<Vec<u8>>>,
+    /// How many connections were deafened.
+    deafened: AtomicUsize,
+}
+
 /// Both directions of one connection, until both ends have closed theirs; the server's side
-/// read and dropped from the moment the client sent the bytes `deafen` holds.
-async fn forward(
-    inbound: &mut TcpStream,
-    outbound: &mut TcpStream,
-    deafen: Arc<std::sync::Mutex<Option<Vec<u8>>>>,
-    deafened: Arc<AtomicUsize>,
-) {
+/// read and dropped from the moment the client sent the bytes `deafening` holds.
+async fn forward(inbound: &mut TcpStream, outbound: &mut TcpStream, deafening: &Deafening) {
     // Borrowed, not owned: a silenced connection's sockets outlive this (`serve`).
     let (mut client_reads, mut client_writes) = inbound.split();
     let (mut server_reads, mut server_writes) = outbound.split();
@@ -142,14 +142,14 @@ async fn forward(
         while let Ok(n @ 1..) = client_reads.read(&mut buf).await {
             let sent = &buf[..n];
             {
-                let mut armed = deafen.lock().unwrap();
+                let mut armed = deafening.armed.lock().unwrap();
                 if armed
                     .as_ref()
                     .is_some_and(|b| sent.windows(b.len()).any(|w| w == b.as_slice()))
                 {
                     *armed = None;
                     deaf.store(true, Ordering::SeqCst);
-                    deafened.fetch_add(1, Ordering::SeqCst);
+                    deafening.deafened.fetch_add(1, Ordering::SeqCst);
                 }
             }
             if server_writes.write_all(sent).await.is_err() {

@@ -571,35 +571,10 @@ fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
 }
 
 /// Writes `items` as one round inside `db`'s transaction, and says what became of each.
-///
-/// `after_lost_write`: this round's one write was sent unlocked on a connection lost before
-/// its answer came (`Unlocked::ConnectionLost`), and may have committed. An attestation found
-/// replayed here may then be that write's own, taken, whose runner a 401 would tell it was
-/// replayed; or a genuine replay, which must not be taken. Rows cannot tell the two apart for
-/// certain (the write's jti may have left its row for `seen_jtis` at once, or another writer
-/// may have written over it since), so such an attestation is answered undecided
-/// (`Rejection::Undecided`, 503): neither taken nor called a replay, and its runner attests
-/// again with a fresh one.
-pub async fn write<D: Db>(
-    db: &mut D,
-    items: &[RoundItem],
-    after_lost_write: bool,
-) -> StoreResult<Vec<RoundOutcome>> {
+pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
     let (ids, attestations) = round_of(items);
     let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
-    let mut plan = plan(&rows, &attestations, &spilled);
-    if after_lost_write {
-        for verdict in plan.verdicts.values_mut() {
-            if *verdict == Err(Rejection::Replayed) {
-                tracing::info!(
-                    "an attestation found replayed in a round whose first write's \
-                    answer was lost with its connection may be that write's own; answered \
-                    undecided"
-                );
-                *verdict = Err(Rejection::Undecided);
-            }
-        }
-    }
+    let plan = plan(&rows, &attestations, &spilled);
     let mut outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
     // The round's row writes together: on PostgreSQL one statement, one round trip. None of
@@ -652,11 +627,10 @@ pub enum Unlocked {
     /// The connection was found gone (or silent) at the round's first statement: the round is
     /// `write`'s, on another connection. Nothing was written, unless the connection was lost
     /// after the server committed that statement (the round's one write, when its rows were
-    /// known: then `write_sent`, also when the connection was found dead as it was sent, for
-    /// `write` to answer its replays undecided) and before its
-    /// answer came. Versions a lane knows are then forgotten: the server it reaches next may be
-    /// another (a failover), which hands out transaction ids, and so versions, that the lost one
-    /// already had.
+    /// known: then `write_sent`, also when the connection was found dead as it was sent) and
+    /// before its answer came. Versions a lane knows are then forgotten: the server it reaches
+    /// next may be another (a failover), which hands out transaction ids, and so versions, that
+    /// the lost one already had.
     ConnectionLost { write_sent: bool },
 }
 
@@ -698,8 +672,8 @@ pub async fn write_unlocked<D: Db>(
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, &known, plan, &asked).await {
                 // Sent, perhaps committed: the locked round on another connection cannot tell
-                // this write's own attestations from replays, and answers those it finds
-                // replayed undecided (`write`). Nothing is accepted twice.
+                // this write's own attestations from replays (`group_commit` answers those it
+                // finds replayed undecided). Nothing is accepted twice.
                 Err(StoreError::Unavailable(e)) => {
                     tracing::warn!(error = %e, "a round's connection was lost at its one \
                         statement; writing it under its rows' locks on another");
