@@ -399,6 +399,9 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
                 .await?;
             queued = args.jobs;
         }
+        if let Some(url) = &target.database_url {
+            baseline::settle(url).await?;
+        }
         let mark = match &mut meter {
             Some(m) => m.start().await,
             None => None,
@@ -441,6 +444,10 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         None => None,
     };
 
+    // The baselines too measure their own work, not the phases' leftovers.
+    if let Some(url) = &target.database_url {
+        baseline::settle(url).await?;
+    }
     let limits = limits::measure(&fleet, &client, &target, &args).await?;
     let mut report = Report {
         engine: engine.into(),

@@ -239,13 +239,14 @@ pub async fn preload_batch<D: Db>(
     Ok(())
 }
 
-/// After a bulk load on PostgreSQL, outside a transaction: a million rows inserted at once
-/// leave their hint bits, visibility map and dirty pages for the first claims to pay for,
-/// where a queue filled over hours has had autovacuum and checkpoints do that as it grew.
-pub async fn settle_after_preload<D: Db>(db: &mut D) -> StoreResult<()> {
-    db.execute(Statement::new("VACUUM (ANALYZE) jobs")).await?;
+/// Before a measurement on PostgreSQL, outside a transaction, as pgbench vacuums before its
+/// run: what earlier work left (a bulk load's hint bits and visibility map, the dead rows of a
+/// phase's claims and updates, dirty pages) is cleaned now, not paid for by the next phase's
+/// requests beside an autovacuum that happens to start in them.
+pub async fn settle<D: Db>(db: &mut D) -> StoreResult<()> {
+    db.execute(Statement::new("VACUUM (ANALYZE)")).await?;
     if let Err(e) = db.execute(Statement::new("CHECKPOINT")).await {
-        tracing::warn!(error = %e, "no CHECKPOINT after the preload (needs pg_checkpoint)");
+        tracing::warn!(error = %e, "no CHECKPOINT before the measurement (needs pg_checkpoint)");
     }
     Ok(())
 }
