@@ -3,7 +3,8 @@
 //! are counted in the replica's `LEASEGATE_DB_MAX_CONNECTIONS` (`store/pg_rounds.rs`). A
 //! connection that died or went silent is replaced without leaving the rounds stuck, and a
 //! round's write whose answer was lost with its connection is neither called a replay of
-//! itself nor lets a replay through.
+//! itself nor lets a replay through. A round's lookups keep to their keys' indexes whatever
+//! the planner's statistics say of the tables.
 
 use crate::common;
 
@@ -705,5 +706,89 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
         )
         .await,
         "attestation_replayed"
+    );
+}
+
+/// How many rows of `seen_jtis` were read by sequential scans so far. A backend sends the
+/// server its counts as it goes idle, once a second has passed since it last did: a heartbeat
+/// after a pause makes the rounds' backend send what it counted before.
+async fn seen_jtis_read_in_sequence(
+    app: &TestApp,
+    runner: &TestRunner,
+    conn: &mut sqlx::PgConnection,
+) -> i64 {
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    sqlx::query("SELECT pg_stat_clear_snapshot()")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query_scalar(
+        "SELECT seq_tup_read FROM pg_stat_user_tables WHERE relid = 'seen_jtis'::regclass",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap()
+}
+
+/// Every runner of `fleet` heartbeats at once, `times` times over: rounds of many runners,
+/// whose plans the server keeps generic (a plan made for ten rows).
+async fn heartbeats_at_once(app: &TestApp, fleet: &[TestRunner], times: usize) {
+    for _ in 0..times {
+        let answers = join_all(fleet.iter().map(|r| async move {
+            let attestation = r.healthy();
+            app.heartbeat(&attestation).await
+        }))
+        .await;
+        for answer in answers {
+            assert_eq!(answer.status(), 200);
+        }
+    }
+}
+
+/// A round looks its asked jtis up in `seen_jtis` by the key whatever the planner's statistics
+/// say. Its plans are kept on the rounds' connection and may have been made while the table
+/// was empty or nearly (as it is whenever no runner spilled lately), when a sequential scan is
+/// the cheapest; kept once the table grew (a burst of spills, before the next analyze), such a
+/// plan read every spilled jti for each jti a round asked about: heartbeats fell to a fifth of
+/// their rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rounds_spilled_jtis_are_looked_up_by_key_whatever_the_statistics() {
+    let Some(app) = spawn_app_on(Engine::Postgres).await else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let names: Vec<String> = (0..24).map(|i| format!("spilling-{i}")).collect();
+    let fleet = join_all(names.iter().map(|name| app.register("linux", name))).await;
+    let mut conn = sqlx::PgConnection::connect(&app.database_url)
+        .await
+        .unwrap();
+    sqlx::raw_sql("ANALYZE seen_jtis")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    // Past a row's room every heartbeat spills a jti and asks about its own: the rounds'
+    // statements are planned (and, past five, kept) while the table holds a page or two.
+    heartbeats_at_once(&app, &fleet, 20).await;
+    // Grown behind the statistics' back, as a burst of spills grows it.
+    let spilled = 50_000;
+    sqlx::query(
+        "INSERT INTO seen_jtis (runner_id, jti, expires_at) \
+         SELECT $1, md5(i::text), $2 FROM generate_series(1, $3) AS i",
+    )
+    .bind(&fleet[0].id)
+    .bind((now_s() + 3600) * 1000)
+    .bind(spilled)
+    .execute(&mut conn)
+    .await
+    .unwrap();
+    let before = seen_jtis_read_in_sequence(&app, &fleet[0], &mut conn).await;
+    heartbeats_at_once(&app, &fleet, 3).await;
+    let read = seen_jtis_read_in_sequence(&app, &fleet[0], &mut conn).await - before;
+    // Each heartbeat asks about its jti in two forms: scanned, 144 times the table.
+    assert!(
+        read < spilled,
+        "72 heartbeats read {read} rows of seen_jtis ({spilled} rows) in sequence"
     );
 }

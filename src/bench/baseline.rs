@@ -197,6 +197,23 @@ pub async fn preclaim(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<(
     Ok(())
 }
 
+/// Before each phase on PostgreSQL: vacuums and checkpoints what earlier phases and loads left
+/// (`queue::settle`), so that each phase measures its own work. SQLite's WAL is checkpointed
+/// before each phase by the bench's meter (`io::Meter`).
+pub async fn settle(url: &DatabaseUrl) -> anyhow::Result<()> {
+    if !matches!(url, DatabaseUrl::Postgres(_)) {
+        return Ok(());
+    }
+    let Bare::Postgres(engine) = Bare::open(url, 1).await? else {
+        return Ok(());
+    };
+    // Outside a transaction: VACUUM cannot run inside one.
+    let settled = engine.read(|| work(|db| Box::pin(queue::settle(db)))).await;
+    // Its connection given back before the phase needs the server's.
+    engine.close().await;
+    Ok(settled?)
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -205,17 +222,4 @@ mod tests {
         assert_eq!(b, vec![(0, 10), (10, 20), (20, 25)]);
         assert_eq!(super::batches(0, 10).count(), 0);
     }
-}
-
-/// Before each phase on PostgreSQL: vacuums and checkpoints what earlier phases and loads left
-/// (`queue::settle`), so that each phase measures its own work. SQLite's WAL is checkpointed
-/// before each phase by the bench's meter (`io::Meter`).
-pub async fn settle(url: &DatabaseUrl) -> anyhow::Result<()> {
-    if let Bare::Postgres(engine) = Bare::open(url, 1).await? {
-        // Outside a transaction: VACUUM cannot run inside one.
-        engine
-            .read(|| work(|db| Box::pin(queue::settle(db))))
-            .await?;
-    }
-    Ok(())
 }

@@ -56,6 +56,17 @@ pub const ROUNDS_APPLICATION_NAME: &str = "leasegate-rounds";
 /// The change listener's connection (`LISTEN`), in `pg_stat_activity`.
 pub const LISTEN_APPLICATION_NAME: &str = "leasegate-listen";
 
+/// The rounds' connections' own settings. Every row a round reads or writes it finds by its
+/// key, and its statements' plans are kept (prepared statements, and the plans inside
+/// `leasegate_read_round`), made perhaps while a table was all but empty: `seen_jtis` is,
+/// whenever no runner has spilled a jti lately. For a table of a page or none a sequential scan
+/// is the cheapest plan, and kept, a lookup then scanned the whole table once it grew (a burst
+/// of spills) until the next analyze: measured, a round's asked jtis read every row of
+/// `seen_jtis`, and grants fell to half their rate on a queue analyzed before it was leased
+/// (`docs/BENCHMARKS.md`, "Rounds take their keys' indexes whatever the statistics say").
+/// Off, the planner takes the index whenever the statement has one.
+const ROUNDS_SESSION: &[(&str, &str)] = &[("enable_seqscan", "off")];
+
 /// A pooled connection idle for longer is pinged before it is used.
 const PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
@@ -138,7 +149,7 @@ impl PgEngine {
             max_connections: settings.max_connections.saturating_sub(lanes + 1).max(1),
             ..settings.clone()
         };
-        let pool = Self::pool(url, &shared, APPLICATION_NAME).await?;
+        let pool = Self::pool(url, &shared, APPLICATION_NAME, &[]).await?;
         super::migrations::postgres().run(&pool).await?;
         let for_rounds = PgSettings {
             max_connections: lanes,
@@ -146,7 +157,7 @@ impl PgEngine {
         };
         let url = url.to_string();
         let rounds = RoundThread::start(move || async move {
-            Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME).await
+            Self::pool(&url, &for_rounds, ROUNDS_APPLICATION_NAME, ROUNDS_SESSION).await
         })
         .await?;
         let listener = Some(tokio::spawn(listen(
@@ -166,7 +177,7 @@ impl PgEngine {
     /// bench's baseline (`store::Bare`), which may run beside a service of another version.
     pub async fn connect(url: &str, settings: &PgSettings) -> anyhow::Result<Self> {
         Ok(PgEngine {
-            pool: Self::pool(url, settings, APPLICATION_NAME).await?,
+            pool: Self::pool(url, settings, APPLICATION_NAME, &[]).await?,
             patience: settings.patience(),
             rounds: None,
             listener: None,
@@ -186,11 +197,13 @@ impl PgEngine {
         self.pool.close().await;
     }
 
-    /// A pool of connections named `application_name` (in `pg_stat_activity`).
+    /// A pool of connections named `application_name` (in `pg_stat_activity`), each with the
+    /// settings `session` besides the timeouts.
     async fn pool(
         url: &str,
         settings: &PgSettings,
         application_name: &str,
+        session: &[(&str, &str)],
     ) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
         let options = PgConnectOptions::from_str(url)
@@ -206,7 +219,8 @@ impl PgEngine {
             .options([
                 ("statement_timeout", timeout_ms.as_str()),
                 ("lock_timeout", timeout_ms.as_str()),
-            ]);
+            ])
+            .options(session.iter().copied());
         // Alone first, so that a failure says why rather than "pool timed out".
         super::pg_connect::first_connection(&options, settings.acquire_timeout).await?;
         Ok(PgPoolOptions::new()
