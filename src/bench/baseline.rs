@@ -165,12 +165,15 @@ pub async fn preload(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<()
             }
         }
         Bare::Postgres(engine) => {
-            // Settled before the first phase (`settle`).
             for (from, to) in batches(n, 100_000) {
                 engine
                     .write(preload_work(from, to, prefix.into(), pool.clone(), now))
                     .await?;
             }
+            // Here, not only before the first phase: `--preclaim`'s leftovers come after.
+            engine
+                .read(|| work(|db| Box::pin(queue::settle(db))))
+                .await?;
         }
     }
     Ok(())
