@@ -764,7 +764,8 @@ async fn a_rounds_spilled_jtis_are_looked_up_by_key_whatever_the_statistics() {
     let mut conn = sqlx::PgConnection::connect(&app.database_url)
         .await
         .unwrap();
-    sqlx::raw_sql("ANALYZE seen_jtis")
+    // No autovacuum's analyze replans the rounds' statements behind the test.
+    sqlx::raw_sql("ALTER TABLE seen_jtis SET (autovacuum_enabled = off); ANALYZE seen_jtis")
         .execute(&mut conn)
         .await
         .unwrap();
@@ -786,9 +787,11 @@ async fn a_rounds_spilled_jtis_are_looked_up_by_key_whatever_the_statistics() {
     let before = seen_jtis_read_in_sequence(&app, &fleet[0], &mut conn).await;
     heartbeats_at_once(&app, &fleet, 3).await;
     let read = seen_jtis_read_in_sequence(&app, &fleet[0], &mut conn).await - before;
-    // Each heartbeat asks about its jti in two forms: scanned, 144 times the table.
+    // Each of the 73 heartbeats asks about its jti in two forms: scanned, 146 times the table.
+    // The sweeper's purge of expired jtis (once a second, on the service's other connections,
+    // whose plans are not the rounds') may scan it once a second.
     assert!(
-        read < spilled,
-        "72 heartbeats read {read} rows of seen_jtis ({spilled} rows) in sequence"
+        read < 20 * spilled,
+        "73 heartbeats read {read} rows of seen_jtis ({spilled} rows) in sequence"
     );
 }

@@ -202,7 +202,8 @@ pub async fn preclaim(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<(
 
 /// Before each phase on PostgreSQL: vacuums and checkpoints what earlier phases and loads left
 /// (`queue::settle`), so that each phase measures its own work. SQLite's WAL is checkpointed
-/// before each phase by the bench's meter (`io::Meter`).
+/// before each phase by the bench's meter (`io::Meter`), where it has one (in process, or
+/// with `--server-pid`).
 pub async fn settle(url: &DatabaseUrl) -> anyhow::Result<()> {
     if !matches!(url, DatabaseUrl::Postgres(_)) {
         return Ok(());

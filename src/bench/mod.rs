@@ -402,7 +402,7 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<Report> {
         // The first phase after `--preclaim` meets what its claims left for vacuum, as it
         // would after that many claims.
         if let Some(url) = &target.database_url
-            && (args.preclaim == 0 || !ops.is_empty())
+            && (args.preload == 0 || args.preclaim == 0 || !ops.is_empty())
         {
             baseline::settle(url).await?;
         }

@@ -61,7 +61,8 @@ pub const LISTEN_APPLICATION_NAME: &str = "leasegate-listen";
 /// `leasegate_read_round`), made perhaps while a table was all but empty: `seen_jtis` is,
 /// whenever no runner has spilled a jti lately. For a table of a page or none a sequential scan
 /// is the cheapest plan, and kept, a lookup then scanned the whole table once it grew (a burst
-/// of spills) until the next analyze: measured, a round's asked jtis read every row of
+/// of spills) until the next analyze or until the connection was replaced (`pg_rounds`, a
+/// minute at most): measured, a round's asked jtis read every row of
 /// `seen_jtis`, and grants fell to half their rate on a queue analyzed before it was leased
 /// (`docs/BENCHMARKS.md`, "Rounds take their keys' indexes whatever the statistics say").
 /// Off, the planner takes the index whenever the statement has one.
