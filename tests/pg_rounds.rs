@@ -41,6 +41,16 @@ fn thread_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Asserts that `response` is rule 5's refusal, 401 `attestation_replayed`; `why`, what that
+/// shows.
+async fn refused_as_a_replay(response: reqwest::Response, why: &str) {
+    assert_eq!(
+        code_of(response, reqwest::StatusCode::UNAUTHORIZED).await,
+        "attestation_replayed",
+        "{why}"
+    );
+}
+
 /// An app on PostgreSQL behind a proxy (`Proxy`: silenced, or a connection deafened), each
 /// statement's answer waited for at most 2 s (the statement and acquire timeouts, 1 s each), a
 /// pool `linux` made. `in_the_clear`: no TLS to the server, for the proxy to see what a
@@ -369,15 +379,11 @@ async fn a_change_committed_between_a_rounds_read_and_its_write_is_not_lost() {
     assert_eq!(beat.status(), 200, "{}", beat.text().await.unwrap());
     let attestation = runner.healthy();
     assert_eq!(app.heartbeat(&attestation).await.status(), 200);
-    assert_eq!(
-        code_of(
-            app.heartbeat(&attestation).await,
-            reqwest::StatusCode::UNAUTHORIZED
-        )
-        .await,
-        "attestation_replayed",
-        "an attestation accepted after a round written again is remembered"
-    );
+    refused_as_a_replay(
+        app.heartbeat(&attestation).await,
+        "an attestation accepted after a round written again is remembered",
+    )
+    .await;
 
     let now_ms = now_s() * 1000;
     let beat = heartbeat_beside(
@@ -496,15 +502,11 @@ async fn a_known_runners_round_reads_nothing_and_finds_what_changed_behind_it() 
         .iter()
         .position(|jti| spilled.contains(&(leasegate::domain::record::jti_key(jti),)))
         .expect("some of the 20 heartbeats' jtis spilled");
-    assert_eq!(
-        code_of(
-            app.heartbeat(&spent[replayed]).await,
-            reqwest::StatusCode::UNAUTHORIZED
-        )
-        .await,
-        "attestation_replayed",
-        "a spilled jti is refused though the lane's row no longer holds it"
-    );
+    refused_as_a_replay(
+        app.heartbeat(&spent[replayed]).await,
+        "a spilled jti is refused though the lane's row no longer holds it",
+    )
+    .await;
 }
 
 /// Replicas of the previous version still read and lock their rounds' rows with
@@ -613,11 +615,7 @@ async fn a_write_committed_whose_answer_was_lost_is_not_called_a_replay_of_itsel
         .await;
 
     let again = app.heartbeat(&attestation).await;
-    assert_eq!(
-        code_of(again, reqwest::StatusCode::UNAUTHORIZED).await,
-        "attestation_replayed",
-        "the write had committed"
-    );
+    refused_as_a_replay(again, "the write had committed").await;
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }
 
@@ -647,14 +645,7 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken() {
     let first = an_attestation_spilled(&app, &runner).await;
 
     answered_undecided(heartbeat_whose_answer_is_lost(&app, &proxy, &runner, &first).await).await;
-    assert_eq!(
-        code_of(
-            app.heartbeat(&first).await,
-            reqwest::StatusCode::UNAUTHORIZED
-        )
-        .await,
-        "attestation_replayed"
-    );
+    refused_as_a_replay(app.heartbeat(&first).await, "sent again, the replay").await;
     assert_eq!(app.heartbeat(&runner.healthy()).await.status(), 200);
 }
 
@@ -669,14 +660,11 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
     let other = spawn_replica_with(&app, |args| args.database_url = direct).await;
     let runner = app.register("linux", "replayed-beside").await;
     let first = an_attestation_spilled(&app, &runner).await;
-    assert_eq!(
-        code_of(
-            other.heartbeat(&first).await,
-            reqwest::StatusCode::UNAUTHORIZED
-        )
-        .await,
-        "attestation_replayed"
-    );
+    refused_as_a_replay(
+        other.heartbeat(&first).await,
+        "at the other replica, the replay",
+    )
+    .await;
 
     deafen_the_next_write(&app, &proxy, &runner).await;
     let replay = tokio::spawn({
@@ -699,14 +687,11 @@ async fn a_replay_whose_rounds_answer_was_lost_is_not_taken_while_another_replic
         .expect("a round whose answer was lost is not waited on")
         .unwrap();
     answered_undecided(replay).await;
-    assert_eq!(
-        code_of(
-            app.heartbeat(&first).await,
-            reqwest::StatusCode::UNAUTHORIZED
-        )
-        .await,
-        "attestation_replayed"
-    );
+    refused_as_a_replay(
+        app.heartbeat(&first).await,
+        "after the undecided round, the replay",
+    )
+    .await;
 }
 
 /// How many rows of `seen_jtis` were read by sequential scans so far. A backend sends the
