@@ -41,14 +41,16 @@ fn thread_names() -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Asserts that `response` is rule 5's refusal, 401 `attestation_replayed`; `why`, what that
-/// shows.
+/// Asserts that `response` is rule 5's refusal, 401 `attestation_replayed` (`expect_problem`);
+/// `why`, what that shows.
 async fn refused_as_a_replay(response: reqwest::Response, why: &str) {
-    assert_eq!(
-        code_of(response, reqwest::StatusCode::UNAUTHORIZED).await,
+    expect_problem(
+        response,
+        why,
+        reqwest::StatusCode::UNAUTHORIZED,
         "attestation_replayed",
-        "{why}"
-    );
+    )
+    .await;
 }
 
 /// An app on PostgreSQL behind a proxy (`Proxy`: silenced, or a connection deafened), each

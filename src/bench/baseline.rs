@@ -12,6 +12,7 @@
 
 use crate::domain::time::Millis;
 use crate::store::engine::{Db, Engine, Work, work};
+use crate::store::postgres::PgEngine;
 use crate::store::sql::queue;
 use crate::store::{Bare, DatabaseUrl};
 use std::sync::Arc;
@@ -171,9 +172,7 @@ pub async fn preload(url: &DatabaseUrl, pool: &str, n: u64) -> anyhow::Result<()
                     .await?;
             }
             // Here, not only before the first phase: `--preclaim`'s leftovers come after.
-            engine
-                .read(|| work(|db| Box::pin(queue::settle(db))))
-                .await?;
+            settle_on(&engine).await?;
         }
     }
     Ok(())
@@ -211,11 +210,18 @@ pub async fn settle(url: &DatabaseUrl) -> anyhow::Result<()> {
     let Bare::Postgres(engine) = Bare::open(url, 1).await? else {
         return Ok(());
     };
-    // Outside a transaction: VACUUM cannot run inside one.
-    let settled = engine.read(|| work(|db| Box::pin(queue::settle(db)))).await;
+    let settled = settle_on(&engine).await;
     // Its connection given back before the phase needs the server's.
     engine.close().await;
-    Ok(settled?)
+    settled
+}
+
+/// `queue::settle` on one of `engine`'s connections, outside a transaction (VACUUM cannot run
+/// inside one).
+async fn settle_on(engine: &PgEngine) -> anyhow::Result<()> {
+    Ok(engine
+        .read(|| work(|db| Box::pin(queue::settle(db))))
+        .await?)
 }
 
 #[cfg(test)]

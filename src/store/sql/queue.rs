@@ -243,6 +243,7 @@ pub async fn preload_batch<D: Db>(
 /// run: what earlier work left (a bulk load's hint bits and visibility map, the dead rows of a
 /// phase's claims and updates, dirty pages) is cleaned now, not paid for by the next phase's
 /// requests beside an autovacuum that happens to start in them.
+///
 /// Neither is needed for a measurement to be right: each that fails (a role that may not
 /// checkpoint, a vacuum longer than the statement timeout) is said and skipped.
 pub async fn settle<D: Db>(db: &mut D) -> StoreResult<()> {
