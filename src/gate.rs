@@ -358,7 +358,7 @@ impl Gate {
             replay_until: attestation.replay_window_end(&self.rules),
             received_at: now,
             state,
-            agent: attestation.agent.clone(),
+            agent: attestation.agent.as_ref().map(|a| a.to_string()),
             status,
             refusal,
         };

@@ -35,7 +35,9 @@ pub struct AttestationRecord {
     pub replay_until: Millis,
     pub received_at: Millis,
     pub state: AttestedState,
-    pub agent: Option<serde_json::Value>,
+    /// The attestation's `agent` object as the JSON text stored, made where the request is
+    /// handled rather than in the round (on PostgreSQL, the one thread every round waits for).
+    pub agent: Option<String>,
     /// The status this attestation gives the runner (for history and status changes).
     pub status: RunnerStatus,
     /// The refusal to record, for a lease or gate check refused under rules 7–13.
@@ -80,9 +82,19 @@ impl RecentJtis {
         RecentJtis(entries)
     }
 
+    /// The stored form. Written into one string: every heartbeat's round formats its
+    /// runner's, on the one thread PostgreSQL's rounds wait for.
     pub fn format(&self) -> String {
-        let parts: Vec<String> = self.0.iter().map(|(e, k)| format!("{}:{k}", e.0)).collect();
-        parts.join(" ")
+        use std::fmt::Write;
+        // An expiry's 13 digits, a colon, a key's 16 hex digits and a space.
+        let mut stored = String::with_capacity(self.0.len() * 31);
+        for (exp, key) in &self.0 {
+            if !stored.is_empty() {
+                stored.push(' ');
+            }
+            write!(stored, "{}:{key}", exp.0).expect("writing to a String cannot fail");
+        }
+        stored
     }
 
     pub fn contains(&self, key: &str) -> bool {
@@ -254,7 +266,7 @@ pub struct RunnerUpdate<'a> {
     pub latest: &'a AttestationRecord,
     pub row: RunnerRow,
     /// The latest attestation's agent facts, as the JSON text stored.
-    pub agent: Option<String>,
+    pub agent: Option<&'a str>,
 }
 
 impl RunnerUpdate<'_> {
@@ -337,9 +349,12 @@ pub fn plan<'a>(
         // A key this round spilled out of the row (an attestation before this one pushed it
         // out, or it was the oldest when it came in) is not in `spilled`, read before the
         // round: it is asked of the round's own spills.
+        // `spilled` is empty when the round was planned from the rows a lane knows (its
+        // write asks the table instead): no key is built to look it up then.
         let replayed = row.recent_jtis.contains(&key)
-            || spilled.contains(&(runner_id.clone(), key.clone()))
-            || spilled.contains(&(runner_id.clone(), rec.jti.clone()))
+            || (!spilled.is_empty()
+                && (spilled.contains(&(runner_id.clone(), key.clone()))
+                    || spilled.contains(&(runner_id.clone(), rec.jti.clone()))))
             || plan
                 .spills
                 .iter()
@@ -421,7 +436,7 @@ pub fn plan<'a>(
         plan.updates.push(RunnerUpdate {
             runner_id,
             latest,
-            agent: latest.agent.as_ref().map(|a| a.to_string()),
+            agent: latest.agent.as_deref(),
             row,
         });
     }

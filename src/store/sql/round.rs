@@ -309,7 +309,7 @@ fn runner_update_values<'a>(u: &'a RunnerUpdate<'a>) -> Vec<Param<'a>> {
         Param::OptText(image.digest.as_ref().map(|d| d.as_str())),
         Param::OptText(image.image_ref.as_deref()),
         Param::Owned(rows::attested_images_json(&rec.state.images)),
-        Param::OptText(u.agent.as_deref()),
+        Param::OptText(u.agent),
         Param::Text(rec.status.as_str()),
         Param::Int(u.row.attestation_seq),
         Param::OptInt(u.row.quarantined_at.map(|m| m.0)),
