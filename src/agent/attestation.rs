@@ -57,6 +57,8 @@ pub fn claims(
         }
     }
 
+    // Read once: the same name goes in both places.
+    let host = hostname();
     let mut claims = json!({
         "iss": state.runner_id,
         "sub": state.runner_id,
@@ -68,9 +70,9 @@ pub fn claims(
         "agent": {
             "name": "leasegate",
             "version": env!("CARGO_PKG_VERSION"),
-            "hostname": hostname(),
+            "hostname": host,
         },
-        "host": hostname(),
+        "host": host,
     });
     if let Some(image) = &report.image {
         let mut obj = Map::new();
