@@ -383,6 +383,11 @@ impl Gate {
         match outcome.attestation {
             Some(Err(Rejection::Replayed)) => Err(AdmitError::Replayed),
             Some(Err(Rejection::Revoked)) => Err(AdmitError::Revoked),
+            Some(Err(Rejection::Expired)) => Err(AdmitError::Expired(
+                "the attestation's window ended while it waited to be recorded; attest again \
+                 with a fresh attestation"
+                    .into(),
+            )),
             Some(Err(Rejection::Undecided)) => Err(AdmitError::Store(StoreError::Unavailable(
                 "the database connection was lost before this attestation's round was \
                  answered, and whether it was taken cannot be told; attest again with a fresh \

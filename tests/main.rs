@@ -55,6 +55,7 @@ mod query_plans;
 mod races;
 mod registry;
 mod release_demo;
+mod replay_window;
 mod replica_kill;
 mod replicas;
 mod retention;

@@ -49,6 +49,10 @@ pub struct AttestationRecord {
 pub enum Rejection {
     Replayed,
     Revoked,
+    /// Its replay window had ended by the time its round was planned: its jti may have been
+    /// forgotten already (`FORGET_AFTER`), so it could not be told from a replay. Its runner
+    /// attests again.
+    Expired,
     /// Neither taken nor refused: found replayed in a round written again after its first
     /// write's answer was lost with its connection, it may be that write's own, which may have
     /// committed (`store::group_commit`). Its runner attests again.
@@ -58,6 +62,14 @@ pub enum Rejection {
 /// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a
 /// heartbeat every 15 s and a long poll every 30 s leave about 9 in a window of 90 s.
 pub const IN_ROW: usize = 12;
+
+/// How long after its replay window ends a jti is forgotten (dropped from its runner's row,
+/// purged from `seen_jtis`). A round refuses every attestation whose window ended before the
+/// round was planned (`Rejection::Expired`), by the clock of the replica that plans it; a jti
+/// is forgotten by the clock of the replica that writes or sweeps. The margin is what the
+/// replicas' clocks may differ by before a replay of a forgotten jti could pass one replica's
+/// check after another forgot it.
+pub const FORGET_AFTER: Millis = Millis(15_000);
 
 /// What a jti is remembered as.
 pub fn jti_key(jti: &str) -> String {
@@ -101,9 +113,10 @@ impl RecentJtis {
         self.0.iter().any(|(_, k)| k == key)
     }
 
-    /// Forgets what expired before `now`.
+    /// Forgets what expired more than `FORGET_AFTER` before `now`.
     pub fn prune(&mut self, now: Millis) {
-        self.0.retain(|(exp, _)| *exp >= now);
+        let forget_before = Millis(now.0 - FORGET_AFTER.0);
+        self.0.retain(|(exp, _)| *exp >= forget_before);
     }
 
     /// Remembers `key` until `until`; the entries that no longer fit, to spill.
@@ -325,10 +338,19 @@ pub struct Plan<'a> {
 /// keeps the last one; a jti twice in a round is accepted for the first and a replay for the
 /// second. A passing probe checked after the quarantine lifts it, as it would one attestation
 /// at a time.
+///
+/// `now` is when the round is planned, by the planning replica's clock; the rows' jtis are
+/// pruned by it, not by the attestations' own stamps, which another replica's clock made. An
+/// attestation whose replay window ended before `now` is refused (`Rejection::Expired`) before
+/// anything else is asked of it: a request can wait between its admission and its round (a
+/// stalled lane, a lock), and meanwhile another attestation of the runner, or the sweeper, may
+/// have forgotten the jti it repeats (`FORGET_AFTER`); forgotten only after its window ended,
+/// a jti is then never asked of a round that would accept it.
 pub fn plan<'a>(
     rows: &BTreeMap<RunnerId, RunnerRow>,
     attestations: &[(usize, &'a AttestationRecord)],
     spilled: &HashSet<(RunnerId, String)>,
+    now: Millis,
 ) -> Plan<'a> {
     let mut plan = Plan::default();
     // Each runner's row as the round's attestations leave it, and its latest accepted one.
@@ -341,11 +363,15 @@ pub fn plan<'a>(
             plan.verdicts.insert(i, Err(Rejection::Revoked));
             continue;
         };
+        if rec.replay_until < now {
+            plan.verdicts.insert(i, Err(Rejection::Expired));
+            continue;
+        }
         let (row, latest) = state
             .entry(runner_id)
             .or_insert_with(|| (stored.clone(), None));
         let key = jti_key(&rec.jti);
-        row.recent_jtis.prune(rec.received_at);
+        row.recent_jtis.prune(now);
         // A key this round spilled out of the row (an attestation before this one pushed it
         // out, or it was the oldest when it came in) is not in `spilled`, read before the
         // round: it is asked of the round's own spills.
@@ -484,7 +510,10 @@ mod tests {
         assert!(recent.contains(&jti_key("j5")) && !recent.contains(&jti_key("j0")));
         let again = RecentJtis::parse(&recent.format());
         assert_eq!(again, recent);
-        recent.prune(Millis(1_010));
+        // Kept until `FORGET_AFTER` past its expiry, then forgotten.
+        recent.prune(Millis(1_009 + FORGET_AFTER.0));
+        assert!(recent.contains(&jti_key("j9")));
+        recent.prune(Millis(1_010 + FORGET_AFTER.0));
         assert!(!recent.contains(&jti_key("j9")) && recent.contains(&jti_key("j10")));
         assert_eq!(
             RecentJtis::parse("garbage 12:abc"),
@@ -545,7 +574,14 @@ mod tests {
         records: &'a [AttestationRecord],
     ) -> Plan<'a> {
         let refs: Vec<(usize, &AttestationRecord)> = records.iter().enumerate().collect();
-        plan(rows, &refs, &HashSet::new())
+        // Planned as the first of them arrived: these cases are many rounds' worth of
+        // attestations in one, none of which waited for it.
+        let now = records
+            .iter()
+            .map(|r| r.received_at)
+            .min()
+            .unwrap_or_default();
+        plan(rows, &refs, &HashSet::new(), now)
     }
 
     #[test]
@@ -761,5 +797,63 @@ mod tests {
         other.state.probe.error = Some("podman not found".into());
         let plan = plan_of(&rows, std::slice::from_ref(&other));
         assert!(plan.updates[0].changes_gate(&held));
+    }
+
+    /// J accepted, its window ending at `J_ENDS`, then another of the runner's attestations
+    /// in a round planned `planned_at`: the row the runner is left with.
+    fn row_after_j_then_another(planned_at: i64) -> (AttestationRecord, RunnerRow) {
+        let j = record("r1", "J", 1_000_000, true, false);
+        let rows = BTreeMap::from([(RunnerId("r1".into()), row(Some("healthy"), None))]);
+        let first = plan(&rows, &[(0, &j)], &HashSet::new(), Millis(1_000_000));
+        let rows = BTreeMap::from([(RunnerId("r1".into()), first.updates[0].row.clone())]);
+        let other = record("r1", "X", planned_at, true, false);
+        let second = plan(&rows, &[(0, &other)], &HashSet::new(), Millis(planned_at));
+        assert_eq!(second.verdicts[&0], Ok(()));
+        (j, second.updates[0].row.clone())
+    }
+
+    const J_ENDS: i64 = 1_060_000;
+
+    #[test]
+    fn a_jti_is_remembered_past_its_window_for_a_replica_whose_clock_is_behind() {
+        // Another attestation in a round planned by a replica whose clock reads just past J's
+        // window...
+        let (j, after) = row_after_j_then_another(J_ENDS + 1);
+        assert!(after.recent_jtis.contains(&jti_key("J")));
+        // ...then J replayed to a replica whose clock is two seconds behind that one's, where
+        // J's window is still open: a replay.
+        let mut replay = j.clone();
+        replay.received_at = Millis(J_ENDS - 1_000);
+        let rows = BTreeMap::from([(RunnerId("r1".into()), after)]);
+        let plan = plan(
+            &rows,
+            &[(0, &replay)],
+            &HashSet::new(),
+            Millis(J_ENDS - 1_000),
+        );
+        assert_eq!(plan.verdicts[&0], Err(Rejection::Replayed));
+        assert!(plan.updates.is_empty());
+
+        // Forgotten once the margin has passed too.
+        let (_, after) = row_after_j_then_another(J_ENDS + FORGET_AFTER.0 + 1);
+        assert!(!after.recent_jtis.contains(&jti_key("J")));
+    }
+
+    #[test]
+    fn an_attestation_planned_after_its_window_ended_is_refused_expired_and_writes_nothing() {
+        // J's jti already forgotten; J itself (a replay, or a request that waited) comes to a
+        // round planned after its window: whichever it is, it is not taken.
+        let (j, after) = row_after_j_then_another(J_ENDS + FORGET_AFTER.0 + 1);
+        let rows = BTreeMap::from([(RunnerId("r1".into()), after)]);
+        for planned_at in [J_ENDS + 1, J_ENDS + FORGET_AFTER.0 + 2] {
+            let plan = plan(&rows, &[(0, &j)], &HashSet::new(), Millis(planned_at));
+            assert_eq!(plan.verdicts[&0], Err(Rejection::Expired));
+            assert!(plan.updates.is_empty() && plan.spills.is_empty());
+        }
+        // Planned at its window's last moment, it is judged as ever (here: a fresh jti).
+        let mut fresh = j.clone();
+        fresh.jti = "K".into();
+        let plan = plan(&rows, &[(0, &fresh)], &HashSet::new(), Millis(J_ENDS));
+        assert_eq!(plan.verdicts[&0], Ok(()));
     }
 }

@@ -4,8 +4,9 @@
 //! be valid (its `exp` plus the leeway). A table of them costs a heartbeat two pages of writes
 //! (the row and its index entry, scattered by random jtis); the runner's row is written by the
 //! heartbeat anyway. So the row keeps its runner's recent jtis, as 64-bit hashes with their
-//! expiry (`recent_jtis`: `expires_ms:hash …`, oldest first), and drops the expired ones
-//! whenever it is written. A runner that presents more than `IN_ROW` unexpired attestations in
+//! expiry (`recent_jtis`: `expires_ms:hash …`, oldest first), and drops those whose window
+//! ended more than `FORGET_AFTER` ago whenever it is written (`record::FORGET_AFTER` says why
+//! the margin, and why a round refuses an attestation whose own window has ended). A runner that presents more than `IN_ROW` unexpired attestations in
 //! one window (a client hammering the lease endpoint) spills its oldest into `seen_jtis`, and
 //! `jtis_spilled_until` says until when they must be asked too.
 //!
@@ -23,7 +24,7 @@
 //! one in 2⁶⁴ per remembered one, far below anything else that can refuse an attestation.
 
 use crate::domain::ids::RunnerId;
-pub use crate::domain::record::{IN_ROW, RecentJtis, jti_key};
+pub use crate::domain::record::{FORGET_AFTER, IN_ROW, RecentJtis, jti_key};
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use crate::store::engine::{Change, Db, Param, RowsWrite, Statement, fetch_optional};
@@ -136,13 +137,14 @@ pub async fn note_spilled<D: Db>(
 /// order they spilled, as the index keeps them.
 pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
     let index = SpillIndex::default();
+    let forget_before = forget_before(now);
     let rows = db
         .fetch(
             Statement::new(
                 "SELECT runner_id, jti, expires_at FROM seen_jtis WHERE expires_at >= $1 \
                  ORDER BY rowid",
             )
-            .bind(now.0),
+            .bind(forget_before.0),
         )
         .await?;
     for r in &rows {
@@ -155,25 +157,34 @@ pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
     Ok(index)
 }
 
-/// Forgets spilled jtis past their window; how many.
+/// Before when a jti's window must have ended for it to be forgotten at `now`
+/// (`record::FORGET_AFTER`, which says why the margin).
+fn forget_before(now: Millis) -> Millis {
+    Millis(now.0 - FORGET_AFTER.0)
+}
+
+/// Forgets spilled jtis whose window ended more than `FORGET_AFTER` ago; how many.
 ///
 /// SQLite's table is appended in the order jtis spill: what expired is its head, up to the
 /// first entry that has not. An expired entry behind a longer-lived one waits for it (as in
 /// the index in memory), which only keeps a jti that rule 4 refuses anyway a little longer.
 pub async fn purge<D: Db>(db: &mut D, now: Millis) -> StoreResult<u64> {
+    let forget_before = forget_before(now);
     let Some(index) = db.spill_index() else {
         return db
-            .execute(Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(now.0))
+            .execute(
+                Statement::new("DELETE FROM seen_jtis WHERE expires_at < $1").bind(forget_before.0),
+            )
             .await;
     };
-    index.purge(now);
+    index.purge(forget_before);
     db.execute(
         Statement::new(
             "DELETE FROM seen_jtis WHERE rowid < COALESCE(\
              (SELECT rowid FROM seen_jtis WHERE expires_at >= $1 ORDER BY rowid LIMIT 1), \
              (SELECT MAX(rowid) + 1 FROM seen_jtis))",
         )
-        .bind(now.0),
+        .bind(forget_before.0),
     )
     .await
 }

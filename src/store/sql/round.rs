@@ -574,7 +574,7 @@ fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
 pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
     let (ids, attestations) = round_of(items);
     let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
-    let plan = plan(&rows, &attestations, &spilled);
+    let plan = plan(&rows, &attestations, &spilled, Millis::now());
     let mut outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
     // The round's row writes together: on PostgreSQL one statement, one round trip. None of
@@ -667,7 +667,7 @@ pub async fn write_unlocked<D: Db>(
     let (ids, attestations) = round_of(items);
     let mut known_versions = BTreeMap::new();
     if let Some(known) = known {
-        let plan = plan(&known.rows, &attestations, &HashSet::new());
+        let plan = plan(&known.rows, &attestations, &HashSet::new(), Millis::now());
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, &known, plan, &asked).await {
@@ -708,7 +708,7 @@ pub async fn write_unlocked<D: Db>(
         .filter(|(id, known)| read.versions.get(id) != Some(known))
         .map(|(id, _)| id)
         .collect();
-    let plan = plan(&read.rows, &attestations, &read.spilled);
+    let plan = plan(&read.rows, &attestations, &read.spilled, Millis::now());
     let rows = VersionedRows {
         rows: read.rows,
         versions: read.versions,
