@@ -10,11 +10,15 @@ use crate::common;
 
 use common::*;
 use futures_util::future::join_all;
+use leasegate::store::StoreError;
+use leasegate::store::engine::{Db, Engine as _, Statement, Work};
 use leasegate::store::postgres::{
-    APPLICATION_NAME, LISTEN_APPLICATION_NAME, ROUNDS_APPLICATION_NAME,
+    APPLICATION_NAME, LISTEN_APPLICATION_NAME, PgDb, PgEngine, PgSettings, ROUNDS_APPLICATION_NAME,
 };
 use serde_json::json;
 use sqlx::Connection;
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The database an app's URL names.
 fn database_of(url: &str) -> String {
@@ -780,5 +784,96 @@ async fn a_rounds_spilled_jtis_are_looked_up_by_key_whatever_the_statistics() {
     assert!(
         read < 20 * spilled,
         "73 heartbeats read {read} rows of seen_jtis ({spilled} rows) in sequence"
+    );
+}
+
+/// A table of one row, through `engine`.
+async fn one_locked_row(engine: &PgEngine) {
+    let setup: Work<PgDb, ()> = Box::new(|db| {
+        Box::pin(async move {
+            db.execute(Statement::new("CREATE TABLE scratch (id INT PRIMARY KEY)"))
+                .await?;
+            db.execute(Statement::new("INSERT INTO scratch VALUES (1)"))
+                .await?;
+            Ok(())
+        })
+    });
+    engine.write(setup).await.expect("the table");
+}
+
+/// A replica whose host dies in the middle of a transaction (a round holding its runners'
+/// rows) must not leave the server holding its locks until TCP gives up on it (two hours by
+/// default), every other replica's rounds on those runners failing meanwhile: the server ends
+/// a session of the service's that sits idle in a transaction (`idle_in_transaction`, six
+/// statements' worth). And a statement that waited out its `lock_timeout` (or its
+/// `statement_timeout`, as long: whichever the server notices first) is the database's "not
+/// now" (503), not a fault of the request's (500).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_left_idle_is_ended_by_the_server_and_a_lock_wait_answers_unavailable() {
+    let Some(db) = common::pg::TestDatabase::create().await else {
+        return;
+    };
+    let settings = PgSettings {
+        statement_timeout: Duration::from_millis(300),
+        ..PgSettings::default()
+    };
+    assert_eq!(settings.idle_in_transaction(), Duration::from_millis(1_800));
+    let engine = PgEngine::open(&db.url, &settings, Arc::new(|_| {}))
+        .await
+        .expect("open PostgreSQL");
+    one_locked_row(&engine).await;
+
+    // Another session holds the row: the service's statement waits out its lock_timeout.
+    let mut other = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut other).await.unwrap();
+    sqlx::query("SELECT id FROM scratch WHERE id = 1 FOR UPDATE")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let wait: Work<PgDb, ()> = Box::new(|db| {
+        Box::pin(async move {
+            db.execute(Statement::new(
+                "SELECT id FROM scratch WHERE id = 1 FOR UPDATE",
+            ))
+            .await
+            .map(|_| ())
+        })
+    });
+    let waited = engine.write(wait).await;
+    assert!(
+        matches!(waited, Err(StoreError::Unavailable(_))),
+        "a lock waited out: {waited:?}"
+    );
+    sqlx::query("ROLLBACK").execute(&mut other).await.unwrap();
+
+    // The service's own transaction, idle past the bound: the server ends it, and with it
+    // the lock it held, which another session then takes at once.
+    let idle: Work<PgDb, ()> = Box::new(|db| {
+        Box::pin(async move {
+            db.execute(Statement::new(
+                "SELECT id FROM scratch WHERE id = 1 FOR UPDATE",
+            ))
+            .await?;
+            tokio::time::sleep(Duration::from_millis(2_600)).await;
+            db.execute(Statement::new("SELECT 1")).await.map(|_| ())
+        })
+    });
+    let idle = tokio::spawn(async move { engine.write(idle).await });
+    tokio::time::sleep(Duration::from_millis(2_300)).await;
+    sqlx::query("SET lock_timeout = '200ms'")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let taken = sqlx::query("SELECT id FROM scratch WHERE id = 1 FOR UPDATE")
+        .execute(&mut other)
+        .await;
+    assert!(
+        taken.is_ok(),
+        "the idle transaction's lock was freed: {taken:?}"
+    );
+    let ended = idle.await.unwrap();
+    assert!(
+        matches!(ended, Err(StoreError::Unavailable(_))),
+        "the idle transaction ended: {ended:?}"
     );
 }

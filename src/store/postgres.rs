@@ -12,7 +12,11 @@
 //!
 //! Every connection carries a `statement_timeout` and a `lock_timeout`, so a stuck database is
 //! answered 503 `unavailable` rather than left as hung requests; a statement that gets no
-//! answer at all (a connection gone silent) is given up on after its patience (`answer`).
+//! answer at all (a connection gone silent) is given up on after its patience (`answer`). And
+//! an `idle_in_transaction_session_timeout`, so that a replica whose host dies or is cut off
+//! in the middle of a transaction (a round holding its runners' rows) does not leave the
+//! server holding those locks until TCP gives up on it, two hours by default: every other
+//! replica's rounds naming those runners would wait out their `lock_timeout` meanwhile.
 //! TLS is sqlx's over rustls (the Mozilla roots built in, plus `sslrootcert=`), as `sslmode`
 //! in the URL asks.
 
@@ -90,6 +94,13 @@ pub struct PgSettings {
 pub const ROUND_LANES: u32 = 1;
 
 impl PgSettings {
+    /// How long the server lets one of the service's transactions sit idle before it ends the
+    /// session: six statements' worth (30 s by default). Between two statements of a
+    /// transaction the service waits only for the first's answer.
+    pub fn idle_in_transaction(&self) -> Duration {
+        self.statement_timeout * 6
+    }
+
     /// How long a statement waits for its answer before its connection is taken for silent
     /// (`answer`): the server's own bound on it (`statement_timeout`), and as long again as a
     /// connection may take to come (`acquire_timeout`) for the answer to travel. 10 s by
@@ -207,6 +218,7 @@ impl PgEngine {
         session: &[(&str, &str)],
     ) -> anyhow::Result<PgPool> {
         let timeout_ms = settings.statement_timeout.as_millis().to_string();
+        let idle_ms = settings.idle_in_transaction().as_millis().to_string();
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| {
                 anyhow::anyhow!(
@@ -220,6 +232,7 @@ impl PgEngine {
             .options([
                 ("statement_timeout", timeout_ms.as_str()),
                 ("lock_timeout", timeout_ms.as_str()),
+                ("idle_in_transaction_session_timeout", idle_ms.as_str()),
             ])
             .options(session.iter().copied());
         // Alone first, so that a failure says why rather than "pool timed out".
