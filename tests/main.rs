@@ -8,6 +8,7 @@
 
 mod common;
 
+mod abandoned_requests;
 mod agent_clock;
 mod agent_e2e;
 mod agent_github;

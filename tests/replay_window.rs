@@ -5,51 +5,17 @@
 //! forgotten by then. Each case was seen to fail with the jti forgotten at its window's end.
 
 use crate::common;
+use common::records::healthy as attestation;
 use common::*;
-use leasegate::domain::attestation::{Probe, RunningImage};
 use leasegate::domain::ids::RunnerId;
 use leasegate::domain::record::{IN_ROW, Rejection};
-use leasegate::domain::status::RunnerStatus;
 use leasegate::domain::time::Millis;
-use leasegate::domain::verdict::AttestedState;
 use leasegate::store::{AttestationRecord, DynStore, RoundItem};
 
 each_engine!(
     a_jti_in_the_row_outlives_its_window_for_a_replica_whose_clock_is_behind,
     a_spilled_jti_outlives_the_sweep_after_its_window_and_a_late_round_refuses_it,
 );
-
-/// A healthy attestation of `runner` with `jti`, stamped `received_at` by the replica that
-/// admitted it, valid for replay until `replay_until`.
-fn attestation(
-    runner: &RunnerId,
-    jti: &str,
-    received_at: Millis,
-    replay_until: Millis,
-) -> AttestationRecord {
-    AttestationRecord {
-        runner_id: runner.clone(),
-        jti: jti.into(),
-        replay_until,
-        received_at,
-        state: AttestedState {
-            probe: Probe {
-                ok: true,
-                runtime: "podman".into(),
-                runtime_version: Some("5.4.2".into()),
-                checked_at: received_at,
-                error: None,
-                exit_code: None,
-                disk: Vec::new(),
-            },
-            image: RunningImage::default(),
-            images: Vec::new(),
-        },
-        agent: None,
-        status: RunnerStatus::Healthy,
-        refusal: None,
-    }
-}
 
 /// What the round made of `record`.
 async fn recorded(store: &DynStore, record: AttestationRecord) -> Result<(), Rejection> {

@@ -60,7 +60,8 @@ pub enum Rejection {
 }
 
 /// How many unexpired jtis a runner's row keeps before it spills into `seen_jtis`: a
-/// heartbeat every 15 s and a long poll every 30 s leave about 9 in a window of 90 s.
+/// heartbeat every 15 s and a long poll every 30 s leave about 10 in a window of 90 s and
+/// the 15 s a jti is kept beyond it (`FORGET_AFTER`).
 pub const IN_ROW: usize = 12;
 
 /// How long after its replay window ends a jti is forgotten (dropped from its runner's row,

@@ -258,6 +258,14 @@ async fn write_rounds<E: Engine>(
                 Err(_) => break,
             }
         }
+        // A request whose client went away while it waited (its handler dropped, and with it
+        // the answer's receiver) is not written: a claim would lease a job to nobody, which
+        // would sit leased until its lease expired. One that goes while its round is written
+        // is written; its lease expires.
+        waiting.retain(|w| !w.reply.is_closed());
+        if waiting.is_empty() {
+            continue;
+        }
         let (size, started) = (waiting.len(), std::time::Instant::now());
         let (items, replies): (Vec<RoundItem>, Vec<_>) =
             waiting.into_iter().map(|w| (w.item, w.reply)).unzip();

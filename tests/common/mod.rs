@@ -11,6 +11,7 @@ pub mod log;
 pub mod oci;
 pub mod pg;
 pub mod proxy;
+pub mod records;
 pub mod skip;
 
 use leasegate::agent::keys::RunnerKey;
