@@ -285,6 +285,12 @@ fn transaction<T>(
     } = db;
     let commit = result.is_ok() && !discard;
     if let Err(e) = conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" }) {
+        // A COMMIT that fails may leave its transaction open (SQLite keeps it on a busy
+        // database or a deferred constraint, to be committed again): rolled back here, or the
+        // writer's every later `BEGIN` would fail as one inside a transaction.
+        if !conn.is_autocommit() {
+            let _ = conn.execute_batch("ROLLBACK");
+        }
         return (conn, Err(store_error(e)));
     }
     if !commit {
@@ -629,6 +635,38 @@ mod tests {
     use std::sync::atomic::Ordering;
 
     const PAGE: usize = 4096;
+
+    #[test]
+    fn a_commit_that_fails_leaves_no_transaction_open_behind_it() {
+        let conn = Connection::open_in_memory().unwrap();
+        // A deferred foreign key is checked at COMMIT, whose failure SQLite leaves open.
+        conn.execute_batch(
+            "PRAGMA foreign_keys = ON; CREATE TABLE p (id INTEGER PRIMARY KEY); \
+             CREATE TABLE c (pid INTEGER REFERENCES p (id) DEFERRABLE INITIALLY DEFERRED);",
+        )
+        .unwrap();
+        let spills = Arc::new(SpillIndex::default());
+        let orphan: Work<SqliteDb, ()> = Box::new(|db: &mut SqliteDb| {
+            Box::pin(async move {
+                db.execute(Statement::new("INSERT INTO c VALUES (1)"))
+                    .await
+                    .map(|_| ())
+            })
+        });
+        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &spills, orphan);
+        assert!(result.is_err(), "the commit failed");
+        assert!(conn.is_autocommit(), "no transaction is left open");
+        let count: Work<SqliteDb, i64> = Box::new(|db: &mut SqliteDb| {
+            Box::pin(async move {
+                let rows = db
+                    .fetch(Statement::new("SELECT COUNT(*) AS n FROM c"))
+                    .await?;
+                rows[0].int("n")
+            })
+        });
+        let (_, after) = transaction(conn, "BEGIN IMMEDIATE", &spills, count);
+        assert_eq!(after.expect("the next transaction begins").0, 0);
+    }
 
     /// Writes one transaction that adds about a page to the WAL.
     async fn write_a_page(engine: &SqliteEngine) {
