@@ -72,6 +72,12 @@ pub const IN_ROW: usize = 12;
 /// check after another forgot it.
 pub const FORGET_AFTER: Millis = Millis(15_000);
 
+/// Before when a jti's window must have ended for it to be forgotten at `now`: the one rule
+/// for a row's jtis (`RecentJtis::prune`) and the spilled ones (`replay::purge`).
+pub fn forget_before(now: Millis) -> Millis {
+    Millis(now.0 - FORGET_AFTER.0)
+}
+
 /// What a jti is remembered as.
 pub fn jti_key(jti: &str) -> String {
     hex::encode(&Sha256::digest(jti.as_bytes())[..8])
@@ -116,7 +122,7 @@ impl RecentJtis {
 
     /// Forgets what expired more than `FORGET_AFTER` before `now`.
     pub fn prune(&mut self, now: Millis) {
-        let forget_before = Millis(now.0 - FORGET_AFTER.0);
+        let forget_before = forget_before(now);
         self.0.retain(|(exp, _)| *exp >= forget_before);
     }
 

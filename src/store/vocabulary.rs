@@ -65,9 +65,9 @@ impl From<sqlx::Error> for StoreError {
 pub(crate) fn is_unavailable(code: Option<&str>, message: &str) -> bool {
     const SQLITE: [&str; 8] = ["5", "6", "8", "10", "14", "261", "517", "1032"];
     if let Some(code) = code {
-        let pg_class = ["08", "57", "53"].iter().any(|c| code.starts_with(c))
+        let postgres = ["08", "57", "53"].iter().any(|c| code.starts_with(c))
             || ["55P03", "25P03"].contains(&code);
-        if pg_class || SQLITE.contains(&code) {
+        if postgres || SQLITE.contains(&code) {
             return true;
         }
     }

@@ -6,9 +6,10 @@
 //! heartbeat anyway. So the row keeps its runner's recent jtis, as 64-bit hashes with their
 //! expiry (`recent_jtis`: `expires_ms:hash …`, oldest first), and drops those whose window
 //! ended more than `FORGET_AFTER` ago whenever it is written (`record::FORGET_AFTER` says why
-//! the margin, and why a round refuses an attestation whose own window has ended). A runner that presents more than `IN_ROW` unexpired attestations in
-//! one window (a client hammering the lease endpoint) spills its oldest into `seen_jtis`, and
-//! `jtis_spilled_until` says until when they must be asked too.
+//! the margin, and why a round refuses an attestation whose own window has ended). A runner
+//! that presents more than `IN_ROW` unexpired attestations in one window (a client hammering
+//! the lease endpoint) spills its oldest into `seen_jtis`, and `jtis_spilled_until` says until
+//! when they must be asked too.
 //!
 //! Where the spilled jtis are looked up depends on who writes the database. PostgreSQL's
 //! replicas share it, so the table is indexed by its primary key `(runner_id, jti)` and asked.
@@ -24,7 +25,7 @@
 //! one in 2⁶⁴ per remembered one, far below anything else that can refuse an attestation.
 
 use crate::domain::ids::RunnerId;
-pub use crate::domain::record::{FORGET_AFTER, IN_ROW, RecentJtis, jti_key};
+pub use crate::domain::record::{IN_ROW, RecentJtis, forget_before, jti_key};
 use crate::domain::time::Millis;
 use crate::store::StoreResult;
 use crate::store::engine::{Change, Db, Param, RowsWrite, Statement, fetch_optional};
@@ -155,12 +156,6 @@ pub async fn load<D: Db>(db: &mut D, now: Millis) -> StoreResult<SpillIndex> {
         );
     }
     Ok(index)
-}
-
-/// Before when a jti's window must have ended for it to be forgotten at `now`
-/// (`record::FORGET_AFTER`, which says why the margin).
-fn forget_before(now: Millis) -> Millis {
-    Millis(now.0 - FORGET_AFTER.0)
 }
 
 /// Forgets spilled jtis whose window ended more than `FORGET_AFTER` ago; how many.
