@@ -877,3 +877,107 @@ async fn a_transaction_left_idle_is_ended_by_the_server_and_a_lock_wait_answers_
         "the idle transaction ended: {ended:?}"
     );
 }
+
+/// The id of the transaction that last wrote `runner`'s row (its `xmin`), on `conn`.
+async fn row_xid(conn: &mut sqlx::PgConnection, runner: &TestRunner) -> i64 {
+    let (xid,): (String,) = sqlx::query_as("SELECT xmin::text FROM runners WHERE id = $1")
+        .bind(&runner.id)
+        .fetch_one(conn)
+        .await
+        .unwrap();
+    xid.parse().unwrap()
+}
+
+/// A failover to a standby that had not received the last transactions: the new primary
+/// hands out again the transaction ids the lost ones had, so a row can be written by a
+/// transaction with the very id the lane knew as its version (`store::known_rows`). The
+/// lane's version names its server too (`sql::round::row_version_sql`): a row written after
+/// the failover never matches one known before it, whatever its transaction id, and the round
+/// is read and judged on what the new primary holds. Here another writer revoked the runner
+/// in a transaction given the id of the lane's last write (lost); the runner's next heartbeat
+/// is refused as revoked, on a connection the lanes opened without seeing a lost one (a
+/// lease's round, locked from its `BEGIN`, replaced the dead kept connection first).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_row_version_known_before_a_failover_is_not_believed_after_it() {
+    // Skips, as every PostgreSQL case does, unless the tests are given a server.
+    if common::pg::server_url().is_none() {
+        return;
+    }
+    let Some(cluster) = common::pg_cluster::Cluster::start() else {
+        return;
+    };
+    let Some(app) = spawn_app_on_with(Engine::Postgres, |a| {
+        a.database_url = cluster.url();
+        a.db_acquire_timeout_ms = 10_000;
+    })
+    .await
+    else {
+        return;
+    };
+    app.pool("linux", &[IMAGE_A]).await;
+    let runner = app.register("linux", "known-before").await;
+    let other = app.register("linux", "first-after").await;
+    cluster.copy_aside();
+
+    let mut conn = sqlx::PgConnection::connect(&cluster.url()).await.unwrap();
+    // Room between the copy's last transaction id and the lane's last write: the ids the new
+    // primary hands out before the revocation's (the other runner's round, the service's own
+    // writes) come from there.
+    for _ in 0..200 {
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    // The first heartbeat changes the runner's status (a locked round), the second is read and
+    // written unlocked, and the third is written from what the lane knows.
+    for _ in 0..3 {
+        let beat = app.heartbeat(&runner.healthy()).await;
+        assert_eq!(beat.status(), 200, "{}", beat.text().await.unwrap());
+    }
+    let known = row_xid(&mut conn, &runner).await;
+    drop(conn);
+
+    cluster.fail_over();
+    // A lease request's round is written under its rows' locks, first thing: its `BEGIN` finds
+    // the kept connection dead and takes a new one, to the new primary, which the lanes keep.
+    let lease = app.lease(&other.healthy()).await;
+    assert_eq!(lease.status(), 204, "{}", lease.text().await.unwrap());
+
+    let mut conn = sqlx::PgConnection::connect(&cluster.url()).await.unwrap();
+    let (next,): (i64,) = sqlx::query_as("SELECT txid_current()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        next < known,
+        "the new primary has not yet handed out the lost write's id ({next} ≥ {known})"
+    );
+    for _ in next + 1..known {
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+    }
+    sqlx::query("UPDATE runners SET revoked_at = $1 WHERE id = $2")
+        .bind(now_s() * 1000)
+        .bind(&runner.id)
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(
+        row_xid(&mut conn, &runner).await,
+        known,
+        "the revocation was given the lost write's transaction id"
+    );
+
+    assert_eq!(
+        code_of(
+            app.heartbeat(&runner.healthy()).await,
+            reqwest::StatusCode::FORBIDDEN
+        )
+        .await,
+        "runner_revoked",
+        "the lane's row from before the failover was not believed"
+    );
+}

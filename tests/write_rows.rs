@@ -297,10 +297,11 @@ async fn a_write_of_every_row_fails_whole_when_one_finds_nothing(engine: Engine)
         let read = || -> Work<E::Db, Vec<String>> {
             Box::new(|db| {
                 Box::pin(async move {
-                    db.fetch(Statement::new(
-                        "SELECT DISTINCT xmin::text AS v FROM scratch_a \
+                    db.fetch(Statement::built(format!(
+                        "SELECT DISTINCT {} AS v FROM scratch_a \
                          WHERE id IN ('a-001', 'a-002', 'a-003')",
-                    ))
+                        leasegate::store::sql::round::row_version_sql("xmin")
+                    )))
                     .await?
                     .iter()
                     .map(|r| r.text("v"))

@@ -18,10 +18,13 @@
 //!
 //! An entry is forgotten whenever its runner's round was not written from it (a conflict, the
 //! locked way, a failure), and is not used once `KEPT_FOR` has passed since the database last
-//! confirmed it (a write guarded by its version, or a read): a version is a 32-bit
-//! transaction id, which the server reuses after about four billion transactions. A lost
-//! connection forgets every entry: the server reached next may be a standby promoted after
-//! a failover, which hands out again transaction ids the lost primary had.
+//! confirmed it (a write guarded by its version, or a read): a version's transaction id has
+//! 32 bits, which the server reuses after about four billion transactions. A standby promoted
+//! after a failover hands out again the ids the lost primary's last transactions had; a
+//! version names its server as well (`sql::round::row_version_sql`), so no entry from before
+//! the change passes a guard after it, whichever connection (a new one, a pooler's that
+//! outlived the change) the round goes over. A lost connection forgets every entry too: they
+//! would only fail their guards.
 
 use crate::domain::ids::RunnerId;
 use crate::domain::record::RunnerRow;

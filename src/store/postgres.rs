@@ -765,9 +765,10 @@ impl Db for PgDb {
         // The rows written have this transaction's id for their `xmin`: its low 32 bits
         // (`txid_current` counts the wraparounds above them).
         let sql = format!(
-            "WITH {} SELECT {}, (txid_current() % 4294967296)::text AS version",
+            "WITH {} SELECT {}, {} AS version",
             named(),
-            checks.join(", ")
+            checks.join(", "),
+            super::sql::round::row_version_sql("txid_current() % 4294967296")
         );
         let row = fetch_one(self, Statement::built(sql).params(params)).await?;
         Ok(Some(row.text("version")?))

@@ -10,6 +10,7 @@ pub mod github;
 pub mod log;
 pub mod oci;
 pub mod pg;
+pub mod pg_cluster;
 pub mod proxy;
 pub mod records;
 pub mod skip;

@@ -117,13 +117,12 @@ async fn read_round<D: Db>(
             at.push(r.received_at.0);
         }
     }
-    let sql = if lock {
-        "SELECT * FROM leasegate_read_round(true, $1, $2, $3, $4)"
-    } else {
-        "SELECT * FROM leasegate_read_round(false, $1, $2, $3, $4)"
-    };
+    let sql = format!(
+        "SELECT *, {} AS version FROM leasegate_read_round({lock}, $1, $2, $3, $4)",
+        row_version_sql("row_version")
+    );
     let found = db
-        .fetch(Statement::new(sql).params(vec![
+        .fetch(Statement::built(sql).params(vec![
             Param::Texts(ids.iter().map(|id| Some(*id)).collect()),
             Param::Texts(runners.iter().map(|r| Some(*r)).collect()),
             Param::Texts(asked.iter().map(|k| Some(*k)).collect()),
@@ -151,7 +150,7 @@ async fn read_round<D: Db>(
             ));
         }
         let (id, r) = runner_row(row)?;
-        read.versions.insert(id.clone(), row.text("row_version")?);
+        read.versions.insert(id.clone(), row.text("version")?);
         read.rows.insert(id, r);
     }
     Ok(read)
@@ -245,6 +244,21 @@ fn runner_updates_guarded<'a>(
     .every_row()
 }
 
+/// A row's version as PostgreSQL's SQL makes it from `xid` (its `xmin`, or the transaction id
+/// that wrote it): the id, and the server that gave it, named by when its postmaster started.
+/// A transaction id alone names a row's version only on one server's timeline: a standby
+/// promoted after a failover (or a server restarted after losing its last commits) hands out
+/// again ids the lost transactions had, and a row written by one of those would pass a guard
+/// that believed the lost write. With the server in it, no version known before the server
+/// changed, even over a pooler's connection that stayed open across the change, ever matches
+/// a row after it: the guard finds the row changed and the round is read again.
+pub fn row_version_sql(xid: &str) -> String {
+    format!(
+        "(({xid})::text || '@' || \
+         (extract(epoch FROM pg_postmaster_start_time()) * 1000000)::int8::text)"
+    )
+}
+
 /// The runners' update over `rows`; `guarded`, each row's two last values are the version
 /// (`xmin`) its runner's row must still have to be written, and the jtis (their keys and
 /// themselves, one a line; `NULL`: none) that must not be among its runner's spilled ones. A
@@ -257,13 +271,16 @@ fn runner_update_sql(rows: &str, guarded: bool) -> String {
     let (guard_columns, guard_test) = if guarded {
         (
             ", row_version, asked_jtis",
-            " AND runners.xmin = v.row_version::xid \
-             AND NOT EXISTS (SELECT 1 FROM unnest(string_to_array(v.asked_jtis, E'\\n')) \
-                 AS k(jti) WHERE EXISTS (SELECT 1 FROM seen_jtis s \
-                 WHERE s.runner_id = v.id AND s.jti = k.jti OFFSET 0))",
+            format!(
+                " AND {} = v.row_version \
+                 AND NOT EXISTS (SELECT 1 FROM unnest(string_to_array(v.asked_jtis, E'\\n')) \
+                     AS k(jti) WHERE EXISTS (SELECT 1 FROM seen_jtis s \
+                     WHERE s.runner_id = v.id AND s.jti = k.jti OFFSET 0))",
+                row_version_sql("runners.xmin")
+            ),
         )
     } else {
-        ("", "")
+        ("", String::new())
     };
     format!(
         "WITH v (id, attested_at, probe_ok, probe_runtime, probe_runtime_version, \
