@@ -110,6 +110,27 @@ fn followed(v: &Option<Followed>) -> bool {
     v.as_ref().is_some_and(|f| f.changed)
 }
 
+/// Runs `write` (a write, then the applying of what it changed) on a task of its own, so that
+/// it ends as it would have had its caller waited: a request dropped while it waited (its
+/// client went away) must not leave a committed write's changes unapplied, which would leave
+/// the cache judging from what the write changed (a cordon, a revocation, a pool's images)
+/// until the entry's time ran out. SQLite's writer runs a write it has queued whatever becomes
+/// of its caller; on PostgreSQL the write now always ends rather than sometimes rolling back,
+/// so an operator's action never half-happens with the timing of a client's timeout.
+async fn to_the_end<T: Send + 'static>(
+    write: impl Future<Output = StoreResult<T>> + Send + 'static,
+) -> StoreResult<T> {
+    use tracing::Instrument;
+    // In the request's span, so that what the write logs (its audit line) still names it.
+    tokio::spawn(write.instrument(tracing::Span::current()))
+        .await
+        .unwrap_or_else(|e| {
+            Err(StoreError::Internal(format!(
+                "a write's task ended before its answer: {e}"
+            )))
+        })
+}
+
 pub struct GatedStore<E: Engine> {
     engine: Arc<E>,
     rounds: GroupCommit,
@@ -132,17 +153,21 @@ where
     }
 
     /// Runs `f(args)` in one write transaction (again, on a conflict), then applies what it
-    /// changed.
+    /// changed; to its end whatever becomes of the caller (`to_the_end`).
     async fn write<A, T>(&self, args: A, f: Step<E::Db, A, T>) -> StoreResult<T>
     where
         A: Clone + Send + Sync + 'static,
         T: Send + 'static,
     {
-        let (value, changes) = retrying(|| self.engine.write(step(args.clone(), f))).await?;
-        for change in &changes {
-            self.held.apply(change);
-        }
-        Ok(value)
+        let (engine, held) = (self.engine.clone(), self.held.clone());
+        to_the_end(async move {
+            let (value, changes) = retrying(|| engine.write(step(args.clone(), f))).await?;
+            for change in &changes {
+                held.apply(change);
+            }
+            Ok(value)
+        })
+        .await
     }
 
     /// `write`, recording `audit` with it when `done` says the write changed something, and
@@ -158,18 +183,20 @@ where
         A: Clone + Send + Sync + 'static,
         T: Send + 'static,
     {
-        let (value, changes) = retrying(|| {
-            self.engine
-                .write(audited_step(args.clone(), audit.clone(), done, f))
+        let (engine, held, audit) = (self.engine.clone(), self.held.clone(), audit.clone());
+        to_the_end(async move {
+            let (value, changes) =
+                retrying(|| engine.write(audited_step(args.clone(), audit.clone(), done, f)))
+                    .await?;
+            for change in &changes {
+                held.apply(change);
+            }
+            if done(&value) {
+                log_audit(&audit);
+            }
+            Ok(value)
         })
-        .await?;
-        for change in &changes {
-            self.held.apply(change);
-        }
-        if done(&value) {
-            log_audit(audit);
-        }
-        Ok(value)
+        .await
     }
 
     async fn read<A, T>(&self, args: A, f: Step<E::Db, A, T>) -> StoreResult<T>
