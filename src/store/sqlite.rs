@@ -283,8 +283,19 @@ fn transaction<T>(
         discard,
         ..
     } = db;
-    let commit = result.is_ok() && !discard;
-    if let Err(e) = conn.execute_batch(if commit { "COMMIT" } else { "ROLLBACK" }) {
+    if result.is_err() || discard {
+        // Some failures end the transaction as they happen (a full disk, an I/O error, an
+        // `OR ROLLBACK` conflict): then there is nothing to roll back, and the work's own
+        // error, not the `ROLLBACK`'s "no transaction is active", is the answer.
+        if !conn.is_autocommit()
+            && let Err(e) = conn.execute_batch("ROLLBACK")
+            && result.is_ok()
+        {
+            return (conn, Err(store_error(e)));
+        }
+        return (conn, result.map(|v| (v, Vec::new())));
+    }
+    if let Err(e) = conn.execute_batch("COMMIT") {
         // A COMMIT that fails may leave its transaction open (SQLite keeps it on a busy
         // database or a deferred constraint, to be committed again): rolled back here, or the
         // writer's every later `BEGIN` would fail as one inside a transaction.
@@ -292,9 +303,6 @@ fn transaction<T>(
             let _ = conn.execute_batch("ROLLBACK");
         }
         return (conn, Err(store_error(e)));
-    }
-    if !commit {
-        return (conn, result.map(|v| (v, Vec::new())));
     }
     // Known to lookups once durable, and before the writer's next transaction.
     for (runner, key, until) in &spilled {
@@ -666,6 +674,26 @@ mod tests {
         });
         let (_, after) = transaction(conn, "BEGIN IMMEDIATE", &spills, count);
         assert_eq!(after.expect("the next transaction begins").0, 0);
+    }
+
+    #[test]
+    fn a_work_whose_failure_ended_the_transaction_answers_its_own_error() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE u (id INTEGER PRIMARY KEY); INSERT INTO u VALUES (1);")
+            .unwrap();
+        let spills = Arc::new(SpillIndex::default());
+        // `OR ROLLBACK` ends the whole transaction at the conflict, as a full disk can.
+        let conflict: Work<SqliteDb, ()> = Box::new(|db: &mut SqliteDb| {
+            Box::pin(async move {
+                db.execute(Statement::new("INSERT OR ROLLBACK INTO u VALUES (1)"))
+                    .await
+                    .map(|_| ())
+            })
+        });
+        let (conn, result) = transaction(conn, "BEGIN IMMEDIATE", &spills, conflict);
+        let error = result.expect_err("the insert failed").to_string();
+        assert!(error.contains("UNIQUE"), "the work's own error: {error}");
+        assert!(conn.is_autocommit(), "no transaction is left open");
     }
 
     /// Writes one transaction that adds about a page to the WAL.

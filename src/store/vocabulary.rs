@@ -57,13 +57,14 @@ impl From<sqlx::Error> for StoreError {
 }
 
 /// Errors that say "the database cannot serve now", not "this request is wrong": SQLite's
-/// busy, locked, read-only, I/O and cannot-open errors (primary and extended codes), and
+/// busy, locked, read-only, I/O, full-disk and cannot-open errors (primary and extended codes),
+/// and
 /// PostgreSQL's connection (08), operator intervention and timeout (57) and resource (53)
 /// classes, its `lock_timeout` (55P03: a lock held elsewhere for longer than a statement may
 /// wait, which a request sent again later may find free) and the end of a session left idle
 /// in its transaction (25P03, `idle_in_transaction_session_timeout`: the connection is gone).
 pub(crate) fn is_unavailable(code: Option<&str>, message: &str) -> bool {
-    const SQLITE: [&str; 8] = ["5", "6", "8", "10", "14", "261", "517", "1032"];
+    const SQLITE: [&str; 9] = ["5", "6", "8", "10", "13", "14", "261", "517", "1032"];
     if let Some(code) = code {
         let postgres = ["08", "57", "53"].iter().any(|c| code.starts_with(c))
             || ["55P03", "25P03"].contains(&code);
@@ -77,6 +78,7 @@ pub(crate) fn is_unavailable(code: Option<&str>, message: &str) -> bool {
         "readonly",
         "read-only",
         "disk i/o",
+        "disk is full",
         "unable to open",
     ]
     .iter()
@@ -373,10 +375,13 @@ mod tests {
     #[test]
     fn the_database_saying_not_now_is_unavailable_and_a_bad_statement_is_not() {
         for code in [
-            "08006", "57014", "57P01", "53300", "55P03", "25P03", "5", "517",
+            "08006", "57014", "57P01", "53300", "55P03", "25P03", "5", "517", "13",
         ] {
             assert!(is_unavailable(Some(code), ""), "{code}");
         }
+        // An extended I/O code known by its message, as SQLite words it.
+        assert!(is_unavailable(Some("1034"), "disk I/O error"));
+        assert!(is_unavailable(None, "database or disk is full"));
         // A syntax error, a unique violation, a serialization failure (a conflict), SQLite's
         // constraint: the request's or the round's, not the database's availability.
         for code in ["42601", "23505", "40001", "25P02", "55000", "19"] {
