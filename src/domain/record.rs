@@ -20,6 +20,7 @@ use super::time::Millis;
 use super::verdict::{AttestedState, GateState};
 use sha2::{Digest, Sha256};
 use std::collections::{BTreeMap, BTreeSet, HashSet, VecDeque};
+use std::sync::atomic::{AtomicI64, Ordering};
 
 /// How many attestations and refusals are kept per runner (rings), and status changes.
 pub const ATTESTATION_HISTORY: i64 = 20;
@@ -76,6 +77,23 @@ pub const FORGET_AFTER: Millis = Millis(15_000);
 /// for a row's jtis (`RecentJtis::prune`) and the spilled ones (`replay::purge`).
 pub fn forget_before(now: Millis) -> Millis {
     Millis(now.0 - FORGET_AFTER.0)
+}
+
+/// The clock rounds are planned by and jtis forgotten by (`plan`'s `now`, `replay::purge`'s):
+/// the system clock, never read in this process as earlier than it once was. A clock stepped
+/// back (a service started before its host's time was synchronised, then corrected) would
+/// otherwise find open again windows whose jtis it had already forgotten, and take a replay
+/// of one. Read so, the step is time standing still until the clock catches up: an
+/// attestation whose window ends before then is refused as expired (its runner attests
+/// again), and nothing forgotten comes back.
+pub fn forgetting_now() -> Millis {
+    static LATEST: AtomicI64 = AtomicI64::new(i64::MIN);
+    never_back(&LATEST, Millis::now())
+}
+
+/// `now`, or the latest reading `latest` holds when that is later; `latest` keeps the later.
+fn never_back(latest: &AtomicI64, now: Millis) -> Millis {
+    Millis(latest.fetch_max(now.0, Ordering::Relaxed).max(now.0))
 }
 
 /// What a jti is remembered as.
@@ -862,5 +880,31 @@ mod tests {
         fresh.jti = "K".into();
         let plan = plan(&rows, &[(0, &fresh)], &HashSet::new(), Millis(J_ENDS));
         assert_eq!(plan.verdicts[&0], Ok(()));
+    }
+
+    #[test]
+    fn the_forgetting_clock_never_goes_back_and_a_forgotten_jti_stays_expired() {
+        // J forgotten by a clock that ran ahead; the clock then stepped back into J's window.
+        let latest = AtomicI64::new(i64::MIN);
+        let ahead = J_ENDS + FORGET_AFTER.0 + 1;
+        assert_eq!(never_back(&latest, Millis(ahead)), Millis(ahead));
+        let (j, after) = row_after_j_then_another(ahead);
+        assert!(!after.recent_jtis.contains(&jti_key("J")));
+        let stepped_back = never_back(&latest, Millis(J_ENDS - 1_000));
+        assert_eq!(
+            stepped_back,
+            Millis(ahead),
+            "time stands still until it catches up"
+        );
+        let rows = BTreeMap::from([(RunnerId("r1".into()), after)]);
+        let plan = plan(&rows, &[(0, &j)], &HashSet::new(), stepped_back);
+        assert_eq!(
+            plan.verdicts[&0],
+            Err(Rejection::Expired),
+            "not taken again"
+        );
+        // Once the clock is past the latest reading, it is read as it is.
+        assert_eq!(never_back(&latest, Millis(ahead + 5)), Millis(ahead + 5));
+        assert!(forgetting_now() >= Millis::now().plus_secs(-1));
     }
 }

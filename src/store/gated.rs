@@ -613,8 +613,10 @@ gated_store! {
                 break;
             }
         }
+        // By the clock rounds are planned by, when it is ahead (a clock stepped back).
+        let forgetting = now.max(crate::domain::record::forgetting_now());
         report.jtis_purged = self
-            .write(now, |db, now| Box::pin(sql::replay::purge(db, *now)))
+            .write(forgetting, |db, now| Box::pin(sql::replay::purge(db, *now)))
             .await?;
         self.write(now, |db, now| Box::pin(sql::sessions::purge(db, *now)))
             .await?;

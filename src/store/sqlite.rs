@@ -193,7 +193,7 @@ impl SqliteEngine {
             first,
             "BEGIN",
             &Arc::new(SpillIndex::default()),
-            Box::new(|db| Box::pin(replay::load(db, Millis::now()))),
+            Box::new(|db| Box::pin(replay::load(db, crate::domain::record::forgetting_now()))),
         );
         let spills = Arc::new(loaded?.0);
         let at = path.to_path_buf();

@@ -30,7 +30,8 @@ use crate::domain::ids::RunnerId;
 use crate::domain::lease::Lease;
 use crate::domain::record::{
     AttestationRecord, HistoryEntry, Plan, REFUSAL_HISTORY, RefusalRun, RefusalWrite, Rejection,
-    RunnerRow, RunnerUpdate, STATUS_CHANGE_HISTORY, Sampled, StatusChangeEntry, plan,
+    RunnerRow, RunnerUpdate, STATUS_CHANGE_HISTORY, Sampled, StatusChangeEntry, forgetting_now,
+    plan,
 };
 use crate::domain::time::Millis;
 use crate::store::engine::{Change, Db, Param, Row, RowsWrite, Statement};
@@ -591,7 +592,7 @@ fn spills_of<'a>(plan: &'a Plan<'_>) -> Vec<(&'a RunnerId, Millis, &'a str)> {
 pub async fn write<D: Db>(db: &mut D, items: &[RoundItem]) -> StoreResult<Vec<RoundOutcome>> {
     let (ids, attestations) = round_of(items);
     let Read { rows, spilled, .. } = read_round(db, &ids, &attestations, true).await?;
-    let plan = plan(&rows, &attestations, &spilled, Millis::now());
+    let plan = plan(&rows, &attestations, &spilled, forgetting_now());
     let mut outcomes = outcomes_of(items, &plan);
     let spills = spills_of(&plan);
     // The round's row writes together: on PostgreSQL one statement, one round trip. None of
@@ -684,7 +685,12 @@ pub async fn write_unlocked<D: Db>(
     let (ids, attestations) = round_of(items);
     let mut known_versions = BTreeMap::new();
     if let Some(known) = known {
-        let plan = plan(&known.rows, &attestations, &HashSet::new(), Millis::now());
+        let plan = plan(
+            &known.rows,
+            &attestations,
+            &HashSet::new(),
+            forgetting_now(),
+        );
         if plan.verdicts.values().all(Result::is_ok) {
             let asked = spill_asks(&known.rows, &attestations);
             match write_planned(db, items, &known, plan, &asked).await {
@@ -725,7 +731,7 @@ pub async fn write_unlocked<D: Db>(
         .filter(|(id, known)| read.versions.get(id) != Some(known))
         .map(|(id, _)| id)
         .collect();
-    let plan = plan(&read.rows, &attestations, &read.spilled, Millis::now());
+    let plan = plan(&read.rows, &attestations, &read.spilled, forgetting_now());
     let rows = VersionedRows {
         rows: read.rows,
         versions: read.versions,
