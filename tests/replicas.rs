@@ -322,3 +322,135 @@ async fn eventually_code(app: &TestApp, runner: &TestRunner, code: &str) -> Dura
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// The number of connections `role` has open to the server.
+async fn connections_of(conn: &mut sqlx::PgConnection, role: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE usename = $1")
+        .bind(role)
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
+/// Whatever other replicas announce while a replica's change listener has no connection is
+/// lost: once a new connection listens, the replica forgets what it cached, including what it
+/// read while it could not listen. Here A's listener is cut and cannot connect again (its
+/// role's connection limit is reached) while A reads the runner and B cordons it; once A
+/// listens again, A's gate judges the cordon at once, not after its cache's TTL (30 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_made_while_a_replicas_listener_could_not_connect_is_not_missed() {
+    use leasegate::domain::audit::{Action, Entry};
+    use leasegate::domain::ids::RunnerId;
+    use leasegate::domain::time::Millis;
+    use leasegate::store::postgres::LISTEN_APPLICATION_NAME;
+    use sqlx::Connection;
+
+    let Some(db) = pg::TestDatabase::create().await else {
+        return;
+    };
+    let server = pg::server_url().unwrap();
+    let role = format!("lg_listen_{}", uuid::Uuid::now_v7().simple());
+    let _dropped = pg::DroppedWithRole {
+        server: server.clone(),
+        database: db.name().to_string(),
+        role: role.clone(),
+    };
+    let mut admin = sqlx::PgConnection::connect(&db.url).await.unwrap();
+    // A connects as a role of its own, whose connections can be limited (a superuser's cannot).
+    for statement in [
+        format!("CREATE ROLE \"{role}\" LOGIN"),
+        format!("ALTER DATABASE \"{}\" OWNER TO \"{role}\"", db.name()),
+        format!("GRANT ALL ON SCHEMA public TO \"{role}\""),
+    ] {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(statement))
+            .execute(&mut admin)
+            .await
+            .unwrap();
+    }
+    let as_role = pg::with_database(
+        &server.replacen("postgres@", &format!("{role}@"), 1),
+        db.name(),
+    );
+    assert!(
+        as_role.contains(&role),
+        "the server URL names its user: {server}"
+    );
+    // Its patience 1 s: the listener gives up on a connection, and on a connect, that soon.
+    let a = spawn_app_on_with(Engine::Postgres, |args| {
+        args.database_url = as_role;
+        args.db_statement_timeout_ms = 1000;
+        args.db_acquire_timeout_ms = 1000;
+    })
+    .await
+    .unwrap();
+    let b = spawn_replica_with(&a, |args| args.database_url = db.url.clone()).await;
+    a.pool("linux", &[IMAGE_A]).await;
+    let runner = a.register("linux", "r1").await;
+    assert_eq!(
+        a.heartbeat(&runner.healthy()).await.status(),
+        StatusCode::OK
+    );
+    let id = RunnerId(runner.id.clone());
+    let cordoned_at_a = || async {
+        let held = a.state.store().gate_runner(&id).await.unwrap().unwrap();
+        held.record.gate.cordoned
+    };
+    assert!(!cordoned_at_a().await);
+
+    // A's listener is cut, and cannot connect again: the role may keep the connections it has
+    // but the listener's.
+    let open = connections_of(&mut admin, &role).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER ROLE \"{role}\" CONNECTION LIMIT {}",
+        open - 1
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let (cut,): (bool,) = sqlx::query_as(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE usename = $1 AND application_name = $2",
+    )
+    .bind(&role)
+    .bind(LISTEN_APPLICATION_NAME)
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert!(cut, "A's listener's connection ended");
+    // Past its patience: A has found the connection gone, and fails to connect again.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    // A reads the runner meanwhile (its cache holds it, not cordoned); B cordons it, and
+    // announces so to nobody at A.
+    assert!(!cordoned_at_a().await);
+    let audit = Entry {
+        at: Millis::now(),
+        actor: "replicas-test".into(),
+        action: Action::RunnerCordon,
+        target: runner.id.clone(),
+        detail: None,
+        client: "127.0.0.1".into(),
+    };
+    b.state
+        .store()
+        .set_cordoned(&id, true, &audit)
+        .await
+        .unwrap()
+        .expect("the runner");
+    assert!(!cordoned_at_a().await, "A heard nothing of it");
+
+    // A's listener connects and listens again (its backoff is at most 5 s), and A forgets.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER ROLE \"{role}\" CONNECTION LIMIT -1"
+    )))
+    .execute(&mut admin)
+    .await
+    .unwrap();
+    let started = Instant::now();
+    while !cordoned_at_a().await {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "A listens again and judges the cordon, well before its cache's TTL"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

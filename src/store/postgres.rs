@@ -850,6 +850,12 @@ fn announced(channel: &str, payload: &str) -> Option<Change> {
 /// Hands other replicas' announcements to `apply`, reconnecting with a capped backoff when the
 /// connection drops (and telling `apply` so).
 ///
+/// Whatever was announced while no connection listened is lost, so `apply` is told the changes
+/// were lost once each connection listens (the first included: the cache may have been filled
+/// before it did), not only when the previous one was found gone: what was read between the
+/// two is forgotten too. The listener never reconnects by itself (`eager_reconnect(false)`, and
+/// a lost connection ends it), so that no connection listens without that being said.
+///
 /// A connection may also go silent (a network dropping packets, a failed-over primary that
 /// never closed its sockets): it then hears nothing, and this replica would miss every other
 /// replica's change until its cache's TTL. So when nothing has come for `patience`, the
@@ -881,6 +887,7 @@ async fn listen(
         // No longer than a statement's patience (`answer`), as every wait on the server is.
         let connected = answer(patience, async {
             let mut listener = PgListener::connect_with(&own).await?;
+            listener.eager_reconnect(false);
             listener.listen_all([JOBS, CHANGES]).await?;
             Ok(listener)
         })
@@ -894,6 +901,8 @@ async fn listen(
                 continue;
             }
         };
+        // Listening from here on; what was announced before is lost.
+        apply(Announced::Lost);
         backoff = Duration::from_millis(200);
         loop {
             let heard = match tokio::time::timeout(patience, listener.try_recv()).await {
@@ -918,8 +927,13 @@ async fn listen(
                     Some(change) => apply(Announced::Change(change)),
                     None => apply(Announced::Lost),
                 },
-                // The connection was lost and will be re-established.
-                Ok(None) => apply(Announced::Lost),
+                // The connection was lost: a new one listens, and says so.
+                Ok(None) => {
+                    tracing::warn!("the change listener lost its connection");
+                    apply(Announced::Lost);
+                    tokio::time::sleep(backoff).await;
+                    break;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, "the change listener lost its connection");
                     apply(Announced::Lost);

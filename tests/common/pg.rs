@@ -102,6 +102,44 @@ impl Drop for TestDatabase {
     }
 }
 
+/// A test's database and the role that owns it, both dropped with this (before the
+/// `TestDatabase`, whose own drop then finds nothing): a role is the server's, not the
+/// database's, and outlives it unless dropped.
+pub struct DroppedWithRole {
+    pub server: String,
+    pub database: String,
+    pub role: String,
+}
+
+impl Drop for DroppedWithRole {
+    fn drop(&mut self) {
+        let (server, database, role) = (
+            self.server.clone(),
+            self.database.clone(),
+            self.role.clone(),
+        );
+        let done = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                if let Ok(mut conn) = sqlx::PgConnection::connect(&server).await {
+                    for sql in [
+                        format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"),
+                        format!("DROP ROLE IF EXISTS \"{role}\""),
+                    ] {
+                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                            .execute(&mut conn)
+                            .await;
+                    }
+                }
+            })
+        });
+        let _ = done.join();
+    }
+}
+
 /// A fresh database reached through a proxy that the test can cut or silence: the database
 /// (dropped with it), the proxy, and the URL through it. `None` when PostgreSQL cases skip.
 pub async fn behind_proxy() -> Option<(TestDatabase, super::proxy::Proxy, String)> {
