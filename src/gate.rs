@@ -361,6 +361,7 @@ impl Gate {
             agent: attestation.agent.as_ref().map(|a| a.to_string()),
             status,
             refusal,
+            judged_gate: runner.gate,
         };
         let admitted = Admitted {
             runner,

@@ -445,6 +445,7 @@ async fn attest(store: &DynStore, runner: &RunnerId, at: Millis, checked_at: Mil
         agent: None,
         status: RunnerStatus::Healthy,
         refusal: None,
+        judged_gate: Default::default(),
     };
     let outcome = store
         .submit(RoundItem {

@@ -19,6 +19,7 @@ mod attestation_attacks;
 mod bench_emit;
 mod bench_smoke;
 mod buildkite;
+mod cache_rounds;
 mod concurrency;
 mod connections;
 mod demo_binary;

@@ -82,6 +82,7 @@ fn attestation(runner: &RunnerId, at: Millis, ok: bool) -> AttestationRecord {
             RunnerStatus::ProbeFailed
         },
         refusal: (!ok).then(|| ("probe_failed".into(), "crun not found".into())),
+        judged_gate: Default::default(),
     }
 }
 

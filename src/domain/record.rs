@@ -43,6 +43,9 @@ pub struct AttestationRecord {
     pub status: RunnerStatus,
     /// The refusal to record, for a lease or gate check refused under rules 7–13.
     pub refusal: Option<(String, String)>,
+    /// The cordon, quarantine and ejection it was judged by (`status`, `refusal`): the
+    /// cache's, which the round checks against the row it reads (`Plan::stale`).
+    pub judged_gate: GateState,
 }
 
 /// Rules 5 and 6, decided inside the round.
@@ -295,6 +298,13 @@ impl RunnerRow {
     pub fn may_claim(&self, released: bool) -> bool {
         !self.revoked && !self.cordoned && (self.ejected_until.is_none() || released)
     }
+
+    /// Whether this row holds the cordon, quarantine and ejection `gate` says.
+    pub fn holds(&self, gate: &GateState) -> bool {
+        self.cordoned == gate.cordoned
+            && self.quarantined_at == gate.quarantined_at
+            && self.ejected_until == gate.ejection.as_ref().map(|e| e.until)
+    }
 }
 
 /// A runner's row after the round's attestations.
@@ -353,6 +363,11 @@ pub struct Plan<'a> {
     pub refusals: Vec<(&'a RunnerId, RefusalWrite)>,
     /// jtis that no longer fit their runner's row, for `seen_jtis`.
     pub spills: Vec<(&'a RunnerId, Millis, String)>,
+    /// Attestations accepted that were judged by a cordon, quarantine or ejection their
+    /// runner's row, as read, no longer holds: the cache they were judged from missed a change
+    /// (a notification lost), and their runners' entries are forgotten rather than renewed by
+    /// the round (`group_commit`), so that the next attestation is judged by the row.
+    pub stale: BTreeSet<usize>,
 }
 
 /// The writes of `attestations` (index in the round, record; in arrival order), from each
@@ -419,6 +434,9 @@ pub fn plan<'a>(
             continue;
         }
         plan.verdicts.insert(i, Ok(()));
+        if !stored.holds(&rec.judged_gate) {
+            plan.stale.insert(i);
+        }
         for (until, spilled_key) in row.recent_jtis.remember(key, rec.replay_until) {
             row.jtis_spilled_until = row.jtis_spilled_until.max(Some(until));
             plan.spills.push((runner_id, until, spilled_key));
@@ -579,6 +597,7 @@ mod tests {
                 RunnerStatus::ProbeFailed
             },
             refusal: refusal.then(|| ("probe_failed".into(), "crun not found".into())),
+            judged_gate: Default::default(),
         }
     }
 
@@ -880,6 +899,36 @@ mod tests {
         fresh.jti = "K".into();
         let plan = plan(&rows, &[(0, &fresh)], &HashSet::new(), Millis(J_ENDS));
         assert_eq!(plan.verdicts[&0], Ok(()));
+    }
+
+    #[test]
+    fn an_attestation_judged_by_gate_facts_its_row_no_longer_holds_is_marked_stale() {
+        let id = RunnerId("r1".into());
+        let mut cordoned = row(Some("healthy"), None);
+        cordoned.cordoned = true;
+        let rows = BTreeMap::from([(id.clone(), cordoned)]);
+        let judged_free = record("r1", "a", 1_000, true, false);
+        let mut judged_cordoned = record("r1", "b", 1_001, true, false);
+        judged_cordoned.judged_gate.cordoned = true;
+        let records = [judged_free, judged_cordoned];
+        let plan = plan_of(&rows, &records);
+        assert_eq!(plan.verdicts[&0], Ok(()), "accepted all the same");
+        assert_eq!(plan.stale, BTreeSet::from([0]));
+
+        // A quarantine or an ejection the row holds and the judgment did not see, likewise.
+        let mut ejected = row(Some("healthy"), Some(900));
+        ejected.ejected_until = Some(Millis(5_000));
+        let rows = BTreeMap::from([(id, ejected)]);
+        let mut judged = record("r1", "c", 1_000, true, false);
+        judged.judged_gate.quarantined_at = Some(Millis(900));
+        assert_eq!(plan_of(&rows, &[judged.clone()]).stale, BTreeSet::from([0]));
+        judged.judged_gate.ejection = Some(crate::domain::ejection::Ejection {
+            at: Millis(800),
+            until: Millis(5_000),
+            failures: Default::default(),
+            nth: 1,
+        });
+        assert!(plan_of(&rows, &[judged]).stale.is_empty());
     }
 
     #[test]

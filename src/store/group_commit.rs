@@ -209,8 +209,13 @@ async fn write<E: Engine>(
     };
     for (item, outcome) in written.iter().zip(&outcomes) {
         if let (Some(record), Some(Ok(()))) = (&item.attestation, &outcome.attestation) {
-            held.cache
-                .attested(&record.runner_id, record.received_at, &record.state);
+            if outcome.judged_stale {
+                // The entry it was judged from missed a change: read again, not renewed.
+                held.cache.forget_runner(&record.runner_id);
+            } else {
+                held.cache
+                    .attested(&record.runner_id, record.received_at, &record.state);
+            }
         }
     }
     Ok(outcomes)

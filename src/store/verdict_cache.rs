@@ -23,8 +23,12 @@
 //! entries once committed (`attested`), and says a runner changed, for every replica, only
 //! when its attestation's facts or status did (`sql::round`). That write-through also renews
 //! the entry's TTL, up to `MAX_AGE` from its read: a round that committed without changing its
-//! runner's gate is a sign the entry still holds, and without it a runner heartbeating every
-//! 15 s had its entry read again (two statements on the pool) every other heartbeat. Another replica's entry may thus
+//! runner's gate, and whose row holds the cordon, quarantine and ejection its attestation was
+//! judged by, is a sign the entry still holds, and without it a runner heartbeating every
+//! 15 s had its entry read again (two statements on the pool) every other heartbeat. A round
+//! whose row does not hold them (the entry missed a change: a notification lost, a change made
+//! behind the service) forgets the entry instead (`record::Plan::stale`), so a missed change
+//! outlives no more than the round after it. Another replica's entry may thus
 //! hold an older attestation with the same facts, which can only be judged too old: the forge
 //! gate confirms such a refusal against the database (`forge_gate::decide`).
 //!

@@ -366,6 +366,9 @@ pub struct RoundOutcome {
     pub attestation: Option<Result<(), Rejection>>,
     /// The lease and job granted to the item's claim, if any.
     pub granted: Option<(Lease, Job)>,
+    /// Its attestation, accepted, was judged by gate facts its runner's row no longer holds
+    /// (`Plan::stale`).
+    pub judged_stale: bool,
 }
 
 #[cfg(test)]

@@ -37,5 +37,6 @@ pub fn healthy(
         agent: None,
         status: RunnerStatus::Healthy,
         refusal: None,
+        judged_gate: Default::default(),
     }
 }

@@ -576,6 +576,7 @@ fn outcomes_of(items: &[RoundItem], plan: &Plan<'_>) -> Vec<RoundOutcome> {
                     .unwrap_or(Err(Rejection::Revoked))
             }),
             granted: None,
+            judged_stale: plan.stale.contains(&i),
         })
         .collect()
 }
