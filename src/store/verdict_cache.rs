@@ -28,14 +28,16 @@
 //! 15 s had its entry read again (two statements on the pool) every other heartbeat. A round
 //! whose row does not hold them (the entry missed a change: a notification lost, a change made
 //! behind the service) forgets the entry instead (`record::Plan::stale`), so a missed change
-//! outlives no more than the round after it. Another replica's entry may thus
-//! hold an older attestation with the same facts, which can only be judged too old: the forge
-//! gate confirms such a refusal against the database (`forge_gate::decide`).
+//! outlives no more than the round after it. Another replica's entry may thus hold an older
+//! attestation with the same facts, which can only be judged too old: the forge gate confirms
+//! such a refusal against the database (`forge_gate::decide`).
 //!
 //! A binding (or its absence, for a forge runner bound to none) is dropped, every one, by any
 //! change of the bindings (`Change::ForgeRunners`): they change when an operator or an agent
 //! binds, or a runner is revoked, rarely. Absences are kept only while few entries are held, so
-//! that fetches naming random uuids cannot fill memory.
+//! that fetches naming random uuids cannot fill memory; past `MAX_BINDINGS` entries a binding
+//! takes the place of another (an identity carries what its request named, a GitLab
+//! `system_id`, so one runner's token could otherwise add entries without end).
 //!
 //! What a stale entry could do is bounded: a claim re-reads the runner's revocation and cordon
 //! under its row lock, so no job goes to a revoked or cordoned runner whatever the cache says.
@@ -216,8 +218,19 @@ impl VerdictCache {
             .bindings
             .write()
             .unwrap_or_else(|e| e.into_inner());
-        if self.generation() != generation || (bound.is_none() && map.len() >= MAX_BINDINGS) {
+        if self.generation() != generation {
             return;
+        }
+        if map.len() >= MAX_BINDINGS && !map.contains_key(identity) {
+            if bound.is_none() {
+                return;
+            }
+            // Full: a binding takes the place of another entry. The identity carries what
+            // its request named (a GitLab `system_id`), so one runner's token could otherwise
+            // add entries without end.
+            if let Some(other) = map.keys().next().cloned() {
+                map.remove(&other);
+            }
         }
         map.insert(identity.clone(), (bound.clone(), Instant::now()));
     }
@@ -516,13 +529,19 @@ mod tests {
         assert_eq!(cache.binding(&identity(2)), None);
         cache.keep_binding(before, &identity(1), &bound);
         assert_eq!(cache.binding(&identity(1)), None);
-        // Absences stop being kept once many entries are held; bindings are still kept.
+        // Absences stop being kept once many entries are held; bindings are still kept, each
+        // in the place of another, so that the entries never pass the bound.
         for n in 0..MAX_BINDINGS as u32 {
             cache.keep_binding(cache.generation(), &identity(10 + n), &None);
         }
         cache.keep_binding(cache.generation(), &identity(2), &None);
         assert_eq!(cache.binding(&identity(2)), None);
+        for n in 0..100 {
+            cache.keep_binding(cache.generation(), &identity(1_000_000 + n), &bound);
+        }
         cache.keep_binding(cache.generation(), &identity(1), &bound);
         assert_eq!(cache.binding(&identity(1)), Some(bound));
+        let held = cache.inner.bindings.read().unwrap().len();
+        assert_eq!(held, MAX_BINDINGS);
     }
 }
