@@ -1,6 +1,8 @@
 //! The forge gate and several images: a Forgejo runner whose one image of several drifted
 //! asks for a task and gets none, refused `image_drift` naming the image's ref and label, and
 //! the forge never hears of the fetch; back on its pool's images, its next fetch goes through.
+//! A refusal for those images is confirmed against the database first: another replica's cache
+//! may hold an older attestation's (a change of only them is not announced).
 
 use crate::common;
 
@@ -13,7 +15,10 @@ use serde_json::{Value, json};
 const IMAGE_C: &str = "sha256:cccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccccc";
 const IMAGE_E: &str = "sha256:eeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeeee";
 
-each_engine!(a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it);
+each_engine!(
+    a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it,
+    a_refusal_for_images_the_cache_holds_is_confirmed_against_the_database,
+);
 
 /// What the runner attests: node on `node`, the others on their pool's images.
 fn running(node: &str) -> Value {
@@ -48,10 +53,9 @@ async fn fetch_task(app: &TestApp) -> (Option<String>, bool) {
     (refusal, answer.task.is_some())
 }
 
-async fn a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it(engine: Engine) {
-    let Some(g) = forges::gated(engine, "glrt-unused", 1, |_| {}).await else {
-        return;
-    };
+/// The gated forge, its pool of three images, and a runner bound to the Forgejo runner.
+async fn three_images(engine: Engine) -> Option<(forges::Gated, TestRunner)> {
+    let g = forges::gated(engine, "glrt-unused", 1, |_| {}).await?;
     let r = g
         .app
         .admin_put(
@@ -80,6 +84,13 @@ async fn a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it(engine: E
         id: body["runner_id"].as_str().unwrap().into(),
         pool: "docker".into(),
         key,
+    };
+    Some((g, runner))
+}
+
+async fn a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it(engine: Engine) {
+    let Some((g, runner)) = three_images(engine).await else {
+        return;
     };
 
     // node:20-bookworm drifted; its two other images are current.
@@ -116,4 +127,61 @@ async fn a_forgejo_runner_off_one_of_its_images_gets_no_task_naming_it(engine: E
     let (refusal, task) = fetch_task(&g.app).await;
     assert_eq!((refusal, task), (None, true));
     assert_eq!(g.forgejo.calls_to(FETCH_TASK), 1);
+}
+
+/// A round announces a runner's change to other replicas when its status or its running
+/// image changed, not when only the other images it claims did: another replica's cache may
+/// hold the images of an older attestation. A fetch refused for its images is confirmed
+/// against the database before it is refused, as a refusal for age is. Here the runner's
+/// images are put back on its pool's behind the service (as another replica's unannounced
+/// write), and its next fetch goes through.
+async fn a_refusal_for_images_the_cache_holds_is_confirmed_against_the_database(engine: Engine) {
+    let Some((g, runner)) = three_images(engine).await else {
+        return;
+    };
+    g.app.heartbeat(&runner.attest(running(IMAGE_A))).await;
+    let images_on_its_pools = {
+        let view = g.app.runner(&runner.id).await;
+        assert_eq!(view["status"], "healthy", "{view}");
+        match g.app.engine {
+            Engine::Sqlite => {
+                let path = g.app.database_url.trim_start_matches("sqlite://");
+                let conn = rusqlite::Connection::open(path).unwrap();
+                conn.query_row(
+                    "SELECT images FROM runners WHERE id = ?1",
+                    [&runner.id],
+                    |r| r.get::<_, String>(0),
+                )
+                .unwrap()
+            }
+            Engine::Postgres => {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&g.app.database_url)
+                    .await
+                    .unwrap();
+                sqlx::query_scalar("SELECT images FROM runners WHERE id = $1")
+                    .bind(&runner.id)
+                    .fetch_one(&mut conn)
+                    .await
+                    .unwrap()
+            }
+        }
+    };
+    g.app.heartbeat(&runner.attest(running(IMAGE_E))).await;
+    // The refused fetch leaves the drifted images in the cache.
+    g.forgejo.enqueue();
+    let (refusal, _) = fetch_task(&g.app).await;
+    assert_eq!(refusal.as_deref(), Some("image_drift"));
+
+    let sql = format!(
+        "UPDATE runners SET images = '{}' WHERE id = $1",
+        images_on_its_pools.replace('\'', "''")
+    );
+    g.app.behind_the_service(&sql, &runner.id).await;
+    let (refusal, task) = fetch_task(&g.app).await;
+    assert_eq!(
+        (refusal, task),
+        (None, true),
+        "judged by the images the database holds"
+    );
 }

@@ -31,13 +31,17 @@ pub enum FetchRefusal {
 }
 
 impl FetchRefusal {
-    /// Whether the refusal is of an attestation or a probe that is too old, which a newer
-    /// attestation with the same facts would not meet.
-    pub fn is_by_age(&self) -> bool {
+    /// Whether the refusal may rest on a latest attestation another replica has since
+    /// replaced without announcing it (`store::verdict_cache`): one too old, or a probe too
+    /// old, which a newer attestation with the same facts would not meet; or the images it
+    /// claims beside the one it runs, a change of which a round does not announce (only the
+    /// running image is among the facts it compares).
+    pub fn may_rest_on_an_older_attestation(&self) -> bool {
         matches!(
             self,
             FetchRefusal::NoFreshAttestation { age_s: Some(_), .. }
                 | FetchRefusal::Refused(Refusal::ProbeStale { .. })
+                | FetchRefusal::Refused(Refusal::ImageNotAccepted(_))
         )
     }
 

@@ -237,9 +237,12 @@ pub async fn judge(
         return Ok(unbound());
     };
     let mut judged = judge_fetch(&runner.record, &pool, now, gate.rules());
-    if judged.as_ref().is_err_and(FetchRefusal::is_by_age) {
-        // Another replica may have recorded a newer attestation with the same facts, which it
-        // does not announce (`store::verdict_cache`): too old is confirmed against the database.
+    if judged
+        .as_ref()
+        .is_err_and(FetchRefusal::may_rest_on_an_older_attestation)
+    {
+        // Another replica may have recorded a newer attestation that it does not announce
+        // (`store::verdict_cache`): such a refusal is confirmed against the database.
         let Some(runner) = store.gate_runner_now(&runner_id).await? else {
             return Ok(unbound());
         };

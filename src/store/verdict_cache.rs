@@ -29,8 +29,9 @@
 //! whose row does not hold them (the entry missed a change: a notification lost, a change made
 //! behind the service) forgets the entry instead (`record::Plan::stale`), so a missed change
 //! outlives no more than the round after it. Another replica's entry may thus hold an older
-//! attestation with the same facts, which can only be judged too old: the forge gate confirms
-//! such a refusal against the database (`forge_gate::decide`).
+//! attestation with the same facts (and the same running image, but perhaps not the same other
+//! images it claims), which can only be judged too old or refused for those images: the forge
+//! gate confirms such a refusal against the database (`forge_gate::decide`).
 //!
 //! A binding (or its absence, for a forge runner bound to none) is dropped, every one, by any
 //! change of the bindings (`Change::ForgeRunners`): they change when an operator or an agent

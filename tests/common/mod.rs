@@ -246,6 +246,32 @@ pub async fn spawn_replica_with(of: &TestApp, adjust: impl FnOnce(&mut ServeArgs
 }
 
 impl TestApp {
+    /// Runs `sql` (`$1`: `id`) on this app's database, as a change nothing in the service
+    /// hears of (another replica's write whose announcement was lost, an operator's `UPDATE`).
+    pub async fn behind_the_service(&self, sql: &str, id: &str) {
+        match self.engine {
+            Engine::Sqlite => {
+                let path = self.database_url.trim_start_matches("sqlite://");
+                let conn = rusqlite::Connection::open(path).expect("the database file");
+                conn.busy_timeout(std::time::Duration::from_secs(5))
+                    .unwrap();
+                conn.execute(&sql.replace("$1", "?1"), [id])
+                    .expect("the update");
+            }
+            Engine::Postgres => {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&self.database_url)
+                    .await
+                    .unwrap();
+                sqlx::query(sqlx::AssertSqlSafe(sql.to_string()))
+                    .bind(id)
+                    .execute(&mut conn)
+                    .await
+                    .expect("the update");
+            }
+        }
+    }
+
     /// Stops this service and serves its database again with `adjust`ed settings, as after a
     /// restart (on SQLite one process at a time may serve the file).
     pub async fn restart_with(self, adjust: impl FnOnce(&mut ServeArgs)) -> TestApp {
