@@ -23,12 +23,7 @@ async fn a_claim_whose_request_went_away_while_it_waited_leases_nothing() {
     let Some(app) = spawn_app_on_with(Engine::Sqlite, |_| {}).await else {
         return;
     };
-    app.pool("linux", &[IMAGE_A]).await;
-    let runner = app.register("linux", "r0").await;
-    assert_eq!(
-        app.heartbeat(&runner.healthy()).await.status(),
-        StatusCode::OK
-    );
+    let runner = app.one_healthy_runner().await;
     let job = app
         .enqueue_with(json!({"pool": "linux", "payload": {}}))
         .await;
@@ -100,12 +95,7 @@ async fn an_operators_write_whose_client_went_away_still_reaches_the_cache() {
     let Some(app) = spawn_app_on_with(Engine::Sqlite, |_| {}).await else {
         return;
     };
-    app.pool("linux", &[IMAGE_A]).await;
-    let runner = app.register("linux", "r0").await;
-    assert_eq!(
-        app.heartbeat(&runner.healthy()).await.status(),
-        StatusCode::OK
-    );
+    let runner = app.one_healthy_runner().await;
     let store = app.state.store().clone();
     let id = RunnerId(runner.id.clone());
     let cordoned = || async {

@@ -15,12 +15,7 @@ async fn a_cache_entry_that_missed_a_cordon_is_forgotten_by_the_next_round(engin
     let Some(app) = spawn_app_on_with(engine, |_| {}).await else {
         return;
     };
-    app.pool("linux", &[IMAGE_A]).await;
-    let runner = app.register("linux", "r0").await;
-    assert_eq!(
-        app.heartbeat(&runner.healthy()).await.status(),
-        StatusCode::OK
-    );
+    let runner = app.one_healthy_runner().await;
     let id = RunnerId(runner.id.clone());
     let cordoned_in_cache = || async {
         let held = app.state.store().gate_runner(&id).await.unwrap().unwrap();

@@ -560,6 +560,17 @@ impl TestApp {
             .to_string()
     }
 
+    /// The pool `linux` (on `IMAGE_A`) and its runner `r0`, registered and heartbeating.
+    pub async fn one_healthy_runner(&self) -> TestRunner {
+        self.pool("linux", &[IMAGE_A]).await;
+        let runner = self.register("linux", "r0").await;
+        assert_eq!(
+            self.heartbeat(&runner.healthy()).await.status(),
+            StatusCode::OK
+        );
+        runner
+    }
+
     pub async fn register(&self, pool: &str, name: &str) -> TestRunner {
         let token = self.registration_token(pool).await;
         let key = RunnerKey::generate();

@@ -82,24 +82,36 @@ impl TestDatabase {
 
 impl Drop for TestDatabase {
     fn drop(&mut self) {
-        let (server, name) = (self.server.clone(), self.name.clone());
-        // Dropped from inside a test's runtime: do the async work on a runtime of our own.
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&server).await {
-                    let sql = format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)");
+        run_on_server(
+            &self.server,
+            vec![format!(
+                "DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)",
+                self.name
+            )],
+        );
+    }
+}
+
+/// Runs `statements` on `server`, each whatever became of the one before, from a drop: inside
+/// a test's runtime, so on a runtime of its own.
+fn run_on_server(server: &str, statements: Vec<String>) {
+    let server = server.to_string();
+    let done = std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            if let Ok(mut conn) = sqlx::PgConnection::connect(&server).await {
+                for sql in statements {
                     let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
                         .execute(&mut conn)
                         .await;
                 }
-            })
-        });
-        let _ = done.join();
-    }
+            }
+        })
+    });
+    let _ = done.join();
 }
 
 /// A test's database and the role that owns it, both dropped with this (before the
@@ -113,30 +125,13 @@ pub struct DroppedWithRole {
 
 impl Drop for DroppedWithRole {
     fn drop(&mut self) {
-        let (server, database, role) = (
-            self.server.clone(),
-            self.database.clone(),
-            self.role.clone(),
+        run_on_server(
+            &self.server,
+            vec![
+                format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.database),
+                format!("DROP ROLE IF EXISTS \"{}\"", self.role),
+            ],
         );
-        let done = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                if let Ok(mut conn) = sqlx::PgConnection::connect(&server).await {
-                    for sql in [
-                        format!("DROP DATABASE IF EXISTS \"{database}\" WITH (FORCE)"),
-                        format!("DROP ROLE IF EXISTS \"{role}\""),
-                    ] {
-                        let _ = sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
-                            .execute(&mut conn)
-                            .await;
-                    }
-                }
-            })
-        });
-        let _ = done.join();
     }
 }
 
