@@ -717,6 +717,47 @@ async fn an_unreachable_github_is_503_and_nothing_is_recorded(engine: Engine) {
     );
 }
 
+/// GitHub takes longer to mint than the watcher's window for a reservation, and the watcher,
+/// not finding the runner in GitHub's list, settles the reservation meanwhile. The runner
+/// GitHub then makes is withdrawn and the request answered 503, rather than a registration
+/// handed out that nothing records (nothing would withdraw it, and its machine could mint
+/// another at once).
+async fn a_mint_that_outlasts_its_reservation_is_withdrawn_not_handed_out(engine: Engine) {
+    let Some(s) = setup(engine, app_auth()).await else {
+        return;
+    };
+    s.pool("gh", "enforce").await;
+    let runner = s.app.register("gh", "build-01").await;
+    let hold = s.github.hold_next("generate-jitconfig");
+    let asking = {
+        let (app, attestation) = (s.app.client.clone(), runner.healthy());
+        let url = s.app.url("/api/v1/github/runners");
+        tokio::spawn(async move {
+            app.post(url)
+                .json(&json!({"attestation": attestation}))
+                .send()
+                .await
+                .unwrap()
+        })
+    };
+    hold.arrived.notified().await;
+    let window = leasegate::domain::github::registration::MINTING_WINDOW_S;
+    s.look(Millis::now().plus_secs(window + 1)).await;
+    assert_eq!(
+        s.registrations(&runner).await,
+        Vec::<Value>::new(),
+        "settled"
+    );
+
+    hold.release.notify_one();
+    let r = asking.await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(s.github.runners().is_empty(), "withdrawn from GitHub");
+    assert_eq!(s.github.calls_to("delete").len(), 1);
+    assert_eq!(s.registrations(&runner).await, Vec::<Value>::new());
+    s.github.assert_clean();
+}
+
 async fn the_pools_github_object_is_checked_shown_and_required(engine: Engine) {
     let Some(s) = setup(engine, app_auth()).await else {
         return;
@@ -900,6 +941,7 @@ each_engine!(
     a_pool_that_observes_mints_for_refused_runners_and_records_it,
     githubs_refusals_and_outages_are_answered_and_nothing_is_recorded,
     an_unreachable_github_is_503_and_nothing_is_recorded,
+    a_mint_that_outlasts_its_reservation_is_withdrawn_not_handed_out,
     the_pools_github_object_is_checked_shown_and_required,
     without_a_credential_the_route_answers_404,
     the_runners_page_shows_each_step,

@@ -193,10 +193,20 @@ async fn judge_and_mint(
             .map(|code| format!("minted in an observing pool; would refuse {code}"))
             .as_deref(),
     );
-    if let Err(e) = store
+    let recorded = match store
         .record_github_registration(&reg, State::Minting, Some(&audit))
         .await
     {
+        Ok(true) => Ok(()),
+        // The reservation is no longer the one this call made (GitHub took longer than the
+        // watcher's window, and the watcher settled it meanwhile): nothing would watch what
+        // GitHub made, and the runner could mint another at once.
+        Ok(false) => Err(StoreError::Unavailable(
+            "the registration's reservation ended while GitHub minted it; ask again".into(),
+        )),
+        Err(e) => Err(e),
+    };
+    if let Err(e) = recorded {
         // GitHub has it but leasegate could not write it down: withdraw it rather than hand
         // out a registration nobody watches (the watcher clears the reservation).
         let withdrawn = github.delete_runner(&reg.scope, jit.runner_id).await;

@@ -120,6 +120,15 @@ struct Shared {
     token_lifetime_s: i64,
     /// Runners per page of a list.
     page_size: usize,
+    /// The next call of an operation held before it is answered (`hold_next`).
+    hold: Option<(String, Hold)>,
+}
+
+/// A call the double holds: told when it arrived, answered once released.
+#[derive(Clone, Default)]
+pub struct Hold {
+    pub arrived: Arc<tokio::sync::Notify>,
+    pub release: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone)]
@@ -141,6 +150,7 @@ impl FakeGithub {
             issued: 0,
             token_lifetime_s: 3600,
             page_size: 100,
+            hold: None,
         }));
         let app = Router::new().fallback(handle).with_state(shared.clone());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -165,6 +175,14 @@ impl FakeGithub {
     /// The calls of one operation.
     pub fn calls_to(&self, op: &str) -> Vec<Call> {
         self.calls().into_iter().filter(|c| c.op == op).collect()
+    }
+
+    /// Holds the next call of `op` before it is answered, until `release` is notified (a
+    /// GitHub that takes its time).
+    pub fn hold_next(&self, op: &str) -> Hold {
+        let hold = Hold::default();
+        self.with(|s| s.hold = Some((op.to_string(), hold.clone())));
+        hold
     }
 
     pub fn fail_next(&self, op: &str, failure: Failure) {
@@ -342,6 +360,16 @@ async fn handle(State(shared): State<Arc<Mutex<Shared>>>, request: Request) -> R
         .as_ref()
         .map(|(o, _)| o["x-leasegate-op"].as_str().unwrap().to_string())
         .unwrap_or_else(|| "unknown".into());
+    let held = shared
+        .lock()
+        .unwrap()
+        .hold
+        .take_if(|(o, _)| *o == op)
+        .map(|(_, hold)| hold);
+    if let Some(hold) = held {
+        hold.arrived.notify_one();
+        hold.release.notified().await;
+    }
     let mut s = shared.lock().unwrap();
     s.calls.push(Call {
         op: op.clone(),
